@@ -1,0 +1,5 @@
+import sys
+
+from geomx.cli import main
+
+sys.exit(main())

@@ -1,0 +1,146 @@
+"""From a validated scenario to the nodes of a job (the same plan on both runtimes).
+
+``plan_job`` names every node (see docs/architecture.md, "Naming of nodes"), works out
+who registers where, what each worker computes, and the per-worker compute profile;
+``make_node`` builds one node object on a given transport and services. The emulator
+calls ``make_node`` for every node in one process; the real runtime calls it once per
+process with that process's node name.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from geomx.node.global_server import GlobalServer
+from geomx.node.local_server import LocalServer
+from geomx.node.scheduler import Scheduler
+from geomx.node.spec import JobSpec
+from geomx.node.trainer import TrainSpec, iterations_for_epochs, master_program, train_program
+from geomx.node.worker import Worker
+from geomx.scenario import Scenario
+
+
+@dataclass
+class JobPlan:
+    job: JobSpec
+    train: TrainSpec
+    compute_s: dict[str, float]     # worker -> emulated compute seconds per iteration
+    roles: dict[str, str]           # node -> role
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.job.all_nodes()
+
+
+def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | None:
+    if name == "none":
+        return None
+    cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+    if name in ("momentum", "nesterov"):
+        cfg["momentum"] = s.training.momentum
+    if name.startswith("dcasgd"):
+        cfg["lamda"] = s.sync.dcasgd_lambda
+    return cfg
+
+
+def _phantom_sizes(s: Scenario) -> list[int]:
+    from geomx.ml.phantom import phantom_layer_sizes
+
+    t = s.training
+    return list(phantom_layer_sizes(total_params=t.phantom_params or None,
+                                    layers=list(t.phantom_layers) or None,
+                                    preset=t.phantom_preset or None))
+
+
+def plan_job(s: Scenario) -> JobPlan:
+    central = next(d for d in s.dcs if d.central)
+    parties = [d for d in s.dcs if not d.central]
+    mode = s.training.mode
+    workers_of = {d.name: [f"w:{d.name}:{i}" for i in range(d.workers)] for d in parties}
+    global_servers = [f"gs:{r}" for r in range(central.global_servers)]
+    dc_of: dict[str, str] = {"gh": central.name, "mw": central.name}
+    for g in global_servers:
+        dc_of[g] = central.name
+    lh, ls = {}, {}
+    if mode == "hips":
+        for d in parties:
+            lh[d.name] = f"lh:{d.name}"
+            ls[d.name] = f"ls:{d.name}"
+            dc_of[lh[d.name]] = d.name
+            dc_of[ls[d.name]] = d.name
+    for d in parties:
+        for w in workers_of[d.name]:
+            dc_of[w] = d.name
+    job = JobSpec(
+        mode=mode, central_dc=central.name, party_dcs=[d.name for d in parties],
+        global_scheduler="gh", global_servers=global_servers, master_worker="mw",
+        local_scheduler_of=lh, local_server_of=ls, workers_of=workers_of, dc_of=dc_of,
+        bigarray_bound=s.sched.bigarray_bound, seed=s.run.seed,
+        sync={"algorithm": s.sync.algorithm, "staleness": s.sync.staleness, "k1": s.sync.k1,
+              "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
+              "esync_max_local_steps": s.sync.esync_max_local_steps},
+        codec={"type": s.codec.type, "threshold": s.codec.threshold,
+               "size_lower_bound": s.codec.size_lower_bound},
+        sched={"p3": getattr(s.sched, "p3", False), "tsengine": s.sched.tsengine,
+               "dgt": s.sched.dgt},
+    )
+    t = s.training
+    model_kwargs: dict[str, Any] = {}
+    if t.model == "mlp":
+        model_kwargs["hidden"] = list(t.hidden)
+    dataset_kwargs: dict[str, Any] = {}
+    if t.dataset == "synthetic":
+        dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
+                          "n_classes": t.synthetic_classes}
+    worker_lr = t.worker_lr or t.lr
+    train = TrainSpec(
+        model=t.model, model_kwargs=model_kwargs, dataset=t.dataset,
+        data_path=t.data_path or None, dataset_kwargs=dataset_kwargs, partition=t.partition,
+        dirichlet_alpha=t.dirichlet_alpha, batch_size=t.batch_size,
+        global_optimizer=_optimizer_config(t.optimizer, t.lr, s),
+        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
+                                                                                  "lr": worker_lr},
+        codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
+        target_accuracy=s.run.target_accuracy, max_emulated_s=s.run.max_emulated_time_s,
+        max_wall_s=s.run.max_wall_time_s,
+        phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
+        evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
+        sync=dict(job.sync),
+    )
+    if s.run.epochs > 0 and t.model != "phantom":
+        train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
+    compute_s: dict[str, float] = {}
+    for d in parties:
+        for i, w in enumerate(workers_of[d.name]):
+            slow = d.worker_slowdown[i] if i < len(d.worker_slowdown) else 1.0
+            compute_s[w] = d.compute_s_per_iter * d.heterogeneity * slow
+    roles = {"gh": "global_scheduler", "mw": "master_worker"}
+    roles.update({g: "global_server" for g in global_servers})
+    roles.update({v: "local_scheduler" for v in lh.values()})
+    roles.update({v: "local_server" for v in ls.values()})
+    roles.update({w: "worker" for w in job.all_workers})
+    return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles)
+
+
+def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
+    """Build node ``name`` of the plan on ``transport``/``services``."""
+    job, role = plan.job, plan.roles.get(name)
+    if role is None:
+        raise KeyError(f"no node named {name!r} in this scenario; nodes: {', '.join(plan.nodes)}")
+    dc = job.dc_of[name]
+    if role in ("global_scheduler", "local_scheduler"):
+        return Scheduler(name, dc, transport, services, job.scheduler_members(name),
+                         heartbeat_timeout_s=job.heartbeat_timeout_s)
+    if role == "global_server":
+        return GlobalServer(name, dc, transport, services, job)
+    if role == "local_server":
+        return LocalServer(name, dc, transport, services, job)
+    if role == "master_worker":
+        return Worker(name, dc, transport, services, job,
+                      functools.partial(master_program, spec=plan.train), is_master=True)
+    rank = job.workers_of[dc].index(name)
+    return Worker(name, dc, transport, services, job,
+                  functools.partial(train_program, spec=plan.train), rank=rank,
+                  compute_s_per_iter=plan.compute_s[name])

@@ -1,0 +1,214 @@
+"""Run a scenario on a runtime and leave a run folder behind.
+
+``run_scenario`` is what ``geomx run`` calls. The emulator path builds every node of the
+job in this process on a :class:`~geomx.sim.network.Network` and a virtual-time loop;
+the real path (``geomx/runtime/launcher.py``) starts one process per node. Both write
+the same run-folder schema (docs/architecture.md): ``scenario.toml`` (resolved),
+``events.jsonl``, ``progress.csv``, ``summary.json``, ``trace.json`` and plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from geomx.cluster import JobPlan, make_node, plan_job
+from geomx.metrics.chrome_trace import convert_events_file
+from geomx.metrics.plots import write_run_plots
+from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
+from geomx.metrics.recorder import EventRecorder
+from geomx.metrics.summary import Summary, build_summary, write_summary
+from geomx.scenario import Scenario, scenario_to_toml
+from geomx.transport import BaseServices
+
+log = logging.getLogger(__name__)
+
+
+class JobFailed(RuntimeError):
+    """A node of the job failed; the message names it."""
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    summary: Summary
+
+
+def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
+    """``runs/<name>-<YYYYmmdd-HHMMSS>[-n]``: never overwrites an earlier run."""
+    base = Path(out_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = base / f"{name}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = base / f"{name}-{stamp}-{n}"
+    path.mkdir()
+    return path
+
+
+class EmuServices(BaseServices):
+    """Node services inside the emulator: compute is virtual time; bytes are counted by
+    the network model (per physical link), not here."""
+
+    async def compute(self, declared_s: float, measured_s: float) -> None:
+        if declared_s > 0:
+            await asyncio.sleep(declared_s)
+
+    def count_bytes(self, msg: Any) -> None:  # the network's transfer hook counts
+        return None
+
+
+def build_network(s: Scenario, plan: JobPlan):
+    """The emulated topology: one host per node, a switch per DC, the scenario's WAN."""
+    from geomx.sim.network import Network
+
+    net = Network(seed=s.run.seed, tcp_window_bytes=s.network.tcp_window_bytes,
+                  mss_bytes=s.network.mss_bytes)
+    for d in s.dcs:
+        net.add_dc(d.name, lan_delay_s=d.lan_latency_s)
+    by_name = {d.name: d for d in s.dcs}
+    for node in plan.nodes:
+        d = by_name[plan.job.dc_of[node]]
+        net.add_host(node, d.name, nic_bandwidth_bps=d.lan_bandwidth_bps)
+    for i, w in enumerate(s.wans):
+        trace_ab = make_trace(w, seed=s.run.seed * 7919 + 2 * i)
+        trace_ba = make_trace(w, seed=s.run.seed * 7919 + 2 * i + 1, reverse=True)
+        net.add_wan(w.a, w.b, bandwidth_bps=w.bandwidth_bps, delay_s=w.latency_s, loss=w.loss,
+                    jitter_s=w.jitter_s, trace_ab=trace_ab, trace_ba=trace_ba,
+                    bandwidth_ba_bps=w.bandwidth_ba_bps)
+    return net
+
+
+def make_trace(w: Any, *, seed: int, reverse: bool = False):
+    """The bandwidth trace of one WAN direction, or None for a constant link."""
+    from geomx.sim.trace import CsvTrace, UniformRandomTrace
+
+    if not w.trace:
+        return None
+    if w.trace == "uniform":
+        return UniformRandomTrace(w.trace_low_bps, w.trace_high_bps, w.trace_period_s, seed=seed)
+    return CsvTrace(w.trace)
+
+
+def _transfer_recorder(recorder: EventRecorder, dc_of: dict[str, str]):
+    def on_transfer(msg: Any, t_start: float, t_end: float, path: tuple[str, ...] | list[str],
+                    dropped: bool) -> None:
+        recorder.record_at(t_start, "xfer", msg.src, src=msg.src, dst=msg.dst,
+                           msg=msg.kind.name, key=msg.key, part=msg.part, bytes=msg.nbytes,
+                           channel=msg.channel, dur=t_end - t_start, path=list(path),
+                           dropped=bool(dropped))
+    return on_transfer
+
+
+async def _run_nodes(nodes: list[Any]) -> None:
+    """Run every node; the first failure cancels the rest and is raised with its name."""
+    tasks = {asyncio.ensure_future(n.run()): n for n in nodes}
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+        if failed:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            node = tasks[failed[0]]
+            exc = failed[0].exception()
+            raise JobFailed(f"node {node.name} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True) -> Summary:
+    """Run the whole job in one process on the virtual-time emulator."""
+    from geomx.sim.loop import EmulationDeadlock, new_virtual_loop
+    from geomx.sim.transport import SimFabric
+
+    plan = plan_job(s)
+    loop = new_virtual_loop()
+    network = build_network(s, plan)
+    recorder = EventRecorder(run_dir / "events.jsonl", clock=loop.time,
+                             enabled=s.metrics.events, dc_of=plan.job.dc_of.get)
+    wall0 = time.perf_counter()
+    writer = ProgressWriter(run_dir / "progress.csv",
+                            wall_clock=lambda: time.perf_counter() - wall0)
+    writer.follow(recorder, "eval", node=plan.train.evaluator)
+    bar = ProgressBar(plan.train.iterations, enabled=progress, time_label="emu")
+    evaluator = plan.train.evaluator
+
+    def on_event(ev: dict[str, Any]) -> None:
+        if ev["node"] == evaluator and ev["ev"] in ("eval", "compute"):
+            bar.on_event(ev)
+
+    recorder.add_listener(on_event)
+    network.on_transfer = _transfer_recorder(recorder, plan.job.dc_of)
+    services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
+    fabric = SimFabric(network)
+    nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
+    workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_run_nodes(nodes))
+    except EmulationDeadlock as e:
+        raise JobFailed(f"the emulated job deadlocked (every node is waiting): {e}") from e
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+        bar.close()
+        recorder.close()
+        writer.close()
+    wall_s = time.perf_counter() - wall0
+    emulated_s = loop.time()
+    iterations = max((n.iteration for n in workers), default=0)
+    final = next((n.result for n in workers if n.name == evaluator), None) or {}
+    stats = network.stats()
+    summary = build_summary(
+        recorder.counters, read_progress(run_dir / "progress.csv"), runtime="emu",
+        scenario_name=s.run.name, seed=s.run.seed, iterations=iterations,
+        emulated_seconds=emulated_s, wall_seconds=wall_s,
+        target_accuracy=s.run.target_accuracy or None,
+        extra={"messages_delivered": network.messages_delivered,
+               "messages_dropped": network.messages_dropped,
+               "rate_recomputations": network.rate_recomputations,
+               "final_eval": final,
+               "emulated_over_wall": emulated_s / wall_s if wall_s > 0 else None,
+               "link_capacity_bps": {k: l.capacity_bps for k, l in network.links.items()},
+               },
+    )
+    if final.get("accuracy") is not None:
+        summary.final_accuracy = final["accuracy"]
+        summary.final_loss = final.get("loss")
+    return summary
+
+
+def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
+    """Write summary.json, trace.json and plots."""
+    write_summary(run_dir / "summary.json", summary)
+    if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
+        convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")
+    if s.metrics.plot:
+        caps = summary.extra.get("link_capacity_bps") if summary.extra else None
+        write_run_plots(run_dir, caps)
+
+
+def run_scenario(s: Scenario, *, runtime: str | None = None, out_dir: str | os.PathLike | None = None,
+                 progress: bool | None = None) -> RunResult:
+    """Run scenario ``s`` and return its run folder and summary."""
+    runtime = runtime or s.run.runtime
+    if runtime not in ("emu", "real"):
+        raise ValueError(f"runtime = {runtime!r}; allowed: emu, real")
+    run_dir = make_run_dir(out_dir or s.run.out_dir, s.run.name)
+    (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
+    show = s.run.progress if progress is None else progress
+    if runtime == "emu":
+        summary = run_emulated(s, run_dir, progress=show)
+    else:
+        from geomx.runtime.launcher import run_real
+
+        summary = run_real(s, run_dir, progress=show)
+    finish_run_dir(s, run_dir, summary)
+    return RunResult(run_dir, summary)

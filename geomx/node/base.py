@@ -1,0 +1,190 @@
+"""The node skeleton shared by every role: dispatch, request tracking, ordered sending.
+
+This is ps-lite's *customer* idea in asyncio: a node owns one ``Transport``; a receive
+loop hands each incoming message either to the future of the request it answers
+(matched by ``request_id``) or to the handler registered for its kind. Handlers are
+plain functions that update state and ``post`` replies; anything that must wait runs
+as its own task. Sending goes through one outbox task, so messages leave in the order
+they were posted (deterministic in the emulator, ordered per peer on sockets) and a slow
+transport applies back-pressure to that task rather than to the handlers.
+
+Nothing here knows which runtime it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable
+
+from geomx.transport import NodeServices, Transport
+from geomx.wire import Kind, Message
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Message], Any]
+
+#: Kinds that answer a request; they resolve the requester's future when ``request_id``
+#: matches an outstanding request.
+REPLY_KINDS = frozenset({
+    Kind.REGISTER_ACK, Kind.BARRIER_RELEASE, Kind.HEARTBEAT_ACK, Kind.COMMAND_ACK,
+    Kind.INIT_ACK, Kind.PUSH_ACK, Kind.PULL_REPLY, Kind.STATE_REPLY, Kind.SCHED_REPLY,
+    Kind.RELAY_ACK, Kind.PROBE_REPLY, Kind.ERROR,
+})
+
+
+class RemoteError(RuntimeError):
+    """A peer answered a request with ``Kind.ERROR``."""
+
+
+class NodeStopped(RuntimeError):
+    """The node stopped while a request was outstanding."""
+
+
+class Node:
+    """Base of every role. Subclasses register handlers and implement ``main``."""
+
+    role = "node"
+
+    def __init__(self, name: str, dc: str, transport: Transport, services: NodeServices):
+        self.name = name
+        self.dc = dc
+        self.transport = transport
+        self.services = services
+        self._handlers: dict[Kind, Handler] = {}
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._next_request_id = 1
+        self._outbox: asyncio.Queue[Message | None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self.failure: BaseException | None = None
+
+    # ---------------------------------------------------------------- plumbing
+    def on(self, kind: Kind, handler: Handler) -> None:
+        self._handlers[kind] = handler
+
+    def record(self, ev: str, **fields: Any) -> None:
+        self.services.record(ev, self.name, **fields)
+
+    def now(self) -> float:
+        return self.services.now()
+
+    def post(self, msg: Message) -> None:
+        """Queue ``msg`` for sending, in order, without waiting."""
+        assert self._outbox is not None, "node not running"
+        self._outbox.put_nowait(msg)
+
+    async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
+        """Send ``msg`` with a fresh request id and wait for its reply."""
+        rid = self._next_request_id
+        self._next_request_id += 1
+        msg.request_id = rid
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self.post(msg)
+        try:
+            if timeout_s is None:
+                reply = await fut
+            else:
+                reply = await asyncio.wait_for(fut, timeout_s)
+        finally:
+            self._pending.pop(rid, None)
+        if reply.kind == Kind.ERROR:
+            raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
+                              f"{reply.meta.get('reason', '?')}")
+        return reply
+
+    def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
+        """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, NodeStopped) and self.failure is None:
+            self.failure = exc
+            log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
+            self.stop()
+
+    def reply_error(self, msg: Message, reason: str) -> None:
+        """Answer a bad request with ERROR (and log it) instead of crashing."""
+        log.warning("%s: rejecting %s from %s: %s", self.name, msg.kind.name, msg.src, reason)
+        self.record("reject", src=msg.src, msg=msg.kind.name, key=msg.key, reason=reason)
+        if msg.request_id:
+            self.post(msg.reply(Kind.ERROR, meta={"reason": reason}, payloads=[]))
+
+    # ---------------------------------------------------------------- lifecycle
+    async def _send_loop(self) -> None:
+        assert self._outbox is not None
+        while True:
+            msg = await self._outbox.get()
+            if msg is None:
+                return
+            self.services.count_bytes(msg)
+            await self.transport.send(msg)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.transport.recv()
+            self.dispatch(msg)
+
+    def dispatch(self, msg: Message) -> None:
+        if msg.kind in REPLY_KINDS and msg.request_id in self._pending:
+            fut = self._pending.pop(msg.request_id)
+            if not fut.done():
+                fut.set_result(msg)
+            return
+        handler = self._handlers.get(msg.kind)
+        if handler is None:
+            self.reply_error(msg, f"{self.role} does not handle {msg.kind.name}")
+            return
+        try:
+            handler(msg)
+        except Exception as e:  # a bad request must not take the node down
+            log.exception("%s: handler for %s failed", self.name, msg.kind.name)
+            self.reply_error(msg, f"{type(e).__name__}: {e}")
+
+    def stop(self) -> None:
+        """Ask ``run`` to finish (idempotent)."""
+        self._stopping = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    _stop_event: asyncio.Event | None = None
+
+    async def main(self) -> None:
+        """The role's own work; the node stops when it returns."""
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        """Serve until ``main`` returns or ``stop`` is called; re-raise a task failure."""
+        self._outbox = asyncio.Queue()
+        self._stop_event = asyncio.Event()
+        sender = asyncio.ensure_future(self._send_loop())
+        receiver = asyncio.ensure_future(self._recv_loop())
+        main = self.spawn(self.main(), "main")
+        stopper = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # flush what was posted, then tear down
+            self._outbox.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(sender), 30.0)
+            except (asyncio.TimeoutError, Exception):
+                pass
+            for t in (receiver, stopper, sender, *self._tasks):
+                t.cancel()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(NodeStopped(self.name))
+                    fut.exception()  # mark retrieved
+            await asyncio.gather(receiver, stopper, sender, *list(self._tasks),
+                                 return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure

@@ -1,0 +1,179 @@
+"""Global server (GS): aggregates the DCs' pushes and runs the global step.
+
+Follows geomx-behaviour.md §3.1–3.3. For each (key, part) the GS keeps ``store`` (the
+weights when an optimizer is installed, otherwise the aggregated sum), collects one push
+per contributor (a local server per DC in HiPS; every worker in the flat-PS baseline),
+then runs the optimizer (``sync`` mode) and answers all parked pushes. Pulls are served
+from ``store`` once the key is initialised (parked until then).
+
+Fixes relative to GeoMX: commands are acknowledged (no ``sleep(1)``); the optimizer is
+sent as a JSON config, never a pickle; the optimizer sees the *mean* gradient
+(``rescale_grad = 1/num_all_workers``) so learning rates mean the same thing on every
+topology; a push for an unknown key or with a wrong shape gets an ERROR reply and
+changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from geomx.node.base import Node
+from geomx.node.link_codec import LinkCodec
+from geomx.node.scheduler import leave, register
+from geomx.node.spec import JobSpec
+from geomx.node.values import Value, add_into, copy_value, from_payload, is_phantom
+from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
+from geomx.wire import Kind, Message
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    """Server state of one (key, part)."""
+
+    store: Value | None = None
+    merged: Value | None = None
+    count: int = 0
+    version: int = 0
+    waiting_pushes: list[Message] = field(default_factory=list)
+    waiting_pulls: list[Message] = field(default_factory=list)
+    opt_state: Any = None
+    contributors: set[str] = field(default_factory=set)
+
+
+class GlobalServer(Node):
+    role = "global_server"
+
+    def __init__(self, name: str, dc: str, transport: Any, services: Any, job: JobSpec):
+        super().__init__(name, dc, transport, services)
+        self.job = job
+        self.rank = job.global_servers.index(name)
+        self.slots: dict[tuple[int, int], Slot] = {}
+        self.optimizer: Any = None
+        self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        self.policy: GlobalSyncPolicy = make_global_policy(job)
+        self.stop_requested = False
+        self._stopped_by: set[str] = set()
+        self._done = asyncio.Event()
+        if job.mode == "flat_ps":
+            self.pushers = job.all_workers
+        else:
+            self.pushers = [job.local_server_of[d] for d in job.party_dcs]
+        self.on(Kind.COMMAND, self._on_command)
+        self.on(Kind.INIT, self._on_init)
+        self.on(Kind.PUSH, self._on_push)
+        self.on(Kind.PULL, self._on_pull)
+        self.on(Kind.SHUTDOWN, self._on_stop)
+
+    # ------------------------------------------------------------------ commands
+    def _on_command(self, msg: Message) -> None:
+        cmd = msg.meta.get("cmd")
+        if cmd == "set_optimizer":
+            from geomx.optim import optimizer_from_config
+
+            self.optimizer = optimizer_from_config(dict(msg.meta["config"]))
+            self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
+            self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
+        elif cmd == "set_gradient_compression":
+            self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
+            self.record("command", cmd=cmd)
+        else:
+            self.reply_error(msg, f"unknown command {cmd!r}; allowed: set_optimizer, "
+                                  "set_gradient_compression")
+            return
+        self.post(msg.reply(Kind.COMMAND_ACK))
+
+    def _on_stop(self, msg: Message) -> None:
+        self._stopped_by.add(msg.src)
+        if set(self.pushers) <= self._stopped_by:
+            self._done.set()
+
+    # ------------------------------------------------------------------ data
+    def _on_init(self, msg: Message) -> None:
+        if len(msg.payloads) != 1:
+            self.reply_error(msg, "INIT needs exactly one payload")
+            return
+        slot = self.slots.setdefault((msg.key, msg.part), Slot())
+        if slot.store is None:
+            slot.store = from_payload(msg.payloads[0])
+            if self.optimizer is not None and not is_phantom(slot.store):
+                slot.opt_state = self.optimizer.create_state(msg.key, slot.store)
+            self.record("init", key=msg.key, part=msg.part)
+        self.post(msg.reply(Kind.INIT_ACK))
+        waiting, slot.waiting_pulls = slot.waiting_pulls, []
+        for pull in waiting:
+            self._serve_pull(pull, slot)
+
+    def _check_push(self, msg: Message) -> Slot | None:
+        slot = self.slots.get((msg.key, msg.part))
+        if slot is None or slot.store is None:
+            self.reply_error(msg, f"key {msg.key} part {msg.part} is not initialised")
+            return None
+        if msg.src not in self.pushers:
+            self.reply_error(msg, f"{msg.src} may not push to {self.name}")
+            return None
+        return slot
+
+    def _on_push(self, msg: Message) -> None:
+        slot = self._check_push(msg)
+        if slot is None:
+            return
+        try:
+            value = self.codec.decode(msg, like=slot.store)
+        except ValueError as e:
+            self.reply_error(msg, str(e))
+            return
+        if msg.meta.get("stop"):
+            self.stop_requested = True
+        self.policy.on_push(self, msg, slot, value)
+
+    # called by sync policies ---------------------------------------------------
+    def accumulate(self, slot: Slot, value: Value) -> None:
+        if slot.merged is None:
+            slot.merged = copy_value(value)
+        else:
+            add_into(slot.merged, value)
+        slot.count += 1
+
+    def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None) -> None:
+        """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``."""
+        assert slot.store is not None
+        if self.optimizer is None:
+            slot.store = grad
+        elif not is_phantom(slot.store) and not is_phantom(grad):
+            if slot.opt_state is None:
+                slot.opt_state = self.optimizer.create_state(key, slot.store)
+            self.optimizer.update(key, slot.store, grad, slot.opt_state)
+        slot.version += 1
+
+    def reply_push(self, msg: Message, slot: Slot) -> None:
+        meta = {"stop": True} if self.stop_requested else {}
+        self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
+
+    def _on_pull(self, msg: Message) -> None:
+        slot = self.slots.get((msg.key, msg.part))
+        if slot is None or slot.store is None:
+            # GeoMX polls every 100 ms; we park the pull and answer on INIT.
+            self.slots.setdefault((msg.key, msg.part), Slot()).waiting_pulls.append(msg)
+            return
+        self._serve_pull(msg, slot)
+
+    def _serve_pull(self, msg: Message, slot: Slot) -> None:
+        assert slot.store is not None
+        payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan",
+                                                weights=self.optimizer is not None)
+        if self.stop_requested:
+            meta["stop"] = True
+        self.post(msg.reply(Kind.PULL_REPLY, version=slot.version, meta=meta,
+                            payloads=payloads))
+
+    # ------------------------------------------------------------------ lifecycle
+    async def main(self) -> None:
+        await register(self, self.job.global_scheduler)
+        await self._done.wait()
+        self.record("server_done", versions=sum(s.version for s in self.slots.values()))
+        leave(self, self.job.global_scheduler)

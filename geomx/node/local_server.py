@@ -1,0 +1,202 @@
+"""Local server (LS): aggregates its DC's workers and speaks for the DC across the WAN.
+
+geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers, park their
+requests, push the DC sum to the global server(s) owning the key (split by the placement
+rule), wait for every part's acknowledgement, pull the new value back, store it, and only
+then acknowledge the parked worker pushes — so every worker of every DC ends the round
+with the same value, and only LS<->GS traffic crosses the WAN.
+
+Initialisation (§3.1): the DC's rank-0 worker INITs the key here; the LS immediately
+pulls the global value (the master worker's) and serves workers' pulls from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from geomx.node.base import Node
+from geomx.node.link_codec import LinkCodec
+from geomx.node.scheduler import leave, register
+from geomx.node.spec import JobSpec
+from geomx.node.values import (Value, add_into, copy_value, flat_slice, from_payload, is_phantom,
+                               write_slice, zeros_like_spec)
+from geomx.sched.placement import place
+from geomx.wire import Kind, Message, Payload
+
+
+@dataclass
+class LocalSlot:
+    shape: tuple[int, ...] = ()
+    dtype: str = "<f4"
+    phantom: bool = False
+    store: Value | None = None
+    initialized: bool = False
+    merged: Value | None = None
+    count: int = 0
+    round: int = 0
+    contributors: set[str] = field(default_factory=set)
+    waiting_pushes: list[Message] = field(default_factory=list)
+    waiting_pulls: list[Message] = field(default_factory=list)
+    stop_requested: bool = False
+
+
+class LocalServer(Node):
+    role = "local_server"
+
+    def __init__(self, name: str, dc: str, transport: Any, services: Any, job: JobSpec):
+        super().__init__(name, dc, transport, services)
+        self.job = job
+        self.workers = list(job.workers_of[dc])
+        self.slots: dict[int, LocalSlot] = {}
+        self.lan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        self.wan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        self.global_stop = False
+        self._done = asyncio.Event()
+        self.on(Kind.INIT, self._on_init)
+        self.on(Kind.PUSH, self._on_push)
+        self.on(Kind.PULL, self._on_pull)
+        self.on(Kind.SHUTDOWN, self._on_stop)
+
+    def _parts(self, key: int, slot: LocalSlot):
+        n = 1
+        for d in slot.shape:
+            n *= d
+        return place(key, n, len(self.job.global_servers), self.job.bigarray_bound,
+                     split=not self.wan.enabled)
+
+    # ------------------------------------------------------------------ init
+    def _on_init(self, msg: Message) -> None:
+        if msg.src not in self.workers or len(msg.payloads) != 1:
+            self.reply_error(msg, "INIT must come from a worker of this DC with one payload")
+            return
+        p = msg.payloads[0]
+        if msg.key in self.slots:
+            self.post(msg.reply(Kind.INIT_ACK))
+            return
+        slot = LocalSlot(shape=p.shape, dtype=p.dtype, phantom=p.is_phantom)
+        slot.store = from_payload(p)
+        self.slots[msg.key] = slot
+        self.post(msg.reply(Kind.INIT_ACK))
+        self.spawn(self._pull_global(msg.key, slot, initial=True))
+
+    # ------------------------------------------------------------------ push
+    def _on_push(self, msg: Message) -> None:
+        slot = self.slots.get(msg.key)
+        if slot is None or not slot.initialized and slot.store is None:
+            self.reply_error(msg, f"key {msg.key} is not initialised")
+            return
+        if msg.src not in self.workers:
+            self.reply_error(msg, f"{msg.src} is not a worker of {self.dc}")
+            return
+        if msg.src in slot.contributors:
+            self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
+            return
+        try:
+            value = self.lan.decode(msg, like=slot.store)
+        except ValueError as e:
+            self.reply_error(msg, str(e))
+            return
+        slot.contributors.add(msg.src)
+        if slot.merged is None:
+            slot.merged = copy_value(value)
+        else:
+            add_into(slot.merged, value)
+        slot.count += 1
+        if msg.meta.get("stop"):
+            slot.stop_requested = True
+        slot.waiting_pushes.append(msg)
+        if slot.count == len(self.workers):
+            merged, slot.merged = slot.merged, None
+            slot.count = 0
+            slot.contributors.clear()
+            waiting, slot.waiting_pushes = slot.waiting_pushes, []
+            stop, slot.stop_requested = slot.stop_requested, False
+            self.spawn(self._global_round(msg.key, slot, merged, waiting, stop))
+
+    async def _global_round(self, key: int, slot: LocalSlot, merged: Value,
+                            waiting: list[Message], stop: bool) -> None:
+        """Push the DC sum to the owning global server(s), then pull the result back."""
+        slot.round += 1
+        parts = self._parts(key, slot)
+        meta_stop = {"stop": True} if stop else {}
+
+        async def push_part(part) -> Message:
+            payloads, meta = self.wan.encode_push(key, flat_slice(merged, part.lo, part.hi)
+                                                  if len(parts) > 1 else merged, tier="wan")
+            meta.update(meta_stop)
+            return await self.request(Message(Kind.PUSH, self.name,
+                                              self.job.global_servers[part.server], key=key,
+                                              part=part.index, version=slot.round, meta=meta,
+                                              payloads=payloads))
+
+        acks = await asyncio.gather(*(push_part(p) for p in parts))
+        if any(a.meta.get("stop") for a in acks):
+            self.global_stop = True
+        await self._pull_global(key, slot, initial=False)
+        reply_meta = {"stop": True} if self.global_stop else {}
+        for req in waiting:
+            self.post(req.reply(Kind.PUSH_ACK, version=slot.round, meta=reply_meta))
+
+    async def _pull_global(self, key: int, slot: LocalSlot, *, initial: bool) -> None:
+        parts = self._parts(key, slot)
+
+        async def pull_part(part) -> tuple[Any, Message]:
+            reply = await self.request(Message(Kind.PULL, self.name,
+                                               self.job.global_servers[part.server], key=key,
+                                               part=part.index, version=slot.round))
+            return part, reply
+
+        results = await asyncio.gather(*(pull_part(p) for p in parts))
+        new = zeros_like_spec(slot.shape, slot.dtype, slot.phantom) if len(parts) > 1 else None
+        for part, reply in results:
+            if reply.meta.get("stop"):
+                self.global_stop = True
+            like = slot.store if len(parts) == 1 else flat_slice(slot.store, part.lo, part.hi)
+            value = self.wan.decode(reply, like=like)
+            if new is None:
+                new = value
+            else:
+                write_slice(new, part.lo, part.hi, value)
+        slot.store = new
+        if initial:
+            slot.initialized = True
+            self.record("init", key=key)
+            waiting, slot.waiting_pulls = slot.waiting_pulls, []
+            for pull in waiting:
+                self._serve_pull(pull, slot)
+
+    # ------------------------------------------------------------------ pull
+    def _on_pull(self, msg: Message) -> None:
+        slot = self.slots.get(msg.key)
+        if slot is None:
+            # a pull that beats the rank-0 INIT: park it on a placeholder slot
+            self.reply_error(msg, f"key {msg.key} is not initialised")
+            return
+        if not slot.initialized:
+            slot.waiting_pulls.append(msg)
+            return
+        self._serve_pull(msg, slot)
+
+    def _serve_pull(self, msg: Message, slot: LocalSlot) -> None:
+        assert slot.store is not None
+        payloads, meta = self.lan.encode_pull(msg.key, slot.store, tier="lan")
+        if self.global_stop:
+            meta["stop"] = True
+        self.post(msg.reply(Kind.PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
+
+    # ------------------------------------------------------------------ lifecycle
+    def _on_stop(self, msg: Message) -> None:
+        if msg.src in self.workers:
+            self._done.set()
+
+    async def main(self) -> None:
+        await register(self, self.job.global_scheduler)
+        await register(self, self.job.local_scheduler_of[self.dc])
+        await self._done.wait()
+        for gs in self.job.global_servers:
+            self.post(Message(Kind.SHUTDOWN, self.name, gs))
+        self.record("server_done", rounds=sum(s.round for s in self.slots.values()))
+        leave(self, self.job.global_scheduler)
+        leave(self, self.job.local_scheduler_of[self.dc])

@@ -1,0 +1,108 @@
+"""Scheduler role and the member side of the rendezvous (geomx-behaviour.md §1.4).
+
+A scheduler waits for every expected member to ``REGISTER`` (with the address it listens
+on), then answers each with the full address book. Barriers are counted per group name;
+when a group is complete every member is released. Members ``SHUTDOWN`` (leave) when
+they are done; the scheduler ends when all have left.
+
+Differences from ps-lite, on purpose: node names and ranks come from the scenario, so
+they are stable across runs (ps-lite's sort makes ranks effectively random); barrier
+groups are named, so the local and global tiers cannot be confused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from geomx.node.base import Node
+from geomx.wire import Kind, Message
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler(Node):
+    role = "scheduler"
+
+    def __init__(self, name: str, dc: str, transport: Any, services: Any, members: list[str],
+                 *, heartbeat_timeout_s: float = 0.0):
+        super().__init__(name, dc, transport, services)
+        self.members = list(members)
+        self.addresses: dict[str, str] = {}
+        self._register_requests: dict[str, Message] = {}
+        self._barriers: dict[str, list[Message]] = {}
+        self._left: set[str] = set()
+        self._all_left = asyncio.Event()
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.last_seen: dict[str, float] = {}
+        self.on(Kind.REGISTER, self._on_register)
+        self.on(Kind.BARRIER, self._on_barrier)
+        self.on(Kind.SHUTDOWN, self._on_leave)
+        self.on(Kind.HEARTBEAT, self._on_heartbeat)
+
+    def _on_register(self, msg: Message) -> None:
+        if msg.src not in self.members:
+            self.reply_error(msg, f"{msg.src} is not a member of {self.name}")
+            return
+        self.addresses[msg.src] = str(msg.meta.get("address", ""))
+        self._register_requests[msg.src] = msg
+        self.last_seen[msg.src] = self.now()
+        self.record("register", member=msg.src)
+        if len(self._register_requests) == len(self.members):
+            book = dict(self.addresses)
+            book[self.name] = self.transport.local_address()
+            for m in self.members:
+                req = self._register_requests[m]
+                self.post(req.reply(Kind.REGISTER_ACK, meta={"book": book}))
+
+    def _on_barrier(self, msg: Message) -> None:
+        group = str(msg.meta.get("group", ""))
+        size = int(msg.meta.get("size", 0))
+        if size < 1 or not group:
+            self.reply_error(msg, "barrier needs a group name and size >= 1")
+            return
+        waiting = self._barriers.setdefault(group, [])
+        waiting.append(msg)
+        if len(waiting) >= size:
+            del self._barriers[group]
+            self.record("barrier", group=group, size=size)
+            for req in waiting:
+                self.post(req.reply(Kind.BARRIER_RELEASE))
+
+    def _on_heartbeat(self, msg: Message) -> None:
+        self.last_seen[msg.src] = self.now()
+        if msg.request_id:
+            self.post(msg.reply(Kind.HEARTBEAT_ACK))
+
+    def _on_leave(self, msg: Message) -> None:
+        self._left.add(msg.src)
+        if set(self.members) <= self._left:
+            self._all_left.set()
+
+    async def main(self) -> None:
+        await self._all_left.wait()
+        self.record("scheduler_done", members=len(self.members))
+
+
+async def register(node: Node, scheduler: str) -> dict[str, str]:
+    """Register ``node`` with ``scheduler``; learn and install the address book."""
+    reply = await node.request(Message(Kind.REGISTER, node.name, scheduler,
+                                       meta={"address": node.transport.local_address(),
+                                             "role": node.role}))
+    book = dict(reply.meta.get("book", {}))
+    node.transport.set_address_book(book)
+    return book
+
+
+async def barrier(node: Node, scheduler: str, group: str, size: int) -> None:
+    """Wait until ``size`` members have entered barrier ``group`` at ``scheduler``."""
+    if size <= 1:
+        return
+    await node.request(Message(Kind.BARRIER, node.name, scheduler,
+                               meta={"group": group, "size": size}))
+
+
+def leave(node: Node, scheduler: str) -> None:
+    """Tell ``scheduler`` this node is done."""
+    node.post(Message(Kind.SHUTDOWN, node.name, scheduler))

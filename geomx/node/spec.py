@@ -1,0 +1,97 @@
+"""Plain descriptions of a job that node code needs (no scenario parsing down here).
+
+``geomx/cluster.py`` builds a :class:`JobSpec` from a validated scenario; nodes only read
+it. Keeping this below ``scenario.py`` keeps the layering of docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One parameter tensor: its kvstore key, shape and dtype."""
+
+    key: int
+    shape: tuple[int, ...]
+    dtype: str = "<f4"
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass
+class JobSpec:
+    """Who is in the job and how it synchronises. Identical on every node."""
+
+    mode: str                                  # "hips" | "flat_ps"
+    central_dc: str
+    party_dcs: list[str]
+    global_scheduler: str
+    global_servers: list[str]
+    master_worker: str
+    local_scheduler_of: dict[str, str]         # dc -> local scheduler (hips only)
+    local_server_of: dict[str, str]            # dc -> local server (hips only)
+    workers_of: dict[str, list[str]]           # dc -> worker names, rank order
+    dc_of: dict[str, str]                      # node -> dc
+    bigarray_bound: int = 1_000_000
+    seed: int = 0
+    sync: dict[str, Any] = field(default_factory=lambda: {"algorithm": "fsa"})
+    codec: dict[str, Any] = field(default_factory=lambda: {"type": "none"})
+    sched: dict[str, Any] = field(default_factory=dict)
+    heartbeat_interval_s: float = 0.0
+    heartbeat_timeout_s: float = 0.0
+
+    @property
+    def num_all_workers(self) -> int:
+        return sum(len(v) for v in self.workers_of.values())
+
+    @property
+    def all_workers(self) -> list[str]:
+        return [w for dc in self.party_dcs for w in self.workers_of.get(dc, [])]
+
+    def servers_of_worker(self, worker: str) -> list[str]:
+        """The servers a worker pushes to: its DC's local server (HiPS) or the global servers."""
+        if self.mode == "flat_ps":
+            return list(self.global_servers)
+        return [self.local_server_of[self.dc_of[worker]]]
+
+    def scheduler_members(self, scheduler: str) -> list[str]:
+        """Nodes that register with ``scheduler`` (excluding itself)."""
+        if scheduler == self.global_scheduler:
+            members = list(self.global_servers) + [self.master_worker]
+            if self.mode == "flat_ps":
+                members += self.all_workers
+            else:
+                members += [self.local_server_of[d] for d in self.party_dcs]
+            return members
+        for dc, s in self.local_scheduler_of.items():
+            if s == scheduler:
+                return [self.local_server_of[dc]] + list(self.workers_of.get(dc, []))
+        raise KeyError(f"unknown scheduler {scheduler!r}")
+
+    def schedulers_of(self, node: str) -> list[str]:
+        """The schedulers ``node`` registers with, global tier first."""
+        out = []
+        if node in self.scheduler_members(self.global_scheduler):
+            out.append(self.global_scheduler)
+        dc = self.dc_of[node]
+        if self.mode == "hips" and dc in self.local_scheduler_of:
+            lh = self.local_scheduler_of[dc]
+            if node in self.scheduler_members(lh):
+                out.append(lh)
+        return out
+
+    def all_nodes(self) -> list[str]:
+        nodes = [self.global_scheduler, *self.global_servers, self.master_worker]
+        if self.mode == "hips":
+            for dc in self.party_dcs:
+                nodes += [self.local_scheduler_of[dc], self.local_server_of[dc]]
+        nodes += self.all_workers
+        return nodes

@@ -1,0 +1,228 @@
+"""The built-in training program: GeoMX's ``examples/cnn.py`` loop on numpy models.
+
+Written only against ``geomx.kv`` so it is also the reference for users writing their own
+loop. Two modes, as in GeoMX's examples (geomx-behaviour.md §2.2):
+
+* a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
+  new *weights*;
+* no global optimizer (``cnn_bsc.py``, ``cnn_fp16.py``): workers pull the aggregated
+  gradient sum and take a local optimizer step with it, divided by ``num_all_workers``.
+
+Differences from the GeoMX examples, on purpose: each worker reshuffles its partition
+every epoch (GeoMX iterates slices in order, unshuffled); test accuracy is over all test
+samples (not the mean of batch means) and is computed by one evaluator every
+``eval_every`` iterations instead of by every worker after every iteration.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import geomx.kv
+from geomx.wire import Payload
+
+
+@dataclass
+class TrainSpec:
+    """Everything the training program needs; built from the scenario by ``cluster.py``."""
+
+    model: str = "mlp"
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "digits"
+    data_path: str | None = None
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    batch_size: int = 32
+    global_optimizer: dict[str, Any] | None = None     # config dict, None = plain sum
+    worker_optimizer: dict[str, Any] = field(default_factory=lambda: {"name": "sgd", "lr": 0.01})
+    codec: dict[str, Any] = field(default_factory=lambda: {"type": "none"})
+    iterations: int = 100
+    eval_every: int = 10
+    target_accuracy: float = 0.0
+    max_emulated_s: float = 0.0
+    max_wall_s: float = 0.0
+    phantom_sizes: list[int] = field(default_factory=list)
+    evaluator: str = ""
+    seed: int = 0
+    sync: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def phantom(self) -> bool:
+        return self.model == "phantom"
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(name: str, path: str | None, seed: int, kw: tuple[tuple[str, Any], ...]):
+    from geomx.ml.datasets import load_dataset
+
+    return load_dataset(name, path=path, seed=seed, **dict(kw))
+
+
+def load_data(spec: TrainSpec):
+    return _dataset(spec.dataset, spec.data_path, spec.seed,
+                    tuple(sorted(spec.dataset_kwargs.items())))
+
+
+@functools.lru_cache(maxsize=4)
+def _partitions(name: str, path: str | None, seed: int, kw: tuple, scheme: str, parts: int,
+                alpha: float) -> list[np.ndarray]:
+    from geomx.ml.partition import partition
+
+    data = _dataset(name, path, seed, kw)
+    kw = {"alpha": alpha} if scheme == "dirichlet" else {}
+    return partition(data.y_train, parts, scheme, seed=seed, **kw)
+
+
+def worker_indices(spec: TrainSpec, global_rank: int, num_all_workers: int) -> np.ndarray:
+    return _partitions(spec.dataset, spec.data_path, spec.seed,
+                       tuple(sorted(spec.dataset_kwargs.items())), spec.partition,
+                       num_all_workers, spec.dirichlet_alpha)[global_rank]
+
+
+def build_model(spec: TrainSpec):
+    """The model every node builds identically (same seed → same initial weights)."""
+    from geomx.ml.models import build_model as _build
+
+    data = load_data(spec)
+    rng = np.random.default_rng(spec.seed)
+    return _build(spec.model, data.input_shape, data.num_classes, rng, **spec.model_kwargs)
+
+
+def initial_params(spec: TrainSpec) -> list[Any]:
+    if spec.phantom:
+        return [Payload.phantom((n,), "<f4") for n in spec.phantom_sizes]
+    return build_model(spec).params
+
+
+class BatchStream:
+    """Endless minibatches over one worker's partition, reshuffled every epoch (seeded)."""
+
+    def __init__(self, indices: np.ndarray, batch_size: int, rng: np.random.Generator):
+        if len(indices) == 0:
+            raise ValueError("this worker's data partition is empty; use fewer workers or "
+                             "a larger dataset / different partition")
+        self.indices = np.asarray(indices)
+        self.batch_size = batch_size
+        self.rng = rng
+        self.epoch = 0
+        self._order = self.rng.permutation(self.indices)
+        self._pos = 0
+
+    def next(self) -> np.ndarray:
+        if self._pos >= len(self._order):
+            self.epoch += 1
+            self._order = self.rng.permutation(self.indices)
+            self._pos = 0
+        b = self._order[self._pos:self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return b
+
+
+def iterations_for_epochs(spec: TrainSpec, epochs: float, num_all_workers: int) -> int:
+    """Iterations that make ``epochs`` passes over an average worker partition."""
+    data = load_data(spec)
+    per_worker = data.num_train / max(1, num_all_workers)
+    return max(1, math.ceil(epochs * per_worker / spec.batch_size))
+
+
+async def master_program(node: Any, spec: TrainSpec) -> None:
+    """The master worker: configure the global servers and publish the initial model."""
+    kv = geomx.kv.create("dist_sync")
+    if spec.global_optimizer is not None:
+        await kv.set_optimizer(spec.global_optimizer)
+    params = initial_params(spec)
+    for k, p in enumerate(params):
+        await kv.init(k, p)
+    node.record("master_ready", keys=len(params))
+
+
+async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
+    """One worker's training loop (GeoMX ``examples/cnn.py`` shape)."""
+    from geomx.optim import optimizer_from_config
+
+    kv = geomx.kv.create("dist_async" if spec.sync.get("algorithm") == "mixed" else "dist_sync")
+    job = node.job
+    global_rank = job.all_workers.index(node.name)
+    evaluator = node.name == spec.evaluator
+    model = None if spec.phantom else build_model(spec)
+    params = initial_params(spec) if spec.phantom else model.params
+    for k, p in enumerate(params):
+        await kv.init(k, p)
+    for k, p in enumerate(params):
+        await kv.pull(k, out=p)
+
+    pull_weights = spec.global_optimizer is not None
+    local_opt = None
+    local_state: list[Any] = []
+    agg: list[Any] = []
+    if not pull_weights and not spec.phantom:
+        local_opt = optimizer_from_config(dict(spec.worker_optimizer))
+        local_opt.rescale_grad = 1.0 / kv.num_all_workers
+        local_state = [local_opt.create_state(k, p) for k, p in enumerate(params)]
+        agg = [np.zeros_like(p) for p in params]
+
+    data = None if spec.phantom else load_data(spec)
+    stream = None
+    if data is not None:
+        stream = BatchStream(worker_indices(spec, global_rank, kv.num_all_workers),
+                             spec.batch_size, node.services.rng(f"batches:{node.name}"))
+    wall0 = time.perf_counter()
+    losses: list[float] = []
+    last_eval: dict[str, Any] = {}
+    it = 0
+    while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
+        it += 1
+        node.iteration = it
+        t0 = time.perf_counter()
+        if model is not None:
+            idx = stream.next()
+            loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
+            losses.append(float(loss))
+        else:
+            grads = params
+        measured = time.perf_counter() - t0
+        t_compute = node.now()
+        await node.services.compute(node.compute_s_per_iter, measured)
+        node.record("compute", t_start=t_compute, dur=node.now() - t_compute, iteration=it)
+        for k in reversed(range(len(grads))):
+            kv.push(k, grads[k], priority=-k)
+        if pull_weights or local_opt is None:
+            for k in range(len(params)):
+                await kv.pull(k, out=params[k], priority=-k)
+        else:
+            for k in range(len(params)):
+                await kv.pull(k, out=agg[k], priority=-k)
+                local_opt.update(k, params[k], agg[k], local_state[k])
+        if evaluator and (spec.eval_every > 0 and it % spec.eval_every == 0):
+            last_eval = evaluate(node, model, data, it, losses)
+            if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:
+                kv.request_stop()
+        if spec.max_emulated_s > 0 and node.now() >= spec.max_emulated_s:
+            kv.request_stop()
+        if spec.max_wall_s > 0 and time.perf_counter() - wall0 >= spec.max_wall_s:
+            kv.request_stop()
+    await kv.waitall()
+    if evaluator and last_eval.get("iteration") != it:
+        last_eval = evaluate(node, model, data, it, losses)
+    node.record("worker_done", iterations=it)
+    return {"iterations": it, **last_eval}
+
+
+def evaluate(node: Any, model: Any, data: Any, iteration: int, losses: list[float]) -> dict[str, Any]:
+    """Test accuracy of this worker's current model (takes no emulated time)."""
+    if model is None:
+        row = {"iteration": iteration, "accuracy": None, "loss": None}
+    else:
+        acc = float(model.accuracy(data.x_test, data.y_test))
+        recent = losses[-20:]
+        loss = float(np.mean(recent)) if recent else None
+        row = {"iteration": iteration, "accuracy": acc, "loss": loss}
+    node.record("eval", **row)
+    return row

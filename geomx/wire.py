@@ -1,0 +1,338 @@
+"""Messages: the one on-the-wire format of geomx, shared by every role and both runtimes.
+
+Why a custom binary format: ps-lite sends a protobuf meta plus raw data frames and never
+pickles tensors (geomx-behaviour.md §1.5). We keep that shape without the protobuf
+dependency: a fixed little-endian header, a small JSON ``meta`` dict for the rare
+free-form fields, payload descriptors (dtype code, shape), then the raw array buffers.
+``encode`` returns the array buffers as zero-copy ``memoryview``s so a transport can
+``writelines`` them; ``decode`` maps them back with ``np.frombuffer`` (no copy).
+
+A *phantom* payload carries a dtype and a shape but no data. The emulator charges its
+``nbytes`` exactly like a real array, so ResNet-50-sized studies need no memory.
+
+``decode`` trusts nothing: every length, code and count is checked and any problem
+raises :class:`WireError` with a reason, so a node can log it, drop the frame and keep
+serving (the "bad input loses nothing" rule).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: Wire protocol version carried in every frame header. Bump on incompatible changes.
+WIRE_VERSION = 1
+MAGIC = b"GX"
+#: Channels >= this are unreliable datagram channels (UDP / dropped in the emulator).
+UNRELIABLE_BASE = 8
+#: Largest frame accepted by :func:`decode` unless the caller says otherwise.
+DEFAULT_MAX_FRAME_BYTES = 1 << 31
+#: Bytes charged for a message's header by the network model (see :attr:`Message.nbytes`).
+HEADER_ESTIMATE_BYTES = 64
+PAYLOAD_DESCRIPTOR_ESTIMATE_BYTES = 16
+
+
+class WireError(ValueError):
+    """A frame that cannot be decoded; the message says why."""
+
+
+class Kind(enum.IntEnum):
+    """Message kinds (u8 on the wire). Grouped as ps-lite groups its commands."""
+
+    # membership (scheduler rendezvous, barriers, liveness)
+    REGISTER = 1
+    REGISTER_ACK = 2
+    BARRIER = 3
+    BARRIER_RELEASE = 4
+    HEARTBEAT = 5
+    HEARTBEAT_ACK = 6
+    SHUTDOWN = 7
+    NODE_FAILED = 8
+    # control commands (optimizer, codec, sync mode), acknowledged end to end
+    COMMAND = 16
+    COMMAND_ACK = 17
+    # data plane
+    INIT = 32
+    INIT_ACK = 33
+    PUSH = 34
+    PUSH_ACK = 35
+    PULL = 36
+    PULL_REPLY = 37
+    ERROR = 38
+    # scheduling / sync extensions (ESync state server, TSEngine, NETSTORM)
+    STATE_QUERY = 48
+    STATE_REPLY = 49
+    ASK_PUSH = 50
+    ASK_PULL = 51
+    SCHED_REPLY = 52
+    RELAY = 53
+    RELAY_ACK = 54
+    PROBE = 55
+    PROBE_REPLY = 56
+
+
+_KIND_VALUES = frozenset(int(k) for k in Kind)
+
+# dtype <-> u8 code. bfloat16 travels as its raw uint16 bits (dtype "<u2") with meta.
+_DTYPE_CODES: dict[str, int] = {
+    "<f2": 1, "<f4": 2, "<f8": 3,
+    "|i1": 4, "|u1": 5, "<i2": 6, "<u2": 7, "<i4": 8, "<u4": 9, "<i8": 10, "<u8": 11,
+    "|b1": 12,
+}
+_CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
+_ITEMSIZE = {k: np.dtype(k).itemsize for k in _DTYPE_CODES}
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """Return the canonical little-endian dtype string, or raise WireError if unsupported."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as e:
+        raise WireError(f"unsupported dtype {dtype!r}: {e}") from None
+    if dt.byteorder == ">":
+        dt = dt.newbyteorder("<")
+    s = dt.str
+    if s not in _DTYPE_CODES:
+        raise WireError(f"unsupported dtype {dtype!r}; allowed: {sorted(_DTYPE_CODES)}")
+    return s
+
+
+class Payload:
+    """One array on the wire: a dtype, a shape, and the data (or none: a phantom)."""
+
+    __slots__ = ("dtype", "shape", "data", "nbytes")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None):
+        self.dtype = dtype
+        self.shape = tuple(int(d) for d in shape)
+        self.data = data
+        self.nbytes = _ITEMSIZE[dtype] * math.prod(self.shape)
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> "Payload":
+        """Wrap a numpy array (made C-contiguous little-endian if it is not)."""
+        a = np.asarray(array)
+        dt = normalize_dtype(a.dtype)
+        if a.dtype.str != dt or not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a, dtype=dt)
+        return cls(dt, a.shape, a)
+
+    @classmethod
+    def phantom(cls, shape: tuple[int, ...] | int, dtype: Any = "<f4") -> "Payload":
+        """A payload with a size but no memory: the emulator charges ``nbytes`` for it."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        return cls(normalize_dtype(dtype), tuple(shape), None)
+
+    @property
+    def is_phantom(self) -> bool:
+        return self.data is None
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    def array(self) -> np.ndarray:
+        """The data; raises if this is a phantom."""
+        if self.data is None:
+            raise ValueError("phantom payload has no data")
+        return self.data
+
+    def __repr__(self) -> str:
+        tag = "phantom" if self.data is None else "data"
+        return f"Payload({self.dtype}, {self.shape}, {tag})"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message between two nodes. ``nbytes`` is what the network model charges."""
+
+    kind: Kind
+    src: str
+    dst: str
+    key: int = -1
+    part: int = 0
+    version: int = 0
+    request_id: int = 0
+    priority: int = 0
+    channel: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    payloads: list[Payload] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: a fixed header estimate plus the payloads.
+
+        The header estimate (64 B + 16 B per payload) is close to the real encoded header
+        for typical messages; computing the exact JSON length for every emulated message
+        would cost more than it is worth.
+        """
+        n = HEADER_ESTIMATE_BYTES
+        for p in self.payloads:
+            n += PAYLOAD_DESCRIPTOR_ESTIMATE_BYTES + p.nbytes
+        return n
+
+    @property
+    def reliable(self) -> bool:
+        return self.channel < UNRELIABLE_BASE
+
+    def reply(self, kind: Kind, **kw: Any) -> "Message":
+        """A reply to this message: swapped endpoints, same key/part/request id/channel."""
+        base = dict(kind=kind, src=self.dst, dst=self.src, key=self.key, part=self.part,
+                    version=self.version, request_id=self.request_id,
+                    priority=self.priority, channel=self.channel if self.reliable else 0)
+        base.update(kw)
+        return Message(**base)
+
+    def __repr__(self) -> str:
+        return (f"Message({self.kind.name} {self.src}->{self.dst} key={self.key} part={self.part} "
+                f"v={self.version} req={self.request_id} ch={self.channel} "
+                f"payloads={self.payloads!r} meta={self.meta!r})")
+
+
+# Fixed header: magic, version, kind, channel, n_payloads, flags, src_len, dst_len,
+# meta_len, key, part, version, request_id, priority.
+_HEADER = struct.Struct("<2sBBBBBBHIqiqqi")
+_DESC = struct.Struct("<BBB")  # dtype code, ndim, phantom flag
+_DIM = struct.Struct("<q")
+MAX_NDIM = 8
+MAX_PAYLOADS = 64
+MAX_NAME_BYTES = 255
+MAX_META_BYTES = 1 << 20
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    raise TypeError(f"meta value of type {type(o).__name__} is not JSON-able")
+
+
+def encode(msg: Message) -> list[bytes | memoryview]:
+    """Encode ``msg`` as frames: one header ``bytes`` then one zero-copy view per data payload.
+
+    The concatenation of the frames is the message; a stream transport prefixes it with
+    its total length (see :func:`frame_length`).
+    """
+    src = msg.src.encode()
+    dst = msg.dst.encode()
+    if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
+        raise WireError("node name longer than 255 bytes")
+    meta = json.dumps(msg.meta, separators=(",", ":"), sort_keys=True,
+                      default=_json_default).encode() if msg.meta else b""
+    if len(msg.payloads) > MAX_PAYLOADS:
+        raise WireError(f"too many payloads ({len(msg.payloads)} > {MAX_PAYLOADS})")
+    parts: list[bytes] = [
+        _HEADER.pack(MAGIC, WIRE_VERSION, int(msg.kind), msg.channel, len(msg.payloads), 0,
+                     len(src), len(dst), len(meta), msg.key, msg.part, msg.version,
+                     msg.request_id, msg.priority),
+        src, dst, meta,
+    ]
+    buffers: list[memoryview] = []
+    for p in msg.payloads:
+        if len(p.shape) > MAX_NDIM:
+            raise WireError(f"payload has {len(p.shape)} dims > {MAX_NDIM}")
+        parts.append(_DESC.pack(_DTYPE_CODES[p.dtype], len(p.shape), 1 if p.data is None else 0))
+        parts.extend(_DIM.pack(d) for d in p.shape)
+        if p.data is not None:
+            buffers.append(memoryview(p.data).cast("B"))
+    return [b"".join(parts), *buffers]
+
+
+def frame_length(frames: list[bytes | memoryview]) -> int:
+    """Total byte length of encoded frames."""
+    return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+
+
+def encode_bytes(msg: Message) -> bytes:
+    """Encode to one contiguous ``bytes`` (copies; for datagrams and tests)."""
+    return b"".join(bytes(f) if isinstance(f, memoryview) else f for f in encode(msg))
+
+
+def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+           copy: bool = False) -> Message:
+    """Decode one message; raise :class:`WireError` naming what is wrong.
+
+    With ``copy=False`` payload arrays are read-only views into ``buf`` (zero copy);
+    the caller must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned,
+    writable arrays.
+    """
+    mv = memoryview(buf).cast("B")
+    n = mv.nbytes
+    if n > max_bytes:
+        raise WireError(f"frame of {n} bytes exceeds the limit of {max_bytes}")
+    if n < _HEADER.size:
+        raise WireError(f"truncated frame: {n} bytes, header needs {_HEADER.size}")
+    (magic, version, kind, channel, n_payloads, _flags, src_len, dst_len, meta_len,
+     key, part, ver, request_id, priority) = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}")
+    if version != WIRE_VERSION:
+        raise WireError(f"unsupported wire version {version} (this node speaks {WIRE_VERSION})")
+    if kind not in _KIND_VALUES:
+        raise WireError(f"unknown message kind {kind}")
+    if n_payloads > MAX_PAYLOADS:
+        raise WireError(f"too many payloads: {n_payloads}")
+    if meta_len > MAX_META_BYTES:
+        raise WireError(f"meta of {meta_len} bytes exceeds {MAX_META_BYTES}")
+    off = _HEADER.size
+    end = off + src_len + dst_len + meta_len
+    if end > n:
+        raise WireError("truncated frame: names/meta run past the end")
+    try:
+        src = bytes(mv[off:off + src_len]).decode()
+        dst = bytes(mv[off + src_len:off + src_len + dst_len]).decode()
+    except UnicodeDecodeError as e:
+        raise WireError(f"node name is not UTF-8: {e}") from None
+    meta: dict[str, Any] = {}
+    if meta_len:
+        try:
+            meta = json.loads(bytes(mv[off + src_len + dst_len:end]))
+        except (ValueError, RecursionError) as e:
+            raise WireError(f"meta is not valid JSON: {e}") from None
+        if not isinstance(meta, dict):
+            raise WireError("meta must be a JSON object")
+    off = end
+    descs: list[tuple[str, tuple[int, ...], bool]] = []
+    for i in range(n_payloads):
+        if off + _DESC.size > n:
+            raise WireError(f"truncated frame: payload descriptor {i}")
+        code, ndim, phantom = _DESC.unpack_from(mv, off)
+        off += _DESC.size
+        if code not in _CODE_DTYPES:
+            raise WireError(f"payload {i}: unknown dtype code {code}")
+        if ndim > MAX_NDIM:
+            raise WireError(f"payload {i}: {ndim} dims > {MAX_NDIM}")
+        if phantom not in (0, 1):
+            raise WireError(f"payload {i}: bad phantom flag {phantom}")
+        if off + 8 * ndim > n:
+            raise WireError(f"truncated frame: payload {i} shape")
+        shape = struct.unpack_from(f"<{ndim}q", mv, off)
+        off += 8 * ndim
+        if any(d < 0 for d in shape):
+            raise WireError(f"payload {i}: negative dimension in {shape}")
+        descs.append((_CODE_DTYPES[code], shape, bool(phantom)))
+    payloads: list[Payload] = []
+    for i, (dt, shape, phantom) in enumerate(descs):
+        if phantom:
+            payloads.append(Payload(dt, shape, None))
+            continue
+        size = _ITEMSIZE[dt] * math.prod(shape)
+        if size > n - off:
+            raise WireError(f"truncated frame: payload {i} needs {size} bytes, {n - off} left")
+        arr = np.frombuffer(mv[off:off + size], dtype=dt).reshape(shape)
+        if copy:
+            arr = arr.copy()
+        payloads.append(Payload(dt, shape, arr))
+        off += size
+    if off != n:
+        raise WireError(f"{n - off} trailing bytes after the last payload")
+    return Message(Kind(kind), src, dst, key, part, ver, request_id, priority, channel, meta,
+                   payloads)
