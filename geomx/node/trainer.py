@@ -153,6 +153,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     evaluator = node.name == spec.evaluator
     model = None if spec.phantom else build_model(spec)
     params = initial_params(spec) if spec.phantom else model.params
+    node.params = params  # for inspection by tests and notebooks
     for k, p in enumerate(params):
         await kv.init(k, p)
     for k, p in enumerate(params):
