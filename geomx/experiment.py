@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from geomx.cluster import JobPlan, make_node, plan_job
 from geomx.metrics.chrome_trace import convert_events_file
@@ -123,8 +123,12 @@ async def _run_nodes(nodes: list[Any]) -> None:
             raise JobFailed(f"node {node.name} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True) -> Summary:
-    """Run the whole job in one process on the virtual-time emulator."""
+def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
+                 inspect: Callable[[list[Any]], None] | None = None) -> Summary:
+    """Run the whole job in one process on the virtual-time emulator.
+
+    ``inspect``, if given, is called with the finished node objects (tests, notebooks).
+    """
     from geomx.sim.loop import EmulationDeadlock, new_virtual_loop
     from geomx.sim.transport import SimFabric
 
@@ -163,6 +167,8 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True) -> Summar
         writer.close()
     wall_s = time.perf_counter() - wall0
     emulated_s = loop.time()
+    if inspect is not None:
+        inspect(nodes)
     iterations = max((n.iteration for n in workers), default=0)
     final = next((n.result for n in workers if n.name == evaluator), None) or {}
     stats = network.stats()
@@ -196,7 +202,8 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
 
 
 def run_scenario(s: Scenario, *, runtime: str | None = None, out_dir: str | os.PathLike | None = None,
-                 progress: bool | None = None) -> RunResult:
+                 progress: bool | None = None,
+                 inspect: Callable[[list[Any]], None] | None = None) -> RunResult:
     """Run scenario ``s`` and return its run folder and summary."""
     runtime = runtime or s.run.runtime
     if runtime not in ("emu", "real"):
@@ -205,7 +212,7 @@ def run_scenario(s: Scenario, *, runtime: str | None = None, out_dir: str | os.P
     (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
     show = s.run.progress if progress is None else progress
     if runtime == "emu":
-        summary = run_emulated(s, run_dir, progress=show)
+        summary = run_emulated(s, run_dir, progress=show, inspect=inspect)
     else:
         from geomx.runtime.launcher import run_real
 
