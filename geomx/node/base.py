@@ -58,6 +58,9 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
+        #: Everything this node knows of peers' addresses (merged across schedulers);
+        #: the real runtime seeds it with the schedulers' addresses.
+        self.address_book: dict[str, str] = {}
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:

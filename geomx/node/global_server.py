@@ -72,7 +72,11 @@ class GlobalServer(Node):
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
         cmd = msg.meta.get("cmd")
-        if cmd == "set_optimizer":
+        if cmd == "set_optimizer" and not self.policy.uses_optimizer:
+            # HFA / ESync: the global tier only sums model deltas
+            self.record("warning", text=f"sync policy {self.policy.name!r} runs no global "
+                                        "optimizer; set_optimizer ignored")
+        elif cmd == "set_optimizer":
             from geomx.optim import optimizer_from_config
 
             self.optimizer = optimizer_from_config(dict(msg.meta["config"]))
@@ -89,13 +93,23 @@ class GlobalServer(Node):
 
     def _on_stop(self, msg: Message) -> None:
         self._stopped_by.add(msg.src)
+        self.policy.on_pusher_left(self, msg.src)
         if set(self.pushers) <= self._stopped_by:
             self._done.set()
+
+    @property
+    def departed(self) -> set[str]:
+        """Pushers that have finished (sent SHUTDOWN)."""
+        return self._stopped_by
 
     # ------------------------------------------------------------------ data
     def _on_init(self, msg: Message) -> None:
         if len(msg.payloads) != 1:
             self.reply_error(msg, "INIT needs exactly one payload")
+            return
+        problem = self.policy.start_problem(self)
+        if problem:
+            self.reply_error(msg, problem)
             return
         slot = self.slots.setdefault((msg.key, msg.part), Slot())
         if slot.store is None:
@@ -147,7 +161,7 @@ class GlobalServer(Node):
         elif not is_phantom(slot.store) and not is_phantom(grad):
             if slot.opt_state is None:
                 slot.opt_state = self.optimizer.create_state(key, slot.store)
-            self.optimizer.update(key, slot.store, grad, slot.opt_state)
+            self.optimizer.update(key, slot.store, grad, slot.opt_state, sender=sender)
         slot.version += 1
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
@@ -164,6 +178,10 @@ class GlobalServer(Node):
 
     def _serve_pull(self, msg: Message, slot: Slot) -> None:
         assert slot.store is not None
+        if (self.optimizer is not None and self.optimizer.needs_pull_notes
+                and not is_phantom(slot.store)):
+            # per-sender DC-ASGD: this is the model the puller's next gradient will be from
+            self.optimizer.note_pull(msg.key, msg.src, slot.store)
         payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan",
                                                 weights=self.optimizer is not None)
         if self.stop_requested:

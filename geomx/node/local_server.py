@@ -1,10 +1,11 @@
 """Local server (LS): aggregates its DC's workers and speaks for the DC across the WAN.
 
-geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers, park their
-requests, push the DC sum to the global server(s) owning the key (split by the placement
-rule), wait for every part's acknowledgement, pull the new value back, store it, and only
-then acknowledge the parked worker pushes — so every worker of every DC ends the round
-with the same value, and only LS<->GS traffic crosses the WAN.
+geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers and park their
+requests; then the job's local sync policy (``geomx/sync``) decides what the round is.
+For FSA, MixedSync and ESync it pushes the DC sum to the global server(s) owning the key
+(split by the placement rule), waits for every part's acknowledgement, pulls the new
+value back, stores it, and only then acknowledges the parked worker pushes — so only
+LS<->GS traffic crosses the WAN. For HFA most rounds are answered locally.
 
 Initialisation (§3.1): the DC's rank-0 worker INITs the key here; the LS immediately
 pulls the global value (the master worker's) and serves workers' pulls from it.
@@ -23,6 +24,7 @@ from geomx.node.spec import JobSpec
 from geomx.node.values import (Value, add_into, copy_value, flat_slice, from_payload, is_phantom,
                                write_slice, zeros_like_spec)
 from geomx.sched.placement import place
+from geomx.sync.policy import LocalSyncPolicy, make_local_policy
 from geomx.wire import Kind, Message, Payload
 
 
@@ -52,6 +54,7 @@ class LocalServer(Node):
         self.slots: dict[int, LocalSlot] = {}
         self.lan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         self.wan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        self.policy: LocalSyncPolicy = make_local_policy(job)
         self.global_stop = False
         self._done = asyncio.Event()
         self.on(Kind.INIT, self._on_init)
@@ -79,7 +82,7 @@ class LocalServer(Node):
         slot.store = from_payload(p)
         self.slots[msg.key] = slot
         self.post(msg.reply(Kind.INIT_ACK))
-        self.spawn(self._pull_global(msg.key, slot, initial=True))
+        self.spawn(self._initialise(msg.key, slot))
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
@@ -113,18 +116,19 @@ class LocalServer(Node):
             slot.contributors.clear()
             waiting, slot.waiting_pushes = slot.waiting_pushes, []
             stop, slot.stop_requested = slot.stop_requested, False
-            self.spawn(self._global_round(msg.key, slot, merged, waiting, stop))
+            self.spawn(self.policy.on_round(self, msg.key, slot, merged, waiting, stop))
 
-    async def _global_round(self, key: int, slot: LocalSlot, merged: Value,
-                            waiting: list[Message], stop: bool) -> None:
-        """Push the DC sum to the owning global server(s), then pull the result back."""
-        slot.round += 1
+    # called by sync policies -------------------------------------------------------
+    async def exchange_global(self, key: int, slot: LocalSlot, value: Value, *,
+                              stop: bool) -> Value:
+        """Push ``value`` to the global server(s) owning ``key``, wait for every part's
+        acknowledgement, then pull the new global value back and return it."""
         parts = self._parts(key, slot)
         meta_stop = {"stop": True} if stop else {}
 
         async def push_part(part) -> Message:
-            payloads, meta = self.wan.encode_push(key, flat_slice(merged, part.lo, part.hi)
-                                                  if len(parts) > 1 else merged, tier="wan")
+            payloads, meta = self.wan.encode_push(key, flat_slice(value, part.lo, part.hi)
+                                                  if len(parts) > 1 else value, tier="wan")
             meta.update(meta_stop)
             return await self.request(Message(Kind.PUSH, self.name,
                                               self.job.global_servers[part.server], key=key,
@@ -134,12 +138,16 @@ class LocalServer(Node):
         acks = await asyncio.gather(*(push_part(p) for p in parts))
         if any(a.meta.get("stop") for a in acks):
             self.global_stop = True
-        await self._pull_global(key, slot, initial=False)
+        return await self.pull_global(key, slot)
+
+    def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
+        """Acknowledge the parked worker pushes of a finished round."""
         reply_meta = {"stop": True} if self.global_stop else {}
         for req in waiting:
             self.post(req.reply(Kind.PUSH_ACK, version=slot.round, meta=reply_meta))
 
-    async def _pull_global(self, key: int, slot: LocalSlot, *, initial: bool) -> None:
+    async def pull_global(self, key: int, slot: LocalSlot) -> Value:
+        """The current global value of ``key``, reassembled from its parts."""
         parts = self._parts(key, slot)
 
         async def pull_part(part) -> tuple[Any, Message]:
@@ -159,13 +167,18 @@ class LocalServer(Node):
                 new = value
             else:
                 write_slice(new, part.lo, part.hi, value)
-        slot.store = new
-        if initial:
-            slot.initialized = True
-            self.record("init", key=key)
-            waiting, slot.waiting_pulls = slot.waiting_pulls, []
-            for pull in waiting:
-                self._serve_pull(pull, slot)
+        assert new is not None
+        return new
+
+    async def _initialise(self, key: int, slot: LocalSlot) -> None:
+        """§3.1: every DC starts from the global initial value (also under HFA)."""
+        slot.store = await self.pull_global(key, slot)
+        slot.initialized = True
+        self.policy.on_initialized(self, key, slot)
+        self.record("init", key=key)
+        waiting, slot.waiting_pulls = slot.waiting_pulls, []
+        for pull in waiting:
+            self._serve_pull(pull, slot)
 
     # ------------------------------------------------------------------ pull
     def _on_pull(self, msg: Message) -> None:

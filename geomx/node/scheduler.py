@@ -52,6 +52,8 @@ class Scheduler(Node):
         if len(self._register_requests) == len(self.members):
             book = dict(self.addresses)
             book[self.name] = self.transport.local_address()
+            self.address_book.update(book)
+            self.transport.set_address_book(dict(self.address_book))
             for m in self.members:
                 req = self._register_requests[m]
                 self.post(req.reply(Kind.REGISTER_ACK, meta={"book": book}))
@@ -91,7 +93,8 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
                                        meta={"address": node.transport.local_address(),
                                              "role": node.role}))
     book = dict(reply.meta.get("book", {}))
-    node.transport.set_address_book(book)
+    node.address_book.update(book)
+    node.transport.set_address_book(dict(node.address_book))
     return book
 
 

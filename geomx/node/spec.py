@@ -47,6 +47,7 @@ class JobSpec:
     sched: dict[str, Any] = field(default_factory=dict)
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = 0.0
+    state_server: str = ""                     # ESync's state server ("" = none)
 
     @property
     def num_all_workers(self) -> int:
@@ -70,6 +71,11 @@ class JobSpec:
                 members += self.all_workers
             else:
                 members += [self.local_server_of[d] for d in self.party_dcs]
+            if self.state_server:
+                # workers learn the state server's address from the global scheduler
+                members.append(self.state_server)
+                if self.mode != "flat_ps":
+                    members += self.all_workers
             return members
         for dc, s in self.local_scheduler_of.items():
             if s == scheduler:
@@ -90,6 +96,8 @@ class JobSpec:
 
     def all_nodes(self) -> list[str]:
         nodes = [self.global_scheduler, *self.global_servers, self.master_worker]
+        if self.state_server:
+            nodes.append(self.state_server)
         if self.mode == "hips":
             for dc in self.party_dcs:
                 nodes += [self.local_scheduler_of[dc], self.local_server_of[dc]]

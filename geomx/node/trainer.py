@@ -1,12 +1,19 @@
 """The built-in training program: GeoMX's ``examples/cnn.py`` loop on numpy models.
 
 Written only against ``geomx.kv`` so it is also the reference for users writing their own
-loop. Two modes, as in GeoMX's examples (geomx-behaviour.md §2.2):
+loop. What a step sends and receives is the sync algorithm's worker side
+(``geomx.sync.policy.make_worker_sync``). For FSA and MixedSync, two modes, as in
+GeoMX's examples (geomx-behaviour.md §2.2):
 
 * a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
   new *weights*;
 * no global optimizer (``cnn_bsc.py``, ``cnn_fp16.py``): workers pull the aggregated
   gradient sum and take a local optimizer step with it, divided by ``num_all_workers``.
+
+HFA (``cnn_hfa.py``) and ESync take local steps with ``worker_optimizer`` and
+synchronise models now and then; the evaluator evaluates only at points where every
+worker holds the same model (after a global sync / a round), at the first such point at
+or after each multiple of ``eval_every``.
 
 Differences from the GeoMX examples, on purpose: each worker reshuffles its partition
 every epoch (GeoMX iterates slices in order, unshuffled); test accuracy is over all test
@@ -25,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import geomx.kv
+from geomx.sync.policy import kvstore_type, make_worker_sync
 from geomx.wire import Payload
 
 
@@ -134,7 +142,7 @@ def iterations_for_epochs(spec: TrainSpec, epochs: float, num_all_workers: int) 
 
 async def master_program(node: Any, spec: TrainSpec) -> None:
     """The master worker: configure the global servers and publish the initial model."""
-    kv = geomx.kv.create("dist_sync")
+    kv = geomx.kv.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
     if spec.global_optimizer is not None:
         await kv.set_optimizer(spec.global_optimizer)
     params = initial_params(spec)
@@ -147,7 +155,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     """One worker's training loop (GeoMX ``examples/cnn.py`` shape)."""
     from geomx.optim import optimizer_from_config
 
-    kv = geomx.kv.create("dist_async" if spec.sync.get("algorithm") == "mixed" else "dist_sync")
+    kv = geomx.kv.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
     job = node.job
     global_rank = job.all_workers.index(node.name)
     evaluator = node.name == spec.evaluator
@@ -159,15 +167,11 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     for k, p in enumerate(params):
         await kv.pull(k, out=p)
 
-    pull_weights = spec.global_optimizer is not None
-    local_opt = None
-    local_state: list[Any] = []
-    agg: list[Any] = []
-    if not pull_weights and not spec.phantom:
-        local_opt = optimizer_from_config(dict(spec.worker_optimizer))
-        local_opt.rescale_grad = 1.0 / kv.num_all_workers
-        local_state = [local_opt.create_state(k, p) for k, p in enumerate(params)]
-        agg = [np.zeros_like(p) for p in params]
+    sync = make_worker_sync(spec.sync, node=node, kv=kv, params=params,
+                            pull_weights=spec.global_optimizer is not None,
+                            local_optimizer=lambda: optimizer_from_config(
+                                dict(spec.worker_optimizer)),
+                            max_iterations=spec.iterations)
 
     data = None if spec.phantom else load_data(spec)
     stream = None
@@ -178,6 +182,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     losses: list[float] = []
     last_eval: dict[str, Any] = {}
     it = 0
+    next_eval = spec.eval_every
     while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
         it += 1
         node.iteration = it
@@ -192,16 +197,9 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
         t_compute = node.now()
         await node.services.compute(node.compute_s_per_iter, measured)
         node.record("compute", t_start=t_compute, dur=node.now() - t_compute, iteration=it)
-        for k in reversed(range(len(grads))):
-            kv.push(k, grads[k], priority=-k)
-        if pull_weights or local_opt is None:
-            for k in range(len(params)):
-                await kv.pull(k, out=params[k], priority=-k)
-        else:
-            for k in range(len(params)):
-                await kv.pull(k, out=agg[k], priority=-k)
-                local_opt.update(k, params[k], agg[k], local_state[k])
-        if evaluator and (spec.eval_every > 0 and it % spec.eval_every == 0):
+        shared = await sync.step(it, grads)
+        if evaluator and shared and spec.eval_every > 0 and it >= next_eval:
+            next_eval = (it // spec.eval_every + 1) * spec.eval_every
             last_eval = evaluate(node, model, data, it, losses)
             if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:
                 kv.request_stop()
@@ -210,6 +208,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
         if spec.max_wall_s > 0 and time.perf_counter() - wall0 >= spec.max_wall_s:
             kv.request_stop()
     await kv.waitall()
+    await sync.finish()
     if evaluator and last_eval.get("iteration") != it:
         last_eval = evaluate(node, model, data, it, losses)
     node.record("worker_done", iterations=it)

@@ -109,6 +109,10 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
                 break
             seen = _follow_progress(evaluator_events, seen, bar)
             time.sleep(0.2)
+    except BaseException:
+        failure = failure or "interrupted"
+        _stop_all(procs)
+        raise
     finally:
         if failure is not None:
             _stop_all(procs)

@@ -69,6 +69,7 @@ async def run_node(s: Scenario, name: str, run_dir: Path, book: dict[str, str],
     await transport.start()
     transport.set_address_book(book)
     node = make_node(plan, name, transport, services)
+    node.address_book.update(book)
     try:
         await node.run()
     finally:
