@@ -1,0 +1,302 @@
+"""A virtual-time asyncio event loop: the emulator's clock.
+
+Why: node code must run unchanged in the emulator and over real sockets, so it may only
+use plain asyncio (``sleep``, ``Queue``, ``Event``, ``wait_for``, ``asyncio.timeout``,
+``loop.time()``). Instead of faking those primitives we fake *time*: ``loop.time()``
+returns a virtual clock, and whenever no callback is ready the clock jumps straight to
+the next timer. A one-hour ``asyncio.sleep`` therefore finishes instantly in wall time.
+This is the "autojump" idea of trio's ``MockClock`` (trio.testing.MockClock with
+``autojump_threshold=0``), applied to an asyncio loop.
+
+How: :class:`VirtualTimeLoop` subclasses :class:`asyncio.BaseEventLoop` and replaces its
+private ``_run_once`` (the hot path of every asyncio loop). There is no selector and no
+self-pipe: the loop does no I/O at all and starts no threads. Replacing ``_run_once``
+rather than plugging in a fake selector buys three things:
+
+* the clock jumps to *exactly* the next timer's deadline (no ``now + (when - now)``
+  rounding, no dependence on the monotonic clock's resolution), so closed-form
+  timings in tests come out exact;
+* timers with equal deadlines run in the order they were scheduled (a ``(when, seq)``
+  heap of tuples, compared in C), which makes runs easy to reason about and
+  deterministic;
+* deadlock detection is a single branch: nothing ready and no timer pending while the
+  loop has not been asked to stop raises :class:`EmulationDeadlock` instead of
+  sleeping forever.
+
+The loop also offers :meth:`VirtualTimeLoop.call_when_idle`: callbacks that run once
+everything at the current virtual instant has run, just before the clock advances. The
+network model uses it to recompute flow rates once per instant instead of once per
+message.
+
+Relies on private names of ``asyncio.BaseEventLoop`` that have been stable from Python
+3.8 to 3.13 (``_ready``, ``_stopping``, ``_timer_cancelled_count`` and the
+``TimerHandle`` fields ``_when``/``_scheduled``/``_cancelled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from asyncio import events
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+__all__ = [
+    "EmulationDeadlock", "EmulationLivelock", "VirtualTimeLoop", "new_virtual_loop", "run_virtual",
+]
+
+T = TypeVar("T")
+
+# Rebuild the timer heap when more than this many cancelled timers sit in it and they
+# are more than half of it (wait_for/timeout cancel most of their timers).
+_PURGE_MIN_CANCELLED = 256
+
+
+class EmulationDeadlock(RuntimeError):
+    """Nothing can ever happen again: no callback is ready and no timer is pending,
+    but the main coroutine has not finished (every task waits on something that only
+    another waiting task could provide)."""
+
+
+class EmulationLivelock(EmulationDeadlock):
+    """The loop keeps running callbacks but virtual time never moves on: some task
+    polls (``while not ready: await asyncio.sleep(0)``), which in virtual time starves
+    every timer, including message deliveries. Wait on an ``Event``/``Queue`` instead."""
+
+
+class VirtualTimeLoop(asyncio.BaseEventLoop):
+    """An asyncio event loop whose ``time()`` is a virtual clock that autojumps.
+
+    Use :func:`run_virtual` for the common case. The loop supports everything that
+    does not need real I/O or threads: callbacks, timers, tasks, futures and the
+    synchronisation primitives built on them. Socket, pipe, subprocess, signal and
+    executor methods are not available (``NotImplementedError`` from the base class).
+
+    ``max_iterations_per_instant`` bounds how many scheduling rounds may run at one
+    virtual instant before :class:`EmulationLivelock` is raised (legitimate bursts use
+    a few thousand rounds at most).
+    """
+
+    max_iterations_per_instant = 1_000_000
+
+    def __init__(self, *, start_time: float = 0.0) -> None:
+        super().__init__()
+        self._now = float(start_time)
+        self._timers: list[tuple[float, int, events.TimerHandle]] = []
+        self._timer_seq = itertools.count()
+        self._idle: list[events.Handle] = []
+        self._callbacks_run = 0
+        self._rounds_at_instant = 0
+
+    # -- clock -------------------------------------------------------------------
+
+    def time(self) -> float:
+        """Virtual seconds; only advances when nothing is ready to run."""
+        return self._now
+
+    @property
+    def callbacks_run(self) -> int:
+        """Number of callbacks executed so far (a cheap progress/profiling figure)."""
+        return self._callbacks_run
+
+    # -- scheduling --------------------------------------------------------------
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,
+                context: Any = None) -> events.TimerHandle:
+        """Schedule ``callback(*args)`` at virtual time ``when`` (FIFO among equal times)."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        timer = events.TimerHandle(when, callback, args, self, context)
+        heapq.heappush(self._timers, (when, next(self._timer_seq), timer))
+        timer._scheduled = True
+        return timer
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any,
+                   context: Any = None) -> events.TimerHandle:
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
+    def call_when_idle(self, callback: Callable[..., Any], *args: Any,
+                       context: Any = None) -> events.Handle:
+        """Run ``callback(*args)`` once nothing else is ready at the current virtual
+        instant, before the clock advances (used to batch per-instant work)."""
+        if self._closed:
+            raise RuntimeError("Event loop is closed")
+        handle = events.Handle(callback, args, self, context)
+        self._idle.append(handle)
+        return handle
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> Any:
+        """Refused: a thread would run in wall time, outside the virtual clock. Charge
+        compute time with ``NodeServices.compute`` (an ``asyncio.sleep``) instead."""
+        raise NotImplementedError(
+            "run_in_executor/asyncio.to_thread is not available in virtual time: the emulator "
+            "runs no threads; charge compute with services.compute(...) instead")
+
+    def _write_to_self(self) -> None:
+        # call_soon_threadsafe pokes the selector's self-pipe; there is none here
+        # (and no other thread could be running this loop's callbacks anyway).
+        pass
+
+    def _process_events(self, event_list: Any) -> None:  # pragma: no cover - no I/O
+        pass
+
+    # -- the hot path ------------------------------------------------------------
+
+    def _run_once(self) -> None:
+        """Run callbacks until the loop is asked to stop.
+
+        ``BaseEventLoop.run_forever`` calls this once per iteration and stops when
+        ``_stopping`` is set; we keep iterating inside to save a call and a dozen
+        attribute lookups per iteration, and return as soon as ``_stopping`` is set,
+        which is exactly when ``run_forever`` would have broken out.
+
+        One iteration: if nothing is ready, run the idle callbacks, or else jump the
+        clock to the earliest live timer (deadlock if there is none); move all due
+        timers to the ready queue in (deadline, scheduling order); run what is ready.
+        """
+        ready = self._ready
+        popleft = ready.popleft
+        heappop = heapq.heappop
+        while True:
+            timers = self._timers
+            if not ready:
+                if self._stopping:
+                    return
+                if self._idle:
+                    ready.extend(self._idle)
+                    self._idle = []
+                else:
+                    while timers and timers[0][2]._cancelled:
+                        heappop(timers)[2]._scheduled = False
+                        self._timer_cancelled_count -= 1
+                    if not timers:
+                        raise EmulationDeadlock(self._deadlock_report())
+                    when = timers[0][0]
+                    if when > self._now:
+                        self._now = when
+                        self._rounds_at_instant = 0
+
+            self._rounds_at_instant += 1
+            if self._rounds_at_instant > self.max_iterations_per_instant:
+                self._rounds_at_instant = 0
+                raise EmulationLivelock(
+                    f"{self.max_iterations_per_instant} scheduling rounds at virtual time "
+                    f"{self._now:.9g} s without the clock advancing: a task is probably "
+                    "polling with asyncio.sleep(0); wait on an Event or Queue instead")
+
+            if self._timer_cancelled_count > _PURGE_MIN_CANCELLED:
+                if 2 * self._timer_cancelled_count > len(timers):
+                    self._purge_cancelled()
+                    timers = self._timers
+
+            now = self._now
+            while timers and timers[0][0] <= now:
+                handle = heappop(timers)[2]
+                handle._scheduled = False
+                if handle._cancelled:
+                    self._timer_cancelled_count -= 1
+                else:
+                    ready.append(handle)
+
+            ntodo = len(ready)
+            self._callbacks_run += ntodo
+            for _ in range(ntodo):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                try:
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self.call_exception_handler({
+                        "message": f"Exception in callback {handle._callback!r}",
+                        "exception": exc,
+                        "handle": handle,
+                    })
+            handle = None  # break reference cycles if an exception is being handled
+            if self._stopping:
+                return
+
+    def _purge_cancelled(self) -> None:
+        kept = []
+        for entry in self._timers:
+            handle = entry[2]
+            if handle._cancelled:
+                handle._scheduled = False
+            else:
+                kept.append(entry)
+        heapq.heapify(kept)
+        self._timers = kept
+        self._timer_cancelled_count = 0
+
+    def _deadlock_report(self) -> str:
+        waiting = []
+        for task in sorted(asyncio.all_tasks(self), key=lambda t: t.get_name()):
+            coro = task.get_coro()
+            where = getattr(coro, "__qualname__", repr(coro))
+            frame = getattr(coro, "cr_frame", None)
+            if frame is not None:
+                where += f" at {frame.f_code.co_filename}:{frame.f_lineno}"
+            waiting.append(f"  {task.get_name()}: {where}")
+        detail = "\n".join(waiting[:20])
+        if len(waiting) > 20:
+            detail += f"\n  ... and {len(waiting) - 20} more"
+        return (f"emulation deadlock at virtual time {self._now:.9g} s: no callback is "
+                f"ready and no timer is pending, but {len(waiting)} task(s) still wait"
+                + (":\n" + detail if detail else ""))
+
+    def close(self) -> None:
+        if self.is_running():
+            raise RuntimeError("Cannot close a running event loop")
+        for _, _, handle in self._timers:
+            handle._scheduled = False
+        self._timers.clear()
+        self._idle.clear()
+        super().close()
+
+
+def new_virtual_loop(*, start_time: float = 0.0) -> VirtualTimeLoop:
+    """A fresh :class:`VirtualTimeLoop` whose clock reads ``start_time``."""
+    return VirtualTimeLoop(start_time=start_time)
+
+
+def _cancel_remaining(loop: VirtualTimeLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not tasks:
+        return
+    for t in tasks:
+        t.cancel()
+    try:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    except EmulationDeadlock:
+        # A task swallowed its cancellation and went back to waiting; nothing more
+        # can be done for it in a loop that is about to close.
+        return
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            loop.call_exception_handler({
+                "message": "unhandled exception in a task cancelled at the end of run_virtual",
+                "exception": t.exception(),
+                "task": t,
+            })
+
+
+def run_virtual(coro: Coroutine[Any, Any, T] | Awaitable[T], *,
+                start_time: float = 0.0) -> T:
+    """Run ``coro`` to completion on a new :class:`VirtualTimeLoop` and return its result.
+
+    Like :func:`asyncio.run` but in virtual time: tasks still pending when ``coro``
+    returns are cancelled, the loop is closed. Raises :class:`EmulationDeadlock` if the
+    program can make no further progress.
+    """
+    loop = new_virtual_loop(start_time=start_time)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            _cancel_remaining(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
