@@ -107,6 +107,26 @@ def _transfer_recorder(recorder: EventRecorder, dc_of: dict[str, str]):
     return on_transfer
 
 
+def counters_from_network(network: Any) -> Any:
+    """Job-wide byte counters from the network's own per-link and per-DC-pair totals
+    (used when per-transfer events are not recorded, which is much cheaper)."""
+    from geomx.metrics.counters import ByteCounters
+
+    st = network.stats()
+    c = ByteCounters()
+    for (a, b), n in sorted(st.dc_bytes.items()):
+        key = f"{a}->{b}"
+        c.bytes_per_dc_pair[key] = n
+        if a == b:
+            c.bytes_lan += n
+        else:
+            c.bytes_wan += n
+    c.bytes_per_link = dict(sorted(st.link_bytes.items()))
+    c.messages = st.messages_sent
+    c.bytes_dropped = getattr(st, "bytes_dropped", 0)
+    return c
+
+
 async def _run_nodes(nodes: list[Any]) -> None:
     """Run every node; the first failure cancels the rest and is raised with its name."""
     tasks = {asyncio.ensure_future(n.run()): n for n in nodes}
@@ -140,6 +160,16 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     wall0 = time.perf_counter()
     writer = ProgressWriter(run_dir / "progress.csv",
                             wall_clock=lambda: time.perf_counter() - wall0)
+    if s.metrics.events:
+        network.on_transfer = _transfer_recorder(recorder, plan.job.dc_of)
+    else:
+        # no per-transfer events (much cheaper): refresh the byte counters from the
+        # network's own totals just before each evaluation row is written
+        def refresh(ev: dict[str, Any]) -> None:
+            if ev["ev"] == "eval":
+                recorder.counters = counters_from_network(network)
+
+        recorder.add_listener(refresh)
     writer.follow(recorder, "eval", node=plan.train.evaluator)
     bar = ProgressBar(plan.train.iterations, enabled=progress, time_label="emu")
     evaluator = plan.train.evaluator
@@ -149,7 +179,6 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
             bar.on_event(ev)
 
     recorder.add_listener(on_event)
-    network.on_transfer = _transfer_recorder(recorder, plan.job.dc_of)
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
     fabric = SimFabric(network)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
@@ -171,9 +200,9 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
         inspect(nodes)
     iterations = max((n.iteration for n in workers), default=0)
     final = next((n.result for n in workers if n.name == evaluator), None) or {}
-    stats = network.stats()
+    counters = recorder.counters if s.metrics.events else counters_from_network(network)
     summary = build_summary(
-        recorder.counters, read_progress(run_dir / "progress.csv"), runtime="emu",
+        counters, read_progress(run_dir / "progress.csv"), runtime="emu",
         scenario_name=s.run.name, seed=s.run.seed, iterations=iterations,
         emulated_seconds=emulated_s, wall_seconds=wall_s,
         target_accuracy=s.run.target_accuracy or None,

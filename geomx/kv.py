@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -70,6 +71,7 @@ class KVStore:
         self._servers: list[str] = (list(job.global_servers) if node.is_master
                                     else job.servers_of_worker(node.name))
         self._shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        self._placement: dict[int, list[Any]] = {}
         self._inflight: dict[int, asyncio.Task[Any]] = {}
         self._barrier_count = 0
         self.stop_requested = False
@@ -103,11 +105,13 @@ class KVStore:
 
     # ------------------------------------------------------------------ helpers
     def _parts(self, key: int):
-        shape, _ = self._shapes[key]
-        n = int(np.prod(shape)) if shape else 1
-        if len(self._servers) == 1:
-            return place(key, n, 1, self._job.bigarray_bound)
-        return place(key, n, len(self._servers), self._job.bigarray_bound)
+        parts = self._placement.get(key)
+        if parts is None:
+            shape, _ = self._shapes[key]
+            n = math.prod(shape)
+            parts = self._placement[key] = place(key, n, len(self._servers),
+                                                 self._job.bigarray_bound)
+        return parts
 
     def _check_key(self, key: int) -> None:
         if key not in self._shapes:
@@ -133,6 +137,7 @@ class KVStore:
             if k < 0:
                 raise KVStoreError(f"keys must be >= 0, got {k}")
             arr = v if isinstance(v, Payload) else np.asarray(v)
+            self._placement.pop(k, None)
             self._shapes[k] = (tuple(arr.shape), arr.dtype.str if not isinstance(arr, Payload)
                                else arr.dtype)
             if self.rank == 0 or self._node.is_master:
@@ -173,7 +178,7 @@ class KVStore:
                                               key=key, part=p.index, priority=priority,
                                               version=node.iteration, meta=m, payloads=payloads))
 
-        acks = await asyncio.gather(*(one(p) for p in parts))
+        acks = [await one(parts[0])] if len(parts) == 1 else await asyncio.gather(*(one(p) for p in parts))
         if any(a.meta.get("stop") for a in acks):
             self.stop_requested = True
 
@@ -192,10 +197,9 @@ class KVStore:
         node = self._node
         parts = self._parts(key)
         shape, dtype = self._shapes[key]
-        replies = await asyncio.gather(*(
-            node.request(Message(Kind.PULL, node.name, self._servers[p.server], key=key,
-                                 part=p.index, priority=priority))
-            for p in parts))
+        requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server], key=key,
+                                         part=p.index, priority=priority)) for p in parts]
+        replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
         if out is None:
             out = (Payload.phantom(shape, dtype) if replies[0].payloads[0].is_phantom
                    else np.empty(shape, dtype=dtype))

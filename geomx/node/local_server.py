@@ -42,6 +42,7 @@ class LocalSlot:
     waiting_pushes: list[Message] = field(default_factory=list)
     waiting_pulls: list[Message] = field(default_factory=list)
     stop_requested: bool = False
+    parts: list[Any] | None = None
 
 
 class LocalServer(Node):
@@ -63,11 +64,13 @@ class LocalServer(Node):
         self.on(Kind.SHUTDOWN, self._on_stop)
 
     def _parts(self, key: int, slot: LocalSlot):
-        n = 1
-        for d in slot.shape:
-            n *= d
-        return place(key, n, len(self.job.global_servers), self.job.bigarray_bound,
-                     split=not self.wan.enabled)
+        if slot.parts is None:
+            n = 1
+            for d in slot.shape:
+                n *= d
+            slot.parts = place(key, n, len(self.job.global_servers), self.job.bigarray_bound,
+                               split=not self.wan.enabled)
+        return slot.parts
 
     # ------------------------------------------------------------------ init
     def _on_init(self, msg: Message) -> None:
@@ -135,7 +138,8 @@ class LocalServer(Node):
                                               part=part.index, version=slot.round, meta=meta,
                                               payloads=payloads))
 
-        acks = await asyncio.gather(*(push_part(p) for p in parts))
+        acks = ([await push_part(parts[0])] if len(parts) == 1
+                else await asyncio.gather(*(push_part(p) for p in parts)))
         if any(a.meta.get("stop") for a in acks):
             self.global_stop = True
         return await self.pull_global(key, slot)
@@ -156,7 +160,8 @@ class LocalServer(Node):
                                                part=part.index, version=slot.round))
             return part, reply
 
-        results = await asyncio.gather(*(pull_part(p) for p in parts))
+        results = ([await pull_part(parts[0])] if len(parts) == 1
+                   else await asyncio.gather(*(pull_part(p) for p in parts)))
         new = zeros_like_spec(slot.shape, slot.dtype, slot.phantom) if len(parts) > 1 else None
         for part, reply in results:
             if reply.meta.get("stop"):
