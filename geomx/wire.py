@@ -241,7 +241,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
             raise WireError(f"payload has {len(p.shape)} dims > {MAX_NDIM}")
         parts.append(_DESC.pack(_DTYPE_CODES[p.dtype], len(p.shape), 1 if p.data is None else 0))
         parts.extend(_DIM.pack(d) for d in p.shape)
-        if p.data is not None:
+        if p.data is not None and p.nbytes:
             buffers.append(memoryview(p.data).cast("B"))
     return [b"".join(parts), *buffers]
 

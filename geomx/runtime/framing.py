@@ -1,0 +1,290 @@
+"""Stream framing for the TCP transport: how ``wire.encode`` frames travel on a byte stream.
+
+Frame format
+------------
+Every frame on a geomx TCP stream is an 8-byte *preamble* followed by a body::
+
+    offset  size  field
+    0       2     magic  b"GF"  (geomx frame; a stream that does not start a frame with
+                                  it is out of sync and is closed)
+    2       1     type   1 = MESSAGE (body = one wire.encode'd Message)
+                         2 = HELLO, 3 = CHALLENGE, 4 = AUTH, 5 = WELCOME, 6 = REFUSE
+                             (handshake, body = a small UTF-8 JSON object, <= 4 KiB)
+    3       1     flags  reserved, must be 0
+    4       4     length u32 little-endian byte length of the body (not counting the preamble)
+
+A u32 length caps one frame at 4 GiB - 1; ``max_frame_bytes`` (default 2 GiB, the same
+as :data:`geomx.wire.DEFAULT_MAX_FRAME_BYTES`) caps it lower. The wire header carries
+its own magic ("GX") and version, so the preamble only has to delimit frames and tell
+handshake frames from messages.
+
+Reading
+-------
+:class:`FrameDecoder` is driven by an ``asyncio.BufferedProtocol``: the event loop reads
+from the socket straight into the buffer it hands out. Small frames are parsed out of a
+64 KiB scratch buffer (many frames per ``recv``, one small copy each into a ``bytearray``
+of their own); a frame larger than the scratch gets its own buffer of exactly the
+announced length -- an uninitialised ``numpy.uint8`` array, so nothing is zero-filled and
+pages are only touched as data arrives -- and the socket reads the rest of the body
+directly into it: no intermediate copies, and the decoded payload arrays are writable
+views of that buffer. The announced length is checked against ``max_frame_bytes``
+*before* anything is allocated.
+
+Errors
+------
+* Stream errors (bad magic, a length over the limit, the peer closing mid-frame) mean
+  the stream can no longer be trusted: :class:`FramingError` is raised and the
+  connection is closed.
+* A body that ``wire.decode`` rejects (:class:`geomx.wire.WireError`), a reserved flag
+  set, or an unknown frame type is a bad *frame* on a good stream: it is logged with the
+  peer and the reason, counted, and dropped; the connection keeps serving
+  (:class:`RejectLog`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import struct
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Union
+
+import numpy as np
+
+from geomx import wire
+from geomx.wire import Message, WireError
+
+log = logging.getLogger("geomx.runtime.framing")
+
+FRAME_MAGIC = b"GF"
+#: ``<2sBBI``: magic, frame type, flags, body length.
+PREAMBLE = struct.Struct("<2sBBI")
+PREAMBLE_BYTES = PREAMBLE.size
+#: The u32 length field's ceiling.
+MAX_FRAME_LENGTH = (1 << 32) - 1
+DEFAULT_MAX_FRAME_BYTES = wire.DEFAULT_MAX_FRAME_BYTES
+#: Largest handshake (control) frame; also the limit before a connection is authenticated.
+MAX_CONTROL_FRAME_BYTES = 4096
+#: Size of the decoder's scratch buffer; larger frames get a buffer of their own.
+SCRATCH_BYTES = 64 * 1024
+
+
+#: A frame body handed to ``on_frame``: a ``bytearray`` (small frames) or a 1-D
+#: ``numpy.uint8`` array (large frames). Both are writable and owned by the callee.
+Body = Union[bytearray, np.ndarray]
+
+
+class FrameType(enum.IntEnum):
+    MESSAGE = 1
+    HELLO = 2
+    CHALLENGE = 3
+    AUTH = 4
+    WELCOME = 5
+    REFUSE = 6
+
+
+CONTROL_TYPES = frozenset({FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH,
+                           FrameType.WELCOME, FrameType.REFUSE})
+_FRAME_TYPES = frozenset(int(t) for t in FrameType)
+
+
+class FramingError(Exception):
+    """The byte stream is unusable (out of sync, oversized frame, cut mid-frame)."""
+
+    def __init__(self, reason: str, category: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.category = category
+
+
+def pack_preamble(ftype: int, length: int, flags: int = 0) -> bytes:
+    if not 0 <= length <= MAX_FRAME_LENGTH:
+        raise ValueError(f"frame body of {length} bytes does not fit the u32 length field")
+    return PREAMBLE.pack(FRAME_MAGIC, ftype, flags, length)
+
+
+def message_frames(msg: Message) -> tuple[list[bytes | memoryview], int]:
+    """Frames for ``msg`` -- ``[preamble + wire header, *zero-copy array views]`` -- and size.
+
+    The preamble is glued to the (small) wire header so a message is one write of
+    ``1 + n_payloads`` buffers; array data is never copied.
+    """
+    frames = wire.encode(msg)
+    body = wire.frame_length(frames)
+    frames[0] = pack_preamble(FrameType.MESSAGE, body) + frames[0]
+    return frames, body + PREAMBLE_BYTES
+
+
+def control_frame(ftype: FrameType, **fields: Any) -> bytes:
+    """A handshake frame: the preamble and a compact JSON body."""
+    body = json.dumps(fields, separators=(",", ":"), sort_keys=True).encode()
+    if len(body) > MAX_CONTROL_FRAME_BYTES:
+        raise ValueError(f"control frame of {len(body)} bytes > {MAX_CONTROL_FRAME_BYTES}")
+    return pack_preamble(ftype, len(body)) + body
+
+
+def parse_control(body: bytes | Body) -> dict[str, Any]:
+    """The JSON object of a handshake frame; :class:`ValueError` if it is not one."""
+    try:
+        obj = json.loads(bytes(body))
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"handshake frame is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError("handshake frame is not a JSON object")
+    return obj
+
+
+class FrameDecoder:
+    """Incremental frame parser behind a ``BufferedProtocol`` (see the module docstring).
+
+    ``on_frame(ftype, flags, body)`` is called once per complete frame, with a fresh
+    :data:`Body` the callee owns. It may raise :class:`FramingError` to stop
+    parsing (the caller then closes the connection). ``max_frame_bytes`` may be changed
+    between frames (it is lowered until a connection is authenticated).
+    """
+
+    __slots__ = ("_on_frame", "max_frame_bytes", "_scratch", "_view", "_start", "_end",
+                 "_big", "_big_view", "_big_filled", "_big_type", "_big_flags",
+                 "frames", "bytes")
+
+    def __init__(self, on_frame: Callable[[int, int, Body], None], *,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 scratch_bytes: int = SCRATCH_BYTES):
+        if scratch_bytes < 4096:
+            raise ValueError("scratch_bytes must be >= 4096")
+        self._on_frame = on_frame
+        self.max_frame_bytes = max_frame_bytes
+        self._scratch = bytearray(scratch_bytes)
+        self._view = memoryview(self._scratch)
+        self._start = 0
+        self._end = 0
+        self._big: np.ndarray | None = None
+        self._big_view: memoryview | None = None
+        self._big_filled = 0
+        self._big_type = 0
+        self._big_flags = 0
+        self.frames = 0  # complete frames seen
+        self.bytes = 0   # bytes of complete frames, preambles included
+
+    # -- BufferedProtocol plumbing -------------------------------------------------------
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        if self._big_view is not None:
+            return self._big_view[self._big_filled:]
+        if len(self._scratch) - self._end < 4096 and self._start > 0:
+            self._compact()
+        return self._view[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._big_view is not None:
+            self._big_filled += nbytes
+            if self._big_filled == len(self._big_view):
+                body, ftype, flags = self._big, self._big_type, self._big_flags
+                self._big = self._big_view = None
+                self.frames += 1
+                self.bytes += PREAMBLE_BYTES + len(body)  # type: ignore[arg-type]
+                self._on_frame(ftype, flags, body)  # type: ignore[arg-type]
+            return
+        self._end += nbytes
+        self._parse()
+
+    def pending_bytes(self) -> int:
+        """Bytes of an incomplete frame held right now (0 at a frame boundary)."""
+        if self._big_view is not None:
+            return PREAMBLE_BYTES + self._big_filled
+        return self._end - self._start
+
+    def pending_description(self) -> str:
+        if self._big_view is not None:
+            return (f"{self._big_filled} of {len(self._big_view)} body bytes of a "
+                    f"type-{self._big_type} frame")
+        n = self._end - self._start
+        if n >= PREAMBLE_BYTES:
+            _, ftype, _, length = PREAMBLE.unpack_from(self._scratch, self._start)
+            return f"{n - PREAMBLE_BYTES} of {length} body bytes of a type-{ftype} frame"
+        return f"{n} of {PREAMBLE_BYTES} preamble bytes"
+
+    # -- parsing -------------------------------------------------------------------------
+    def _compact(self) -> None:
+        n = self._end - self._start
+        if n:
+            tail = bytes(self._view[self._start:self._end])  # regions may overlap: copy out
+            self._view[:n] = tail
+        self._start, self._end = 0, n
+
+    def _parse(self) -> None:
+        scratch = self._scratch
+        view = self._view
+        cap = len(scratch)
+        while self._end - self._start >= PREAMBLE_BYTES:
+            start = self._start
+            magic, ftype, flags, length = PREAMBLE.unpack_from(scratch, start)
+            if magic != FRAME_MAGIC:
+                raise FramingError(f"bad frame magic {bytes(magic)!r} (stream out of sync)",
+                                   "bad_magic")
+            if length > self.max_frame_bytes:
+                raise FramingError(f"frame of {length} bytes announced, limit is "
+                                   f"{self.max_frame_bytes}", "oversize")
+            total = PREAMBLE_BYTES + length
+            have = self._end - start
+            if have >= total:
+                body = bytearray(view[start + PREAMBLE_BYTES:start + total])
+                self._start = start + total
+                self.frames += 1
+                self.bytes += total
+                self._on_frame(ftype, flags, body)
+                continue
+            if total > cap:
+                # A large frame: a buffer of its own, filled straight from the socket.
+                big = np.empty(length, dtype=np.uint8)
+                big_view = memoryview(big)
+                got = have - PREAMBLE_BYTES
+                if got:
+                    big_view[:got] = view[start + PREAMBLE_BYTES:self._end]
+                self._big = big
+                self._big_view = big_view
+                self._big_filled = got
+                self._big_type = ftype
+                self._big_flags = flags
+                self._start = self._end = 0
+                return
+            if start + total > cap:
+                self._compact()
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+
+
+class RejectLog:
+    """Counts and logs rejected frames/connections: one log line per rejection, with the peer.
+
+    ``categories`` counts by kind of problem ("wire", "oversize", "bad_magic",
+    "truncated", "unknown_frame_type", "bad_flags", "protocol", "auth", ...).
+    """
+
+    def __init__(self, node: str, logger: logging.Logger = log):
+        self.node = node
+        self.logger = logger
+        self.categories: Counter[str] = Counter()
+        self.total = 0
+
+    def reject(self, peer: str, reason: str, category: str, *,
+               level: int = logging.WARNING) -> None:
+        self.total += 1
+        self.categories[category] += 1
+        self.logger.log(level, "%s: rejected %s from %s: %s", self.node, category, peer, reason)
+
+
+def decode_message(body: Body, peer: str, rejects: RejectLog, *,
+                   max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message | None:
+    """``wire.decode`` a MESSAGE frame body; on :class:`WireError` log, count, return None."""
+    try:
+        return wire.decode(body, max_bytes=max_bytes)
+    except WireError as e:
+        rejects.reject(peer, str(e), "wire")
+        return None
+
+
+def is_known_frame_type(ftype: int) -> bool:
+    return ftype in _FRAME_TYPES
