@@ -17,9 +17,14 @@ from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
+from geomx.node.state_server import StateServer
 from geomx.node.trainer import TrainSpec, iterations_for_epochs, master_program, train_program
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario
+from geomx.sync.policy import uses_global_optimizer
+
+#: Name of ESync's state server (central DC; only in ESync jobs).
+STATE_SERVER = "ss"
 
 
 @dataclass
@@ -54,7 +59,10 @@ def _phantom_sizes(s: Scenario) -> list[int]:
                                     preset=t.phantom_preset or None))
 
 
-def plan_job(s: Scenario) -> JobPlan:
+def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
+    """Name the nodes and describe the job. ``runtime`` ("emu"/"real", default the
+    scenario's) only decides whether liveness timers run: in the emulator they are off
+    unless ``membership.in_emulator`` (endless timers would hide a deadlock)."""
     central = next(d for d in s.dcs if d.central)
     parties = [d for d in s.dcs if not d.central]
     mode = s.training.mode
@@ -73,6 +81,9 @@ def plan_job(s: Scenario) -> JobPlan:
     for d in parties:
         for w in workers_of[d.name]:
             dc_of[w] = d.name
+    state_server = STATE_SERVER if s.sync.algorithm == "esync" else ""
+    if state_server:
+        dc_of[state_server] = central.name
     job = JobSpec(
         mode=mode, central_dc=central.name, party_dcs=[d.name for d in parties],
         global_scheduler="gh", global_servers=global_servers, master_worker="mw",
@@ -85,7 +96,14 @@ def plan_job(s: Scenario) -> JobPlan:
                "size_lower_bound": s.codec.size_lower_bound},
         sched={"p3": getattr(s.sched, "p3", False), "tsengine": s.sched.tsengine,
                "dgt": s.sched.dgt},
+        state_server=state_server,
     )
+    runtime = runtime or s.run.runtime
+    m = s.membership
+    if runtime == "real" or m.in_emulator:
+        job.heartbeat_interval_s = m.heartbeat_interval_s
+        job.heartbeat_timeout_s = m.heartbeat_timeout_s if m.heartbeat_interval_s > 0 else 0.0
+        job.register_timeout_s = m.register_timeout_s
     t = s.training
     model_kwargs: dict[str, Any] = {}
     if t.model == "mlp":
@@ -99,7 +117,9 @@ def plan_job(s: Scenario) -> JobPlan:
         model=t.model, model_kwargs=model_kwargs, dataset=t.dataset,
         data_path=t.data_path or None, dataset_kwargs=dataset_kwargs, partition=t.partition,
         dirichlet_alpha=t.dirichlet_alpha, batch_size=t.batch_size,
-        global_optimizer=_optimizer_config(t.optimizer, t.lr, s),
+        # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
+        global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
+                          if uses_global_optimizer(s.sync.algorithm) else None),
         worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
@@ -121,6 +141,8 @@ def plan_job(s: Scenario) -> JobPlan:
     roles.update({v: "local_scheduler" for v in lh.values()})
     roles.update({v: "local_server" for v in ls.values()})
     roles.update({w: "worker" for w in job.all_workers})
+    if state_server:
+        roles[state_server] = "state_server"
     return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles)
 
 
@@ -129,12 +151,23 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     job, role = plan.job, plan.roles.get(name)
     if role is None:
         raise KeyError(f"no node named {name!r} in this scenario; nodes: {', '.join(plan.nodes)}")
+    node = _make_node(plan, name, role, transport, services)
+    node.heartbeat_interval_s = job.heartbeat_interval_s
+    node.heartbeat_timeout_s = job.heartbeat_timeout_s
+    return node
+
+
+def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: Any) -> Any:
+    job = plan.job
     dc = job.dc_of[name]
     if role in ("global_scheduler", "local_scheduler"):
         return Scheduler(name, dc, transport, services, job.scheduler_members(name),
-                         heartbeat_timeout_s=job.heartbeat_timeout_s)
+                         heartbeat_timeout_s=job.heartbeat_timeout_s,
+                         register_timeout_s=job.register_timeout_s)
     if role == "global_server":
         return GlobalServer(name, dc, transport, services, job)
+    if role == "state_server":
+        return StateServer(name, dc, transport, services, job)
     if role == "local_server":
         return LocalServer(name, dc, transport, services, job)
     if role == "master_worker":

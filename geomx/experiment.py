@@ -127,9 +127,27 @@ def counters_from_network(network: Any) -> Any:
     return c
 
 
-async def _run_nodes(nodes: list[Any]) -> None:
-    """Run every node; the first failure cancels the rest and is raised with its name."""
+async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
+    """Run every node; the first failure cancels the rest and is raised with its name.
+
+    Faults (``[[fault]]``) crash a node at an emulated time: its task is cancelled and
+    its transport closed, so messages to it are dropped, as when a process is killed.
+    """
     tasks = {asyncio.ensure_future(n.run()): n for n in nodes}
+    by_name = {n.name: t for t, n in tasks.items()}
+    crashed: list[str] = []
+
+    def crash(name: str) -> None:
+        task = by_name[name]
+        if not task.done():
+            crashed.append(name)
+            tasks[task].record("crash", fault="crash")
+            task.cancel()
+            asyncio.ensure_future(tasks[task].transport.close())
+
+    loop = asyncio.get_running_loop()
+    for f in faults:
+        loop.call_at(f.at_s, crash, f.node)
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -152,7 +170,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     from geomx.sim.loop import EmulationDeadlock, new_virtual_loop
     from geomx.sim.transport import SimFabric
 
-    plan = plan_job(s)
+    plan = plan_job(s, "emu")
     loop = new_virtual_loop()
     network = build_network(s, plan)
     recorder = EventRecorder(run_dir / "events.jsonl", clock=loop.time,
@@ -185,12 +203,20 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_run_nodes(nodes))
+        loop.run_until_complete(_run_nodes(nodes, s.faults))
     except EmulationDeadlock as e:
-        raise JobFailed(f"the emulated job deadlocked (every node is waiting): {e}") from e
+        why = (f" after the injected crash of {', '.join(f.node for f in s.faults)} (turn on "
+               f"membership.in_emulator to detect it by heartbeats)" if s.faults else "")
+        raise JobFailed(f"the emulated job deadlocked (every node is waiting){why}: {e}") from e
     finally:
-        asyncio.set_event_loop(None)
-        loop.close()
+        from geomx.sim.loop import _cancel_remaining
+
+        try:
+            _cancel_remaining(loop)  # a failed job leaves tasks behind: end them in virtual time
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
         bar.close()
         recorder.close()
         writer.close()

@@ -157,7 +157,8 @@ class KVStore:
         for k, v in self._keys(key, value):
             self._check_key(k)
             prev = self._inflight.get(k)
-            task = asyncio.ensure_future(self._push_one(k, v, priority, prev))
+            # owned by the node: cancelled when it stops, a failure stops it with the error
+            task = self._node.spawn(self._push_one(k, v, priority, prev))
             self._inflight[k] = task
             tasks.append(task)
         return tasks[0] if len(tasks) == 1 else asyncio.ensure_future(asyncio.gather(*tasks))

@@ -60,6 +60,8 @@ __all__ = [
     "CodecConfig",
     "SchedConfig",
     "MetricsConfig",
+    "MembershipConfig",
+    "FaultConfig",
     "Setting",
     "SectionSpec",
     "load_scenario",
@@ -720,12 +722,19 @@ class SyncConfig(_Section):
     algorithm: str = setting(Choice(*_ALGORITHMS), "fsa",
                              "`fsa`: fully synchronous; `mixed`: sync in a DC, async across DCs; "
                              "`hfa`: hierarchical frequency aggregation; `esync`: ESync.")
-    staleness: int = setting(Integer(min=0), 0, "mixed: max versions a DC may run ahead (0 = unbounded).")
+    staleness: int = setting(Integer(min=0), 0,
+                             "mixed: a DC more than this many versions ahead of the slowest DC "
+                             "waits for it (0 = unbounded, as in GeoMX).")
     k1: int = setting(Integer(min=1), 20, "hfa: local steps per local sync.")
     k2: int = setting(Integer(min=1), 10, "hfa: local syncs per global sync.")
-    dcasgd_lambda: float = setting(Real(min=0), 0.04, "Variance-control factor of the dcasgd optimizers.")
-    esync_epsilon_s: float = setting(Duration(positive=True), "0.5s",
-                                     "esync: target time per round used to size local steps.",
+    dcasgd_lambda: float = setting(Real(min=0), 0.04,
+                                   "Variance-control factor (lambda) of the dcasgd / dcasgd_shared "
+                                   "global optimizers (GeoMX/MXNet default 0.04).")
+    esync_epsilon_s: float = setting(Duration(), "0s",
+                                     "esync: slack of the ready rule -- a worker stops taking local "
+                                     "steps once one more step plus this would end after the slowest "
+                                     "worker's step (the paper uses 0.5s for second-long steps; scale "
+                                     "it with your step times).",
                                      key="esync_epsilon")
     esync_max_local_steps: int = setting(Integer(min=1), 64, "esync: upper bound on local steps per round.")
 
@@ -761,6 +770,38 @@ class MetricsConfig(_Section):
     events: bool = setting(Flag(), True, "Write events.jsonl.")
     trace: bool = setting(Flag(), True, "Write trace.json (Chrome trace event format).")
     plot: bool = setting(Flag(), True, "Write accuracy plots (PNG).")
+
+
+@dataclass(frozen=True)
+class MembershipConfig(_Section):
+    """Liveness: registration and heartbeats (ps-lite's PS_HEARTBEAT_*, on both tiers)."""
+
+    heartbeat_interval_s: float = setting(Duration(), "1s",
+                                          "Each node heartbeats its scheduler(s) this often "
+                                          "(0 = off).", key="heartbeat_interval")
+    heartbeat_timeout_s: float = setting(Duration(), "10s",
+                                         "A node not heard from for this long is declared "
+                                         "dead, reported by name, and the job stops.",
+                                         key="heartbeat_timeout")
+    register_timeout_s: float = setting(Duration(), "120s",
+                                        "A scheduler gives up (naming the missing nodes) if "
+                                        "not every node has registered by then (0 = wait "
+                                        "forever).", key="register_timeout")
+    in_emulator: bool = setting(Flag(), False,
+                                "Run heartbeats in the emulator too (off by default: they "
+                                "add traffic and hide deadlocks behind endless timers).")
+
+
+@dataclass(frozen=True)
+class FaultConfig(_Section):
+    """A fault to inject, the same way in both runtimes (testing failure handling)."""
+
+    node: str = setting(Text(non_empty=True), doc="Node to crash, e.g. `w:party-a:1`, `ls:party-b`.")
+    at_s: float = setting(Duration(), "1s", "When, from the job's start (emulated or wall seconds).",
+                          key="at")
+    kind: str = setting(Choice("crash"), "crash",
+                        "`crash`: the node stops dead (its process is killed with SIGKILL in the "
+                        "real runtime; its task is cancelled and its messages dropped in the emulator).")
 
 
 # Used when a scenario has no [[dc]] at all (and its [[wan]] too when that is missing):
@@ -807,6 +848,8 @@ class Scenario:
     codec: CodecConfig = _section("codec", CodecConfig)
     sched: SchedConfig = _section("sched", SchedConfig)
     metrics: MetricsConfig = _section("metrics", MetricsConfig)
+    membership: MembershipConfig = _section("membership", MembershipConfig)
+    faults: tuple[FaultConfig, ...] = _section("fault", FaultConfig, array=True, default=())
     source: str = dataclasses.field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -1064,12 +1107,49 @@ def _check_run(s: Scenario) -> None:
 
 
 @scenario_check
+def _check_faults(s: Scenario) -> None:
+    if not s.faults:
+        return
+    from geomx.cluster import plan_job
+
+    nodes = plan_job(s).nodes
+    for i, f in enumerate(s.faults):
+        if f.node not in nodes:
+            raise ScenarioError(f"unknown node {f.node!r}{_did_you_mean(f.node, nodes)}; "
+                                f"allowed: {_quote_list(nodes)}", path=f"fault[{i}].node",
+                                value=f.node, allowed=_quote_list(nodes))
+
+
+@scenario_check
+def _check_membership(s: Scenario) -> None:
+    m = s.membership
+    if m.heartbeat_interval_s > 0 and m.heartbeat_timeout_s <= m.heartbeat_interval_s:
+        raise ScenarioError(
+            f"heartbeat_timeout ({m.heartbeat_timeout_s:g}s) must exceed heartbeat_interval "
+            f"({m.heartbeat_interval_s:g}s); allowed: a timeout of several intervals",
+            path="membership.heartbeat_timeout", value=m.heartbeat_timeout_s)
+
+
+@scenario_check
 def _check_sync(s: Scenario) -> None:
     if s.training.mode == "flat_ps" and s.sync.algorithm not in ("fsa", "mixed"):
         raise ScenarioError(
             f"{s.sync.algorithm!r} needs local servers, which training.mode = 'flat_ps' does not have; "
             "allowed with flat_ps: 'fsa', 'mixed'",
             path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'mixed'")
+    if s.sync.algorithm == "mixed" and s.training.optimizer == "none":
+        # GeoMX hits a check failure mid-run here (geomx-behaviour.md §6, bug 12)
+        allowed = _quote_list(o for o in _SERVER_OPTIMIZERS if o != "none")
+        raise ScenarioError(
+            "sync.algorithm = 'mixed' applies each DC's push as its own global step and needs a "
+            f"global optimizer, got 'none'; allowed: {allowed}",
+            path="training.optimizer", value="none", allowed=allowed)
+    if s.sync.algorithm in ("hfa", "esync") and s.training.worker_optimizer == "none":
+        allowed = _quote_list(o for o in _WORKER_OPTIMIZERS if o != "none")
+        raise ScenarioError(
+            f"sync.algorithm = {s.sync.algorithm!r} takes local steps on the workers, which need "
+            f"an optimizer, got 'none'; allowed: {allowed}",
+            path="training.worker_optimizer", value="none", allowed=allowed)
 
 
 # ============================================================================ overrides

@@ -30,3 +30,31 @@ def test_real_runtime_refuses_phantom_models(scenario_of):
     with pytest.raises((ValueError, ScenarioError), match="phantom"):
         s = scenario_of("resnet50_phantom.toml", "run.runtime=real")
         run_scenario(s)
+
+
+@pytest.mark.slow
+def test_killed_node_is_reported_by_name_and_every_process_exits_nonzero(scenario_of):
+    from geomx.experiment import JobFailed
+    from geomx.scenario import parse_scenario, scenario_to_dict
+
+    s = scenario_of("quickstart.toml", "run.target_accuracy=0", "run.iterations=100000",
+                    "membership.heartbeat_interval=0.5s", "membership.heartbeat_timeout=3s",
+                    "metrics.plot=false")
+    raw = scenario_to_dict(s)
+    raw["fault"] = [{"node": "w:party-a:1", "at": "6s"}]
+    s = parse_scenario(raw)
+    with pytest.raises(JobFailed) as info:
+        run_scenario(s, runtime="real")
+    text = str(info.value)
+    assert "node w:party-a:1 was killed by signal 9" in text
+    codes = dict(item.split("=") for item in
+                 text.split("exit codes: ")[1].splitlines()[0].split(", "))
+    assert "killed after the grace period" not in text, text  # nobody hung
+    # the master worker finishes its job (init) early and exits 0; every other exits non-zero
+    for node, code in codes.items():
+        if node != "mw":
+            assert code != "0", (node, text)
+    # survivors name the dead node in their logs
+    run_dir = max((p for p in (s.run.out_dir and __import__("pathlib").Path(s.run.out_dir)).iterdir()),
+                  key=lambda p: p.stat().st_mtime)
+    assert "w:party-a:1" in (run_dir / "logs" / "ls_party-a.log").read_text()

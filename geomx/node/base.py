@@ -41,6 +41,10 @@ class NodeStopped(RuntimeError):
     """The node stopped while a request was outstanding."""
 
 
+class NodeFailure(RuntimeError):
+    """A node of the job died or became unreachable; the message names it."""
+
+
 class Node:
     """Base of every role. Subclasses register handlers and implement ``main``."""
 
@@ -61,6 +65,10 @@ class Node:
         #: Everything this node knows of peers' addresses (merged across schedulers);
         #: the real runtime seeds it with the schedulers' addresses.
         self.address_book: dict[str, str] = {}
+        #: Liveness (set from the job's [membership]); 0 = no heartbeats.
+        self.heartbeat_interval_s = 0.0
+        self.heartbeat_timeout_s = 0.0
+        self.on(Kind.NODE_FAILED, self._on_node_failed)
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:
@@ -152,6 +160,29 @@ class Node:
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
             self.reply_error(msg, f"{type(e).__name__}: {e}")
 
+    def _on_node_failed(self, msg: Message) -> None:
+        """A scheduler says a node died: stop with an error naming it."""
+        if self.failure is None:
+            self.failure = NodeFailure(f"node {msg.meta.get('node', '?')} failed: "
+                                       f"{msg.meta.get('reason', 'no reason given')} "
+                                       f"(reported by {msg.src})")
+            self.record("node_failed", failed=msg.meta.get("node"), by=msg.src)
+        self.stop()
+
+    async def heartbeat(self, scheduler: str) -> None:
+        """Heartbeat ``scheduler`` until the node stops; fail if it stops answering."""
+        if self.heartbeat_interval_s <= 0:
+            return
+        while not self._stopping:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                # channel 7: its own connection, never queued behind bulk data
+                await self.request(Message(Kind.HEARTBEAT, self.name, scheduler, channel=7),
+                                   timeout_s=self.heartbeat_timeout_s)
+            except asyncio.TimeoutError:
+                raise NodeFailure(f"scheduler {scheduler} did not answer heartbeats for "
+                                  f"{self.heartbeat_timeout_s:g} s") from None
+
     def stop(self) -> None:
         """Ask ``run`` to finish (idempotent)."""
         self._stopping = True
@@ -178,7 +209,9 @@ class Node:
             # flush what was posted, then tear down
             self._outbox.put_nowait(None)
             try:
-                await asyncio.wait_for(asyncio.shield(sender), 30.0)
+                # a failed job may have a dead peer in the outbox: do not wait on it long
+                await asyncio.wait_for(asyncio.shield(sender),
+                                       2.0 if self.failure is not None else 30.0)
             except (asyncio.TimeoutError, Exception):
                 pass
             for t in (receiver, stopper, sender, *self._tasks):

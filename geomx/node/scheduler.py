@@ -16,7 +16,7 @@ import asyncio
 import logging
 from typing import Any
 
-from geomx.node.base import Node
+from geomx.node.base import Node, NodeFailure
 from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class Scheduler(Node):
     role = "scheduler"
 
     def __init__(self, name: str, dc: str, transport: Any, services: Any, members: list[str],
-                 *, heartbeat_timeout_s: float = 0.0):
+                 *, heartbeat_timeout_s: float = 0.0, register_timeout_s: float = 0.0):
         super().__init__(name, dc, transport, services)
         self.members = list(members)
         self.addresses: dict[str, str] = {}
@@ -35,7 +35,9 @@ class Scheduler(Node):
         self._left: set[str] = set()
         self._all_left = asyncio.Event()
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.register_timeout_s = register_timeout_s
         self.last_seen: dict[str, float] = {}
+        self.dead: str | None = None
         self.on(Kind.REGISTER, self._on_register)
         self.on(Kind.BARRIER, self._on_barrier)
         self.on(Kind.SHUTDOWN, self._on_leave)
@@ -82,7 +84,46 @@ class Scheduler(Node):
         if set(self.members) <= self._left:
             self._all_left.set()
 
+    def declare_dead(self, node: str, reason: str) -> None:
+        """Tell every live member that ``node`` died, then stop with that error."""
+        if self.dead is not None:
+            return
+        self.dead = node
+        self.record("node_failed", failed=node, reason=reason)
+        log.error("%s: node %s failed: %s", self.name, node, reason)
+        for m in self.members:
+            if m != node and m not in self._left and m in self.addresses:
+                self.post(Message(Kind.NODE_FAILED, self.name, m,
+                                  meta={"node": node, "reason": reason}))
+        self.failure = NodeFailure(f"node {node} failed: {reason}")
+        self.stop()
+
+    async def _watch(self) -> None:
+        """Declare a member dead when it misses heartbeats or never registers."""
+        t0 = self.now()
+        period = max(self.heartbeat_timeout_s / 4, 0.05) if self.heartbeat_timeout_s > 0 else 1.0
+        while not self._all_left.is_set():
+            await asyncio.sleep(period)
+            now = self.now()
+            if self.register_timeout_s > 0 and len(self._register_requests) < len(self.members) \
+                    and now - t0 > self.register_timeout_s:
+                missing = sorted(set(self.members) - set(self._register_requests))
+                self.declare_dead(missing[0], f"did not register within "
+                                              f"{self.register_timeout_s:g} s (missing: "
+                                              f"{', '.join(missing)})")
+                return
+            if self.heartbeat_timeout_s > 0:
+                for m in self.members:
+                    seen = self.last_seen.get(m)
+                    if seen is not None and m not in self._left and \
+                            now - seen > self.heartbeat_timeout_s:
+                        self.declare_dead(m, f"no heartbeat for {now - seen:.1f} s "
+                                             f"(timeout {self.heartbeat_timeout_s:g} s)")
+                        return
+
     async def main(self) -> None:
+        if self.heartbeat_timeout_s > 0 or self.register_timeout_s > 0:
+            self.spawn(self._watch())
         await self._all_left.wait()
         self.record("scheduler_done", members=len(self.members))
 
@@ -95,6 +136,8 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
     book = dict(reply.meta.get("book", {}))
     node.address_book.update(book)
     node.transport.set_address_book(dict(node.address_book))
+    if node.heartbeat_interval_s > 0:
+        node.spawn(node.heartbeat(scheduler))
     return book
 
 

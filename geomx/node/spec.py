@@ -47,6 +47,7 @@ class JobSpec:
     sched: dict[str, Any] = field(default_factory=dict)
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = 0.0
+    register_timeout_s: float = 0.0
     state_server: str = ""                     # ESync's state server ("" = none)
 
     @property

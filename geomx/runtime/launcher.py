@@ -62,7 +62,7 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
     """Run the scenario as one process per node on this host; return the run's summary."""
     from geomx.experiment import JobFailed
 
-    plan = plan_job(s)
+    plan = plan_job(s, "real")
     if s.training.model == "phantom":
         raise ValueError("training.model = 'phantom' has no data to send over real sockets; "
                          "use the emulator (--runtime emu) for phantom models")
@@ -92,30 +92,56 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
     bar = ProgressBar(plan.train.iterations, enabled=progress, time_label="wall")
     seen = 0
     failure: str | None = None
+    faults = sorted(s.faults, key=lambda f: f.at_s)
+    # After a node dies, the others get this long to notice (heartbeats) and exit on their
+    # own, non-zero, naming it; stragglers are then killed.
+    hb = s.membership
+    grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
+    drain_deadline: float | None = None
+    exit_seen: dict[str, float] = {}
     try:
         while True:
+            now = time.perf_counter()
+            while faults and now - wall0 >= faults[0].at_s:
+                f = faults.pop(0)
+                p = procs[f.node]
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
             running = {n: p for n, p in procs.items() if p.poll() is None}
+            for n, p in procs.items():
+                if p.returncode is not None and n not in exit_seen:
+                    exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-            if bad:
-                name = bad[0]
-                failure = (f"node {name} exited with code {procs[name].returncode}:\n"
-                           f"{_tail(logs / f'{safe_name(name)}.log')}")
-                break
+            if bad and failure is None:
+                # the first to die; among those seen at once, a killed one before the
+                # ones that exited because they noticed it
+                first = min(bad, key=lambda n: (exit_seen[n], procs[n].returncode >= 0))
+                code = procs[first].returncode
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+                failure = f"node {first} {how}:\n{_tail(logs / f'{safe_name(first)}.log')}"
+                drain_deadline = now + grace_s
             if not running:
                 break
-            if time.perf_counter() - wall0 > limit:
+            if drain_deadline is not None and now > drain_deadline:
+                break
+            if drain_deadline is None and now - wall0 > limit:
                 failure = (f"job did not finish within {limit:.0f} s; still running: "
                            f"{', '.join(sorted(running))}")
                 break
             seen = _follow_progress(evaluator_events, seen, bar)
-            time.sleep(0.2)
+            time.sleep(0.1)
     except BaseException:
         failure = failure or "interrupted"
         _stop_all(procs)
         raise
     finally:
         if failure is not None:
+            stragglers = [n for n, p in procs.items() if p.poll() is None]
             _stop_all(procs)
+            codes = {n: p.returncode for n, p in procs.items()}
+            failure += ("\nexit codes: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
+            if stragglers:
+                failure += f"\nkilled after the grace period: {', '.join(stragglers)}"
         for f in files:
             f.close()
         bar.close()

@@ -52,7 +52,7 @@ async def run_node(s: Scenario, name: str, run_dir: Path, book: dict[str, str],
                    start_epoch: float, *, shape: bool = True) -> dict[str, Any]:
     from geomx.runtime.tcp import TcpTransport
 
-    plan = plan_job(s)
+    plan = plan_job(s, "real")
     if name not in plan.roles:
         raise KeyError(f"no node named {name!r} in this scenario; nodes: {', '.join(plan.nodes)}")
     nodes_dir = run_dir / "nodes"
@@ -73,7 +73,7 @@ async def run_node(s: Scenario, name: str, run_dir: Path, book: dict[str, str],
     try:
         await node.run()
     finally:
-        await transport.close()
+        await transport.close(flush_timeout_s=2.0 if node.failure is not None else 10.0)
         recorder.close()
     result: dict[str, Any] = {"name": name, "role": plan.roles[name],
                               "counters": recorder.counters.to_dict()}

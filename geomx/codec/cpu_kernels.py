@@ -1,0 +1,520 @@
+"""Numba CPU kernels for the codecs.
+
+Design notes (measured on the project's 2-core machine, see ``bench/codecs.py``):
+
+* Every kernel is ``cache=True`` and compiled lazily on its first call: decorating is
+  free, importing this module compiles nothing.
+* Parallel kernels split the work into ``nch`` contiguous chunks (``prange`` over
+  chunks, a plain loop inside, on 1-D slice views so LLVM vectorises the inner loop).
+  The chunking never changes a result: selections are made in index order and
+  reductions use fixed-size blocks, so outputs do not depend on the thread count.
+  Small tensors use one chunk (:func:`chunks_for`), which avoids waking threads for
+  nothing.
+* fp16/bf16 work on ``uint32``/``uint16`` views (numba has no CPU float16).
+* Indices and sizes are validated by the Python callers before a kernel runs: kernels
+  do not bounds-check (numba does not), so nothing unchecked from the network reaches
+  them.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from . import bits
+
+#: Below this many elements a kernel runs as one chunk (one thread).
+PARALLEL_MIN = 1 << 16
+#: Block size of the deterministic partial sums (onebit's mean |x|).
+SUM_BLOCK = 1 << 16
+
+_f32_to_bf16_int = njit(cache=True)(bits.f32_to_bf16)
+
+_HALF = np.float32(0.5)
+_TWO_M24 = np.float32(2.0**-24)
+_PACK_MAGIC = np.uint64(0x0102040810204080)
+_SPREAD_BYTE = np.uint64(0x0101010101010101)
+_BIT_PER_BYTE = np.uint64(0x8040201008040201)
+_SHIFT56 = np.uint64(56)
+#: Elements per block of the onebit kernels (a multiple of 8; fits L1 with its scratch).
+PACK_BLOCK = 4096
+
+
+def _host_has_f16c() -> bool:
+    """Whether numba compiles for a CPU with F16C (hardware fp32<->fp16 conversion).
+
+    Only when numba targets the host CPU (the default): a pinned ``NUMBA_CPU_NAME``
+    (e.g. "generic" for portable caches) may lack it, and then LLVM would need a
+    soft-float library call that numba cannot link."""
+    if numba.config.CPU_NAME not in (None, "", "host"):
+        return False
+    try:
+        import llvmlite.binding as llb
+
+        return bool(llb.get_host_cpu_features().get("f16c", False))
+    except Exception:  # pragma: no cover - exotic llvmlite builds
+        return False
+
+
+#: Use the F16C kernels for fp16 (set False to force the portable bit-manipulation ones).
+USE_F16C = _host_has_f16c()
+
+
+def chunks_for(n: int) -> int:
+    """Number of chunks for an ``n``-element kernel: one per thread when it pays."""
+    if n < PARALLEL_MIN:
+        return 1
+    return max(1, int(numba.get_num_threads()))
+
+
+# --------------------------------------------------------------------------- fp16
+#
+# Two implementations, bit-identical (tested against numpy and against each other):
+# ``*_bits`` is portable integer/float arithmetic; ``*_hw`` lets LLVM emit the F16C
+# conversion instructions (8 lanes per instruction, ~2x faster, memory-bound even on
+# one core) and patches the NaN lanes to numpy's NaN convention, the one case where
+# hardware and numpy's software cast differ.
+
+
+@intrinsic
+def _hw_f32_to_f16(typingctx, x):
+    """fp32 -> fp16 bits with the CPU's conversion (RNE); LLVM ``fptrunc``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _hw_f16_to_f32(typingctx, h):
+    """fp16 bits -> fp32 with the CPU's conversion (exact); LLVM ``fpext``."""
+    if h != types.uint16:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+
+    return types.float32(types.uint16), codegen
+
+
+@njit(cache=True)
+def _f32_to_f16_bits(xf, quiet_nan):
+    """Same result as ``bits.f32_to_f16`` but with the subnormal case done by a float
+    add: |x| + 0.5 puts the half-subnormal unit (2**-24) at the last mantissa bit of the
+    sum and the FPU rounds to nearest even for us (no variable shifts)."""
+    f = np.int64(np.float32(xf).view(np.uint32))
+    sign = (f >> 16) & 0x8000
+    a = f & 0x7FFFFFFF
+    nrm = (a - 0x37FFF001 + ((a >> 13) & 1)) >> 13
+    sub = np.int64(np.float32(abs(xf) + _HALF).view(np.uint32)) - 0x3F000000
+    payload = (a >> 13) & 0x3FF
+    if quiet_nan:
+        nan = 0x7E00 | payload
+    else:
+        nan = 0x7C00 | payload | (1 if payload == 0 else 0)
+    if a > 0x7F800000:
+        h = nan
+    elif a >= 0x47800000:
+        h = 0x7C00
+    elif a >= 0x38800000:
+        h = nrm
+    else:
+        h = sub
+    return sign | h
+
+
+@njit(cache=True)
+def _f32_to_f16_hw(xf, quiet_nan):
+    f = np.int64(np.float32(xf).view(np.uint32))
+    a = f & 0x7FFFFFFF
+    payload = (a >> 13) & 0x3FF
+    if quiet_nan:
+        nan = 0x7E00 | payload
+    else:
+        nan = 0x7C00 | payload | (1 if payload == 0 else 0)
+    h = np.int64(_hw_f32_to_f16(xf))
+    return (((f >> 16) & 0x8000) | nan) if a > 0x7F800000 else h
+
+
+@njit(cache=True)
+def _f16_to_f32_bits(hb, quiet_nan):
+    h = np.int64(hb)
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    sign = (h & 0x8000) << 16
+    if e == 0:  # zero or subnormal: m * 2**-24 is exact in float32
+        v = np.float32(m) * _TWO_M24
+        return -v if sign else v
+    if e == 0x1F:
+        b = sign | 0x7F800000 | (m << 13)
+        if quiet_nan and m != 0:
+            b |= 0x400000
+    else:
+        b = sign | (((h & 0x7FFF) << 13) + 0x38000000)
+    return np.uint32(b).view(np.float32)
+
+
+@njit(cache=True)
+def _f16_to_f32_hw(hb, quiet_nan):
+    v = _hw_f16_to_f32(hb)
+    h = np.int64(hb)
+    if (h & 0x7C00) == 0x7C00 and (h & 0x3FF) != 0:  # NaN: numpy's payload convention
+        b = ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13)
+        if quiet_nan:
+            b |= 0x400000
+        v = np.uint32(b).view(np.float32)
+    return v
+
+
+@njit(parallel=True, cache=True)
+def f32_to_f16_bits(src, dst, quiet_nan, nch):
+    """``dst`` (uint16) <- fp16 bits of ``src`` (float32); portable."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        d = dst[lo:hi]
+        for i in range(hi - lo):
+            d[i] = _f32_to_f16_bits(s[i], quiet_nan)
+
+
+@njit(parallel=True, cache=True)
+def f32_to_f16_hw(src, dst, quiet_nan, nch):
+    """``dst`` (uint16) <- fp16 bits of ``src`` (float32); F16C."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        d = dst[lo:hi]
+        for i in range(hi - lo):
+            d[i] = _f32_to_f16_hw(s[i], quiet_nan)
+
+
+@njit(parallel=True, cache=True)
+def f16_to_f32_bits(src, out, quiet_nan, accumulate, nch):
+    """``out`` (float32) <- (or +=) the values of the fp16 bits in ``src``; portable."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        o = out[lo:hi]
+        if accumulate:
+            for i in range(hi - lo):
+                o[i] += _f16_to_f32_bits(s[i], quiet_nan)
+        else:
+            for i in range(hi - lo):
+                o[i] = _f16_to_f32_bits(s[i], quiet_nan)
+
+
+@njit(parallel=True, cache=True)
+def f16_to_f32_hw(src, out, quiet_nan, accumulate, nch):
+    """``out`` (float32) <- (or +=) the values of the fp16 bits in ``src``; F16C."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        o = out[lo:hi]
+        if accumulate:
+            for i in range(hi - lo):
+                o[i] += _f16_to_f32_hw(s[i], quiet_nan)
+        else:
+            for i in range(hi - lo):
+                o[i] = _f16_to_f32_hw(s[i], quiet_nan)
+
+
+def f32_to_f16(src: np.ndarray, dst: np.ndarray, quiet_nan: bool, nch: int) -> None:
+    """fp32 -> fp16 bits with the fastest kernel this CPU has."""
+    (f32_to_f16_hw if USE_F16C else f32_to_f16_bits)(src, dst, quiet_nan, nch)
+
+
+def f16_to_f32(src: np.ndarray, out: np.ndarray, quiet_nan: bool, accumulate: bool, nch: int) -> None:
+    """fp16 bits -> fp32 (or +=) with the fastest kernel this CPU has."""
+    (f16_to_f32_hw if USE_F16C else f16_to_f32_bits)(src, out, quiet_nan, accumulate, nch)
+
+
+# --------------------------------------------------------------------------- bf16
+
+
+@njit(parallel=True, cache=True)
+def f32_to_bf16(src, dst, nch):
+    """``dst`` (uint16) <- bfloat16 bits of ``src`` (uint32 view of float32)."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        d = dst[lo:hi]
+        for i in range(hi - lo):
+            d[i] = _f32_to_bf16_int(np.int64(s[i]))
+
+
+@njit(parallel=True, cache=True)
+def bf16_to_f32(src, out, accumulate, nch):
+    """``out`` (float32) <- (or +=) the values of the bfloat16 bits in ``src``."""
+    n = src.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        s = src[lo:hi]
+        o = out[lo:hi]
+        if accumulate:
+            for i in range(hi - lo):
+                o[i] += np.uint32(np.uint32(s[i]) << np.uint32(16)).view(np.float32)
+        else:
+            for i in range(hi - lo):
+                o[i] = np.uint32(np.uint32(s[i]) << np.uint32(16)).view(np.float32)
+
+
+# --------------------------------------------------------------------------- Bi-Sparse
+
+
+@njit(cache=True)
+def stratified_positions(rand, n, out):
+    """One position per stratum: stratum j is [floor(j*n/S), floor((j+1)*n/S)) and its
+    position is lo + floor(rand_j * width / 2**32) for a uniform 32-bit ``rand_j``.
+    Stratum edges are stepped Bresenham-style (no divisions). Needs n < 2**32 * S."""
+    s = out.size
+    q = n // s
+    rem = n % s
+    lo = 0
+    acc = 0
+    for j in range(s):
+        acc2 = acc + rem
+        w = q + (1 if acc2 >= s else 0)
+        out[j] = lo + np.int64((rand[j] * np.uint64(w)) >> np.uint64(32))
+        lo += w
+        acc = acc2 - s if acc2 >= s else acc2
+
+
+@njit(parallel=True, cache=True)
+def bsc_sample_abs(g, u, v, momentum, pos, out, nch):
+    """``out[j] = |v + (m*u + g)|`` at the sampled positions: the post-update magnitude,
+    computed from the *old* state so that the threshold is known before the one fused
+    update pass (same float32 arithmetic as that pass, hence the same values)."""
+    s = pos.size
+    for c in prange(nch):
+        lo = c * s // nch
+        hi = (c + 1) * s // nch
+        for j in range(lo, hi):
+            p = pos[j]
+            out[j] = abs(v[p] + (momentum * u[p] + g[p]))
+
+
+@njit(parallel=True, cache=True)
+def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
+    """One fused pass of GeoMX's push: momentum correction, accumulation, selection.
+
+    For every i: u <- m*u + g; v <- v + u. Each chunk c collects, in index order, up to
+    ``cval.shape[1]`` candidates with |v| >= boundary into its own buffer and resets their
+    u and v to 0 (momentum-factor masking, DGC §3). The caller keeps the first
+    K candidates over all chunks (in chunk order, i.e. global index order) and restores
+    u and v of the few candidates beyond K. Reads g, u, v and writes u, v once: the
+    pass runs at memory speed.
+    """
+    n = g.size
+    nch = cval.shape[0]
+    cap = cval.shape[1]
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        gs = g[lo:hi]
+        us = u[lo:hi]
+        vs = v[lo:hi]
+        cv = cval[c]
+        cuu = cu[c]
+        ci = cidx[c]
+        cnt = 0
+        for i in range(hi - lo):
+            ui = momentum * us[i] + gs[i]
+            vi = vs[i] + ui
+            if abs(vi) >= boundary:
+                if cnt < cap:
+                    cv[cnt] = vi
+                    cuu[cnt] = ui
+                    ci[cnt] = lo + i
+                    cnt += 1
+                    ui = np.float32(0.0)
+                    vi = np.float32(0.0)
+            us[i] = ui
+            vs[i] = vi
+        ccount[c] = cnt
+
+
+@njit(parallel=True, cache=True)
+def select_nonzero(x, cval, cidx, ckept, cnonzero):
+    """Per chunk, the first ``cval.shape[1]`` non-zeros of ``x`` in index order (the GS's
+    pull-side sparsification of the aggregated sum); ``cnonzero`` counts all of them so
+    the caller can report what the capacity cut off."""
+    n = x.size
+    nch = cval.shape[0]
+    cap = cval.shape[1]
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        xs = x[lo:hi]
+        cv = cval[c]
+        ci = cidx[c]
+        kept = 0
+        nz = 0
+        for i in range(hi - lo):
+            xi = xs[i]
+            if xi != 0:
+                if kept < cap:
+                    cv[kept] = xi
+                    ci[kept] = lo + i
+                    kept += 1
+                nz += 1
+        ckept[c] = kept
+        cnonzero[c] = nz
+
+
+@njit(cache=True)
+def count_out_of_range(idx, n):
+    """Number of indices outside [0, n): run before any scatter (no bounds checks in
+    numba)."""
+    bad = 0
+    for j in range(idx.size):
+        k = idx[j]
+        if k < 0 or k >= n:
+            bad += 1
+    return bad
+
+
+@njit(parallel=True, cache=True)
+def fill_zero(out, nch):
+    n = out.size
+    for c in prange(nch):
+        lo = c * n // nch
+        hi = (c + 1) * n // nch
+        o = out[lo:hi]
+        for i in range(hi - lo):
+            o[i] = 0
+
+
+@njit(cache=True)
+def scatter(vals, idx, out, accumulate):
+    """``out[idx] += vals`` (or ``=``). Indices must be validated by the caller.
+
+    Serial on purpose: the pairs are ~1% of the tensor, so this is ~1 ms for a
+    25M-element tensor, and a serial loop is also correct for repeated indices."""
+    if accumulate:
+        for j in range(vals.size):
+            out[idx[j]] += vals[j]
+    else:
+        for j in range(vals.size):
+            out[idx[j]] = vals[j]
+
+
+# --------------------------------------------------------------------------- onebit
+
+
+@njit(parallel=True, cache=True)
+def abs_sum_blocks(x, r, partial):
+    """``partial[b] = sum |x + r|`` over fixed blocks of SUM_BLOCK elements, in float64
+    with four interleaved accumulators (deterministic, independent of thread count)."""
+    n = x.size
+    nb = partial.size
+    for b in prange(nb):
+        lo = b * SUM_BLOCK
+        hi = min(lo + SUM_BLOCK, n)
+        xs = x[lo:hi]
+        rs = r[lo:hi]
+        m = hi - lo
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        i = 0
+        while i + 4 <= m:
+            s0 += abs(xs[i] + rs[i])
+            s1 += abs(xs[i + 1] + rs[i + 1])
+            s2 += abs(xs[i + 2] + rs[i + 2])
+            s3 += abs(xs[i + 3] + rs[i + 3])
+            i += 4
+        while i < m:
+            s0 += abs(xs[i] + rs[i])
+            i += 1
+        partial[b] = (s0 + s1) + (s2 + s3)
+
+
+@njit(cache=True)
+def _pack_tail(x, r, scale, packed, start):
+    byte = 0
+    for i in range(start, x.size):
+        ci = x[i] + r[i]
+        if ci >= 0:
+            byte |= 1 << (i - start)
+            r[i] = ci - scale
+        else:
+            r[i] = ci + scale
+    packed[start // 8] = byte
+
+
+@njit(parallel=True, cache=True)
+def onebit_pack(x, r, scale, packed, nch):
+    """Sign bits of c = x + r, 8 per byte, little-endian bit order (element 8j+k is bit k
+    of byte j, i.e. ``np.packbits(c >= 0, bitorder="little")``), and the error-feedback
+    residual r <- c - (+scale if c >= 0 else -scale).
+
+    Per block: a vectorised pass writes the residual and one 0/1 byte per element into
+    an L1 scratch buffer; then each 8 such bytes, read as one uint64, are gathered into
+    one byte by a multiplication (byte k of the word lands on bit 56+k)."""
+    n = x.size
+    nfull = n // 8
+    neg = -scale
+    for c in prange(nch):
+        blo = c * nfull // nch
+        bhi = (c + 1) * nfull // nch
+        tmp = np.empty(PACK_BLOCK, dtype=np.uint8)
+        words = tmp.view(np.uint64)
+        for s in range(8 * blo, 8 * bhi, PACK_BLOCK):
+            e = min(s + PACK_BLOCK, 8 * bhi)
+            xs = x[s:e]
+            rs = r[s:e]
+            for i in range(e - s):
+                ci = xs[i] + rs[i]
+                pos = ci >= 0
+                rs[i] = ci - (scale if pos else neg)
+                tmp[i] = pos
+            base = s // 8
+            for j in range((e - s) // 8):
+                packed[base + j] = (words[j] * _PACK_MAGIC) >> _SHIFT56
+    if n % 8:
+        _pack_tail(x, r, scale, packed, 8 * nfull)
+
+
+@njit(parallel=True, cache=True)
+def onebit_unpack(packed, scale, out, accumulate, nch):
+    """``out`` <- (or +=) +scale / -scale from the packed sign bits.
+
+    Per block: each byte is spread to one 0/1-flag byte per bit (multiply by
+    0x0101..01 to replicate it, mask bit k in byte k), then a vectorised select."""
+    n = out.size
+    nbytes = packed.size
+    neg = -scale
+    for c in prange(nch):
+        blo = c * nbytes // nch
+        bhi = (c + 1) * nbytes // nch
+        tmp = np.empty(PACK_BLOCK, dtype=np.uint8)
+        words = tmp.view(np.uint64)
+        for s in range(8 * blo, min(8 * bhi, n), PACK_BLOCK):
+            e = min(s + PACK_BLOCK, 8 * bhi, n)
+            base = s // 8
+            for j in range((e - s + 7) // 8):
+                words[j] = (np.uint64(packed[base + j]) * _SPREAD_BYTE) & _BIT_PER_BYTE
+            o = out[s:e]
+            if accumulate:
+                for i in range(e - s):
+                    o[i] += scale if tmp[i] != 0 else neg
+            else:
+                for i in range(e - s):
+                    o[i] = scale if tmp[i] != 0 else neg

@@ -1,0 +1,58 @@
+"""``none``: the identity codec, dense in the tensor's own dtype.
+
+This is what GeoMX sends when no accelerator applies: every worker <-> local-server hop
+under Bi-Sparse, and tensors below ``MXNET_KVSTORE_SIZE_LOWER_BOUND`` on the WAN
+(§4.1: "smaller tensors go dense in their own dtype"). ``encode`` copies, so the caller
+may reuse its gradient buffer while the message is in flight.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import base, device
+from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
+
+
+class DenseCodec(Codec):
+    name = "none"
+    params = ()
+
+    def encode(self, key: int, x: Any, state: CodecState | None = None) -> Encoded:
+        flat, on_dev, dtype, shape = base.flat_input(x)
+        n = int(flat.shape[0])
+        if on_dev:
+            data = device.cuda_kernels().copy(flat)
+        else:
+            data = flat.copy()
+        return Encoded([data], base.make_meta(self.name, n, dtype, shape))
+
+    def encode_pull(self, key: int, x: Any, *, sources: int = 1) -> Encoded:
+        return self.encode(key, x)
+
+    def encoded_sizes(self, num_elements: int, dtype: Any = "<f4") -> list[ArraySpec]:
+        return [ArraySpec(np.dtype(dtype).str, (int(num_elements),))]
+
+    @classmethod
+    def _decode_cpu(cls, arrays, meta, n, dtype, out, accumulate):
+        base.expect_arrays(arrays, cls.name, [(dtype.str, n)])
+        a = arrays[0]
+        if out is None:
+            return a.astype(dtype, copy=True)
+        if accumulate:
+            out += a
+        else:
+            out[...] = a
+        return out
+
+    @classmethod
+    def _decode_cuda(cls, arrays, meta, n, dtype, out, accumulate):
+        base.expect_arrays(arrays, cls.name, [(dtype.str, n)])
+        ck = device.cuda_kernels()
+        if out is None:
+            return ck.copy(arrays[0])
+        if np.dtype(out.dtype) != dtype:
+            raise CodecError(f"none: CUDA decode needs out of dtype {dtype}, got {np.dtype(out.dtype)}")
+        ck.add_into(arrays[0], out, accumulate)
+        return out

@@ -1,0 +1,74 @@
+"""Choosing a codec by name or by a GeoMX-style config dict.
+
+``kv.set_gradient_compression({"type": "bsc", "threshold": 0.01})`` is how GeoMX turns
+Bi-Sparse on (§2.1, §4.1); :func:`codec_from_config` accepts the same dicts (and the
+scenario's ``[codec]`` table), validating every key and value with an error that names
+the codec, the field and what is allowed.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Union
+
+from .base import Codec
+from .bf16 import BF16Codec
+from .bsc import BiSparseCodec
+from .fp16 import FP16Codec
+from .identity import DenseCodec
+from .mpq import MPQ
+from .onebit import OneBitCodec
+
+#: What ``create_codec`` returns: a codec, or the MPQ policy. Both have
+#: ``codec_for(num_elements, tier)``, ``applies_to``, ``config`` and ``name``.
+Policy = Union[Codec, MPQ]
+
+_CLASSES: dict[str, type] = {
+    "none": DenseCodec,
+    "fp16": FP16Codec,
+    "bf16": BF16Codec,
+    "bsc": BiSparseCodec,
+    "mpq": MPQ,
+    "onebit": OneBitCodec,
+}
+#: Accepted names, in the order the docs list them.
+CODEC_NAMES: tuple[str, ...] = tuple(_CLASSES)
+
+
+def create_codec(name: str, **params: Any) -> Policy:
+    """Build a codec (or the ``mpq`` policy) by name.
+
+    Raises ``ValueError`` for an unknown name (listing the allowed ones), an unknown
+    parameter (listing the codec's parameters) or an invalid value.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"codec name must be a string, one of {list(CODEC_NAMES)}; got {name!r}")
+    key = name.strip().lower()
+    cls = _CLASSES.get(key)
+    if cls is None:
+        raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(CODEC_NAMES)}")
+    allowed: tuple[str, ...] = cls.params
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        what = ", ".join(allowed) if allowed else "none"
+        raise ValueError(f"codec {key!r}: unknown parameter(s) {', '.join(unknown)}; allowed: {what}")
+    return cls(**params)
+
+
+def codec_from_config(config: Mapping[str, Any] | str | None) -> Policy:
+    """Build a codec from ``{"type": name, **params}`` (GeoMX's
+    ``set_gradient_compression`` dict). ``None`` or ``{}`` mean ``none``; a bare string
+    is a name with default parameters."""
+    if config is None:
+        return DenseCodec()
+    if isinstance(config, str):
+        return create_codec(config)
+    if not isinstance(config, Mapping):
+        raise ValueError(f"codec config must be a dict like {{'type': 'bsc', 'threshold': 0.01}}, got {config!r}")
+    if not config:
+        return DenseCodec()
+    cfg = dict(config)
+    if "type" not in cfg:
+        raise ValueError(f"codec config needs a 'type' (one of {', '.join(CODEC_NAMES)}); got keys {sorted(cfg)}")
+    name = cfg.pop("type")
+    if name is None:
+        name = "none"
+    return create_codec(name, **cfg)

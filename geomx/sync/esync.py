@@ -1,0 +1,190 @@
+"""ESync: a state server sizes each worker's local steps so that everybody arrives together.
+
+algorithms.md §5 (Lizonghang/ESync; TSC 2020). Heterogeneous workers would make a
+synchronous round wait for the slowest; ESync lets fast workers take *more local steps*
+per round, then averages synchronously: every worker pushes ``delta = w - w_prev``, the
+servers sum, and every worker sets ``w <- w_prev + sum(delta) / W`` (global lr 1, not
+weighted by step counts) and ``w_prev <- w``.
+
+The paper's ready rule (``is_ready``): worker ``r`` with ``k_r`` local steps done this
+round is ready when ``k_r > 0`` and either it is the slowest worker ``s`` (largest step
+time ``c``), or ``s`` is ready, or ``c_r + eps > rest`` where ``rest = c_s - (now - e_s)``
+is the time until ``s`` finishes its current step (``e`` = end of a worker's last step):
+one more step by ``r`` would overshoot the slowest worker's arrival.
+
+What differs from the paper, and why: the paper's workers ask an HTTP state server
+*before every minibatch*, which is cheap inside one cluster. Across a WAN that is a round
+trip per step, so here each worker asks **once per round** for a *step budget*: the state
+server replays the same rule from a common round start for every worker (the slowest
+does one step, worker ``j`` about ``floor(c_slowest / c_j)``). The query for round
+``t + 1`` (carrying the step time just measured) is sent when round ``t``'s push starts
+and is answered once every worker's query for ``t + 1`` is in, so it travels while the
+synchronisation does and adds no waiting; round 1 is one step for everybody (nothing
+has been measured yet). Queries and answers are ``STATE_QUERY`` / ``STATE_REPLY``
+messages through the Transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geomx.sync.tensors import copy_of, difference, phantom
+from geomx.wire import Kind, Message
+
+#: Step times are rounded to this before use, so budgets do not hinge on float noise
+#: in ``now() - mark`` (1 ns).
+STEP_TIME_RESOLUTION_S = 1e-9
+
+
+def is_ready(*, worker: str, steps_done: int, step_s: dict[str, float],
+             end_s: dict[str, float], now_s: float, slowest: str, slowest_ready: bool,
+             epsilon_s: float) -> bool:
+    """The ESync ready rule for ``worker`` (algorithms.md §5)."""
+    if steps_done <= 0:
+        return False
+    if worker == slowest or slowest_ready:
+        return True
+    rest_s = step_s[slowest] - (now_s - end_s[slowest])
+    return step_s[worker] + epsilon_s > rest_s
+
+
+def slowest_of(step_s: dict[str, float]) -> str:
+    """The worker with the longest step (ties: the first name, for determinism)."""
+    return max(sorted(step_s), key=lambda w: step_s[w])
+
+
+def local_step_budget(worker: str, step_s: dict[str, float], *, epsilon_s: float,
+                      max_steps: int) -> int:
+    """Local steps ``worker`` takes in a round, by replaying :func:`is_ready` from a
+    round start shared by everybody (the slowest worker's step starts then too)."""
+    if worker not in step_s or max_steps <= 1:
+        return 1
+    slowest = slowest_of(step_s)
+    end_s = {slowest: 0.0}
+    steps = 0
+    while steps < max_steps:
+        now_s = steps * step_s[worker]
+        if is_ready(worker=worker, steps_done=steps, step_s=step_s, end_s=end_s, now_s=now_s,
+                    slowest=slowest, slowest_ready=False, epsilon_s=epsilon_s):
+            return steps
+        steps += 1
+    return max_steps
+
+
+@dataclass
+class WorkerRecord:
+    """What the state server knows about one worker (the paper's per-worker record)."""
+
+    step_s: float | None = None      # c_r: duration of its last local step
+    end_s: float | None = None       # e_r: when its last local step ended
+    steps: int = 0                   # k_r: local steps it took in its last round
+
+
+@dataclass
+class StateBoard:
+    """The state server's bookkeeping: records, and the queries of each round."""
+
+    workers: list[str]
+    epsilon_s: float = 0.0
+    max_steps: int = 64
+    records: dict[str, WorkerRecord] = field(default_factory=dict)
+    _asked: dict[int, set[str]] = field(default_factory=dict)
+
+    def report(self, worker: str, *, round_: int, step_s: float | None, end_s: float | None,
+               steps: int) -> dict[str, int] | None:
+        """Note ``worker``'s query for round ``round_``; when it is the last one of the
+        round, return every worker's step budget for that round."""
+        if worker not in self.workers:
+            raise ValueError(f"{worker} is not a training worker of this job")
+        rec = self.records.setdefault(worker, WorkerRecord())
+        if step_s is not None:
+            rec.step_s = round(float(step_s) / STEP_TIME_RESOLUTION_S) * STEP_TIME_RESOLUTION_S
+        rec.end_s = end_s
+        rec.steps = steps
+        asked = self._asked.setdefault(round_, set())
+        asked.add(worker)
+        if len(asked) < len(self.workers):
+            return None
+        del self._asked[round_]
+        return self.budgets()
+
+    def budgets(self) -> dict[str, int]:
+        known = {w: r.step_s for w, r in self.records.items() if r.step_s is not None}
+        if len(known) < len(self.workers):
+            return {w: 1 for w in self.workers}
+        return {w: local_step_budget(w, known, epsilon_s=self.epsilon_s, max_steps=self.max_steps)
+                for w in self.workers}
+
+
+class ESyncWorker:
+    """Worker: local steps until the budget is used, then a synchronous delta average."""
+
+    name = "esync"
+
+    def __init__(self, *, node: Any, kv: Any, params: list[Any], local_optimizer: Any,
+                 max_iterations: int = 0):
+        self.node = node
+        self.kv = kv
+        self.params = params
+        self.server = node.job.state_server
+        if not self.server:
+            raise ValueError("sync.algorithm = 'esync' needs a state server in the job "
+                             "(JobSpec.state_server); build the job with geomx.cluster.plan_job")
+        self.num_all_workers = kv.num_all_workers
+        self.max_iterations = max_iterations
+        self.real = bool(params) and not phantom(params[0])
+        self.local_opt = local_optimizer if self.real else None
+        self.states = ([local_optimizer.create_state(k, p) for k, p in enumerate(params)]
+                       if self.real else [])
+        self.prev = [copy_of(p) for p in params]
+        self.agg = [np.zeros_like(p) for p in params] if self.real else []
+        self.round = 1
+        self.budget = 1
+        self.steps = 0
+        self.step_s: float | None = None
+        self._mark = node.now()
+
+    async def step(self, iteration: int, grads: list[Any]) -> bool:
+        self.step_s = self.node.now() - self._mark
+        if self.local_opt is not None:
+            for k, g in enumerate(grads):
+                self.local_opt.update(k, self.params[k], g, self.states[k])
+        self.steps += 1
+        end_round = self.steps >= self.budget
+        if self.max_iterations and iteration >= self.max_iterations:
+            # leave together: this round ends now and carries the stop to everybody
+            self.kv.request_stop()
+            end_round = True
+        if end_round:
+            await self._synchronise()
+        self._mark = self.node.now()
+        return end_round
+
+    async def _synchronise(self) -> None:
+        node, kv = self.node, self.kv
+        query = asyncio.ensure_future(node.request(Message(
+            Kind.STATE_QUERY, node.name, self.server, version=self.round + 1,
+            meta={"step_s": self.step_s, "end_s": node.now(), "steps": self.steps})))
+        for k in reversed(range(len(self.params))):
+            kv.push(k, difference(self.params[k], self.prev[k]), priority=-k)
+        for k in range(len(self.params)):
+            if self.real:
+                await kv.pull(k, out=self.agg[k], priority=-k)
+                p = self.params[k]
+                np.multiply(self.agg[k], p.dtype.type(1.0 / self.num_all_workers), out=p)
+                p += self.prev[k]
+                np.copyto(self.prev[k], p)
+            else:
+                await kv.pull(k, out=self.params[k], priority=-k)
+        reply = await query
+        self.budget = max(1, int(reply.meta.get("steps", 1)))
+        self.round += 1
+        self.steps = 0
+
+    async def finish(self) -> None:
+        """Tell the state server this worker is done (it stops when all are)."""
+        self.node.post(Message(Kind.SHUTDOWN, self.node.name, self.server))

@@ -1,0 +1,108 @@
+"""FSA, fully synchronous aggregation (GeoMX ``dist_sync``; geomx-behaviour.md §3.2).
+
+Three parts, one per tier:
+
+* :class:`FullySync` (global server): collect one push from every contributor (a local
+  server per DC, or every worker in flat-PS mode), run one global step on the sum, answer
+  everybody. With ``uses_optimizer=False`` it is the summing server HFA and ESync need
+  (the store becomes the plain sum of the pushed deltas).
+* :class:`ForwardEveryRound` (local server): once all local workers pushed, push the DC
+  sum to the global tier, pull the result back, then answer the workers. MixedSync and
+  ESync use it unchanged (MixedSync is synchronous inside a DC, §3.3).
+* :class:`GradientSync` (worker): push this step's gradients, pull the new weights -- or,
+  when the global servers run no optimizer, pull the gradient sum and take a local step
+  with it (GeoMX's ``cnn_bsc.py`` shape, §2.2).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from geomx.sync.tensors import Value, phantom
+from geomx.wire import Message
+
+
+class FullySync:
+    """Global server: one global step per key per round, after every contributor pushed."""
+
+    def __init__(self, *, uses_optimizer: bool = True):
+        self.uses_optimizer = uses_optimizer
+        self.name = "fsa" if uses_optimizer else "sum"
+
+    def start_problem(self, gs: Any) -> str | None:
+        return None
+
+    def on_push(self, gs: Any, msg: Message, slot: Any, value: Value) -> None:
+        if msg.src in slot.contributors:
+            gs.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in round {slot.version}")
+            return
+        slot.contributors.add(msg.src)
+        gs.accumulate(slot, value)
+        slot.waiting_pushes.append(msg)
+        if slot.count < len(gs.pushers):
+            return
+        merged, slot.merged = slot.merged, None
+        slot.count = 0
+        slot.contributors.clear()
+        # Every contributor pulled the current model after the previous round, so any of
+        # them is a valid ``sender`` for a per-sender rule (DC-ASGD's correction is 0 here).
+        gs.apply_update(msg.key, slot, merged, sender=msg.src)
+        waiting, slot.waiting_pushes = slot.waiting_pushes, []
+        for req in waiting:
+            gs.reply_push(req, slot)
+
+    def on_pusher_left(self, gs: Any, pusher: str) -> None:
+        return None
+
+
+class ForwardEveryRound:
+    """Local server: every completed local round is a global round."""
+
+    name = "forward"
+
+    def on_initialized(self, ls: Any, key: int, slot: Any) -> None:
+        return None
+
+    async def on_round(self, ls: Any, key: int, slot: Any, merged: Value,
+                       waiting: list[Message], stop: bool) -> None:
+        slot.round += 1
+        slot.store = await ls.exchange_global(key, slot, merged, stop=stop)
+        ls.answer_workers(slot, waiting)
+
+
+class GradientSync:
+    """Worker: push gradients every step, pull weights (or the sum and step locally)."""
+
+    name = "gradient"
+
+    def __init__(self, *, kv: Any, params: list[Any], pull_weights: bool,
+                 local_optimizer: Callable[[], Any]):
+        self.kv = kv
+        self.params = params
+        self.local_opt = None
+        self.states: list[Any] = []
+        self.agg: list[np.ndarray] = []
+        if not pull_weights and params and not phantom(params[0]):
+            self.local_opt = local_optimizer()
+            # the pulled value is the sum over all workers: step with its mean
+            self.local_opt.rescale_grad = 1.0 / kv.num_all_workers
+            self.states = [self.local_opt.create_state(k, p) for k, p in enumerate(params)]
+            self.agg = [np.zeros_like(p) for p in params]
+
+    async def step(self, iteration: int, grads: list[Any]) -> bool:
+        kv = self.kv
+        for k in reversed(range(len(grads))):
+            kv.push(k, grads[k], priority=-k)
+        if self.local_opt is None:
+            for k in range(len(self.params)):
+                await kv.pull(k, out=self.params[k], priority=-k)
+        else:
+            for k in range(len(self.params)):
+                await kv.pull(k, out=self.agg[k], priority=-k)
+                self.local_opt.update(k, self.params[k], self.agg[k], self.states[k])
+        return True
+
+    async def finish(self) -> None:
+        return None

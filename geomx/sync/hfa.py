@@ -1,0 +1,106 @@
+"""HFA, hierarchical frequency aggregation (GeoMX ``MXNET_KVSTORE_USE_HFA=1``).
+
+geomx-behaviour.md §3.4, algorithms.md §6.2. Workers take a local optimizer step every
+iteration and every ``K1`` iterations push ``params / n_local``; the local server sums
+them (the DC average) and answers at once -- a *local sync* that never leaves the DC.
+Every ``K2``-th local sync it instead pushes ``(average - milestone) / D`` to the global
+server, which sums over the ``D`` DCs without an optimizer, and serves
+``milestone + sum`` (the mean of the DC models), which becomes the new milestone. A
+global sync therefore happens every ``K1 * K2`` worker iterations, and right after it
+every worker of every DC holds the same model.
+
+Fixes relative to GeoMX (geomx-behaviour.md §6, bug 1):
+
+* the milestone starts at the *global* initial model pulled at initialisation (GeoMX
+  discards it and keeps its own rank-0 init, so DCs can start and stay offset);
+* local syncs are counted per key (GeoMX counts key 0 only and assumes it finishes first);
+* a stop request seen at a local sync is carried to the next global sync, so every DC
+  stops after the same global sync holding the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geomx.sync.tensors import Value, copy_of, difference, digest, phantom, scaled, total
+from geomx.wire import Message
+
+
+class HierarchicalAveraging:
+    """Local server: local average every round, global delta average every ``k2`` rounds."""
+
+    name = "hfa"
+
+    def __init__(self, *, k2: int, num_dcs: int):
+        if k2 < 1:
+            raise ValueError(f"sync.k2 = {k2}; allowed: an integer >= 1")
+        if num_dcs < 1:
+            raise ValueError(f"HFA needs at least one DC, got {num_dcs}")
+        self.k2 = k2
+        self.num_dcs = num_dcs
+        self.milestone: dict[int, Value] = {}
+        self.local_syncs: dict[int, int] = {}
+        self._stop_pending: dict[int, bool] = {}
+
+    def on_initialized(self, ls: Any, key: int, slot: Any) -> None:
+        self.milestone[key] = copy_of(slot.store)
+        self.local_syncs[key] = 0
+
+    def is_global(self, local_sync: int) -> bool:
+        return local_sync % self.k2 == 0
+
+    async def on_round(self, ls: Any, key: int, slot: Any, merged: Value,
+                       waiting: list[Message], stop: bool) -> None:
+        # workers pushed params / n_local, so ``merged`` is the DC average
+        n = self.local_syncs.get(key, 0) + 1
+        self.local_syncs[key] = n
+        slot.round += 1
+        stop = self._stop_pending.pop(key, False) or stop
+        if not self.is_global(n):
+            if stop:
+                self._stop_pending[key] = True
+            slot.store = merged
+            ls.answer_workers(slot, waiting)
+            return
+        milestone = self.milestone[key]
+        delta = scaled(difference(merged, milestone), 1.0 / self.num_dcs)
+        summed = await ls.exchange_global(key, slot, delta, stop=stop)
+        model = total(milestone, summed)
+        self.milestone[key] = model
+        slot.store = copy_of(model)
+        ls.record("global_sync", key=key, sync=n // self.k2, digest=digest(model))
+        ls.answer_workers(slot, waiting)
+
+
+class HFAWorker:
+    """Worker: local steps; every ``k1`` iterations push ``params / n_local`` and pull."""
+
+    name = "hfa"
+
+    def __init__(self, *, kv: Any, params: list[Any], local_optimizer: Any, k1: int, k2: int):
+        if k1 < 1 or k2 < 1:
+            raise ValueError(f"sync.k1 = {k1}, sync.k2 = {k2}; allowed: integers >= 1")
+        self.kv = kv
+        self.params = params
+        self.k1 = k1
+        self.k2 = k2
+        self.share = 1.0 / kv.num_workers
+        self.local_opt = None if not params or phantom(params[0]) else local_optimizer
+        self.states = ([self.local_opt.create_state(k, p) for k, p in enumerate(params)]
+                       if self.local_opt is not None else [])
+
+    async def step(self, iteration: int, grads: list[Any]) -> bool:
+        if self.local_opt is not None:
+            for k, g in enumerate(grads):
+                self.local_opt.update(k, self.params[k], g, self.states[k])
+        if iteration % self.k1 != 0:
+            return False
+        kv = self.kv
+        for k in reversed(range(len(self.params))):
+            kv.push(k, scaled(self.params[k], self.share), priority=-k)
+        for k in range(len(self.params)):
+            await kv.pull(k, out=self.params[k], priority=-k)
+        return (iteration // self.k1) % self.k2 == 0
+
+    async def finish(self) -> None:
+        return None

@@ -1,0 +1,96 @@
+"""MixedSync: synchronous inside each DC, asynchronous across DCs (GeoMX ``dist_async``).
+
+geomx-behaviour.md §3.3: the local servers stay synchronous over their workers
+(:class:`~geomx.sync.fsa.ForwardEveryRound`); the global server applies each DC's push
+the moment it arrives -- one optimizer step per push, so an optimizer is required -- and
+answers it, after which that DC pulls the current weights and goes on. With DC-ASGD as
+the optimizer the server passes the pushing DC as ``sender`` and records every pull
+(``note_pull``), so each DC's gradient is corrected against the model *it* used
+(algorithms.md §6.3).
+
+Fixes relative to GeoMX:
+
+* no optimizer is a configuration error reported before training starts (the first INIT
+  is refused with the reason, and ``geomx.scenario`` rejects such a scenario), not a
+  check failure mid-run;
+* every codec goes through the same decode path as FSA, so Bi-Sparse works here (GeoMX's
+  asynchronous BSC handler is an empty stub and the job hangs);
+* an optional staleness bound ``S`` (``sync.staleness``, 0 = none): a push is still
+  applied on arrival, but its acknowledgement -- and so the DC's next iteration -- waits
+  while that DC has been applied more than ``S`` times more than the slowest DC still
+  training (stale-synchronous parallel, counted per key). GeoMX has no bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geomx.sync.tensors import Value
+from geomx.wire import Message
+
+NO_OPTIMIZER = ("sync.algorithm = 'mixed' (MixedSync, kvstore 'dist_async') applies every "
+                "DC's push as its own global step and needs a global optimizer: set "
+                "training.optimizer (allowed: sgd, momentum, nesterov, adam, dcasgd, "
+                "dcasgd_shared) or call kv.set_optimizer before kv.init")
+
+
+class AsyncAcrossDCs:
+    """Global server: apply each push on arrival; answer within the staleness bound."""
+
+    name = "mixed"
+    uses_optimizer = True
+
+    def __init__(self, staleness: int = 0):
+        if staleness < 0:
+            raise ValueError(f"sync.staleness = {staleness}; allowed: an integer >= 0")
+        self.staleness = staleness
+        # (key, part) -> pusher -> pushes applied; (key, part) -> acks held back
+        self._applied: dict[tuple[int, int], dict[str, int]] = {}
+        self._held: dict[tuple[int, int], list[Message]] = {}
+
+    def start_problem(self, gs: Any) -> str | None:
+        return NO_OPTIMIZER if gs.optimizer is None else None
+
+    def on_push(self, gs: Any, msg: Message, slot: Any, value: Value) -> None:
+        if gs.optimizer is None:
+            gs.reply_error(msg, NO_OPTIMIZER)
+            return
+        gs.apply_update(msg.key, slot, value, sender=msg.src)
+        where = (msg.key, msg.part)
+        applied = self._applied.setdefault(where, {})
+        applied[msg.src] = applied.get(msg.src, 0) + 1
+        self._held.setdefault(where, []).append(msg)
+        if gs.stop_requested:
+            for w in list(self._held):
+                self._release(gs, w)
+        else:
+            self._release(gs, where)
+        if any(m is msg for m in self._held.get(where, ())):
+            gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
+                      lead=self.lead(gs, where, msg.src))
+
+    def on_pusher_left(self, gs: Any, pusher: str) -> None:
+        # a finished DC no longer holds the others back
+        for where in list(self._held):
+            self._release(gs, where)
+
+    def lead(self, gs: Any, where: tuple[int, int], pusher: str) -> int:
+        """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
+        applied = self._applied.get(where, {})
+        active = [p for p in gs.pushers if p not in gs.departed]
+        slowest = min((applied.get(p, 0) for p in active), default=0)
+        return applied.get(pusher, 0) - slowest
+
+    def _release(self, gs: Any, where: tuple[int, int]) -> None:
+        held = self._held.get(where)
+        if not held:
+            return
+        slot = gs.slots[where]
+        keep = []
+        for msg in held:
+            if (self.staleness == 0 or gs.stop_requested
+                    or self.lead(gs, where, msg.src) <= self.staleness):
+                gs.reply_push(msg, slot)
+            else:
+                keep.append(msg)
+        self._held[where] = keep
