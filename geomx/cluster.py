@@ -59,6 +59,16 @@ def _phantom_sizes(s: Scenario) -> list[int]:
                                     preset=t.phantom_preset or None))
 
 
+def codec_config(s: Scenario) -> dict[str, Any]:
+    """The scenario's [codec] as a ``set_gradient_compression``-style dict, with only the
+    parameters the chosen codec takes (fp16 has none, bsc/mpq take the threshold...)."""
+    from geomx.codec import create_codec
+
+    params = {"threshold": s.codec.threshold, "size_lower_bound": s.codec.size_lower_bound}
+    accepted = getattr(create_codec(s.codec.type), "params", ())
+    return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}}
+
+
 def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     """Name the nodes and describe the job. ``runtime`` ("emu"/"real", default the
     scenario's) only decides whether liveness timers run: in the emulator they are off
@@ -92,8 +102,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         sync={"algorithm": s.sync.algorithm, "staleness": s.sync.staleness, "k1": s.sync.k1,
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
-        codec={"type": s.codec.type, "threshold": s.codec.threshold,
-               "size_lower_bound": s.codec.size_lower_bound},
+        codec=codec_config(s),
         sched={"p3": getattr(s.sched, "p3", False), "tsengine": s.sched.tsengine,
                "dgt": s.sched.dgt},
         state_server=state_server,

@@ -250,7 +250,7 @@ class KVStore:
         Validated here (a bad config raises at once); installed on every global server and,
         through the scenario, on every local server.
         """
-        from geomx.codec import codec_config_check
+        from geomx.node.link_codec import codec_config_check
 
         config = codec_config_check(dict(config))
         if not self._node.is_master:

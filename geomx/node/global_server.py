@@ -182,8 +182,9 @@ class GlobalServer(Node):
                 and not is_phantom(slot.store)):
             # per-sender DC-ASGD: this is the model the puller's next gradient will be from
             self.optimizer.note_pull(msg.key, msg.src, slot.store)
-        payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan",
-                                                weights=self.optimizer is not None)
+        # the initial pull carries weights even without an optimizer: never sparsify it
+        dense = self.optimizer is not None or bool(msg.meta.get("initial"))
+        payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan", weights=dense)
         if self.stop_requested:
             meta["stop"] = True
         self.post(msg.reply(Kind.PULL_REPLY, version=slot.version, meta=meta,

@@ -1,14 +1,18 @@
 """Applies the job's gradient codec on the links GeoMX applies it to.
 
 GeoMX (geomx-behaviour.md §4.1–4.3): Bi-Sparse only between local and global servers
-(push: DC sum sparsified with error feedback; pull: the global sum re-sparsified), and
-only for tensors of at least ``size_lower_bound`` elements; FP16 on both tiers; MPQ
-mixes the two by tensor size. This module is the one place that decides, per link
-tier and tensor, which codec runs, and wraps the codec's arrays as wire payloads.
+(push: the DC sum sparsified with momentum correction and error feedback; pull: the
+global sum re-sparsified), and only for tensors of at least ``size_lower_bound``
+elements; FP16 on both tiers; MPQ mixes the two by tensor size. The codec package
+(``geomx.codec``) holds that table (``policy.codec_for(num_elements, tier)``); this module
+is the one place that asks it, owns the per-key error-feedback state of this node, and
+turns encoded arrays into wire payloads (phantom payloads for phantom tensors, sized
+without running a kernel).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -19,50 +23,85 @@ from geomx.wire import Message, Payload
 DENSE = "none"
 
 
-class LinkCodec:
-    """Encode/decode values for one tier ("lan": worker<->local server, "wan": local<->global)."""
+def codec_config_check(config: dict[str, Any]) -> dict[str, Any]:
+    """Validate a ``set_gradient_compression`` dict; return it normalised (raises ValueError)."""
+    from geomx.codec import codec_from_config
 
-    def __init__(self, config: dict[str, Any], num_dcs: int = 1):
+    return dict(codec_from_config(config).config())
+
+
+def _policy(config: dict[str, Any]):
+    from geomx.codec import codec_from_config
+
+    return codec_from_config(config)
+
+
+class LinkCodec:
+    """Encode/decode values on one node for a tier ("lan": worker<->local server, "wan":
+    local<->global server, or worker<->global server in the flat-PS baseline)."""
+
+    def __init__(self, config: dict[str, Any] | None, num_dcs: int = 1):
         self.config = dict(config or {"type": DENSE})
         self.type = str(self.config.get("type", DENSE))
         self.num_dcs = num_dcs
-        self._impl = None
-        if self.type != DENSE:
-            from geomx.codec import link_policy_from_config
-
-            self._impl = link_policy_from_config(self.config, num_dcs=num_dcs)
-        self._states: dict[tuple[str, int], Any] = {}
+        self._policy = None if self.type == DENSE else _policy(self.config)
+        #: per (tier, key) error-feedback memory of this node (explicit, never hidden)
+        self.states: dict[tuple[str, int], Any] = {}
 
     @property
     def enabled(self) -> bool:
-        return self._impl is not None
+        """True when some tensor may be sent sparse (placement must not split it)."""
+        return self._policy is not None and self.type in ("bsc", "mpq", "onebit")
+
+    def _codec(self, n: int, tier: str):
+        if self._policy is None:
+            return None
+        c = self._policy.codec_for(n, tier)
+        return None if c.name == DENSE else c
 
     # -------------------------------------------------------------- encode
     def encode_push(self, key: int, value: Value, *, tier: str) -> tuple[list[Payload], dict[str, Any]]:
-        if self._impl is None:
+        n = _num_elements(value)
+        codec = self._codec(n, tier)
+        if codec is None:
             return [_dense(value)], {}
-        return self._impl.encode(key, value, tier=tier, direction="push", states=self._states)
+        if is_phantom(value):
+            return _phantom(codec.encoded_sizes(n, value.dtype), codec.name, value)
+        state = None
+        if codec.stateful:
+            state = self.states.get((tier, key))
+            if state is None:
+                state = self.states[(tier, key)] = codec.new_state(n)
+        enc = codec.encode(key, value, state)
+        return [Payload.of(a) for a in enc.arrays], dict(enc.meta)
 
     def encode_pull(self, key: int, value: Value, *, tier: str,
                     weights: bool = False) -> tuple[list[Payload], dict[str, Any]]:
-        """Encode a pull reply. ``weights``: the value is a weight vector (GS optimizer
-        installed), which must never be sparsified (GeoMX truncates it: a bug we fix)."""
-        if self._impl is None:
+        """Encode a pull reply. ``weights``: the value is a weight vector (a global
+        optimizer is installed); it is never sparsified (GeoMX truncates it: a bug we fix),
+        though a precision codec (fp16/bf16) still applies."""
+        n = _num_elements(value)
+        codec = self._codec(n, tier)
+        if codec is None or (weights and codec.name in ("bsc", "onebit")):
             return [_dense(value)], {}
-        return self._impl.encode(key, value, tier=tier, direction="pull", states=self._states,
-                                 dense_only=weights)
+        if is_phantom(value):
+            return _phantom(codec.pull_encoded_sizes(n, value.dtype, sources=self.num_dcs),
+                            codec.name, value)
+        enc = codec.encode_pull(key, value, sources=self.num_dcs)
+        if enc.meta.get("codec") == DENSE:
+            return [Payload.of(a) for a in enc.arrays], {}
+        return [Payload.of(a) for a in enc.arrays], dict(enc.meta)
 
     # -------------------------------------------------------------- decode
     def decode(self, msg: Message, *, like: Value | None = None) -> Value:
-        """Decode a push/pull payload into a dense value shaped like ``like``."""
-        if msg.meta.get("codec") and self._impl is not None:
-            return self._impl.decode(msg.payloads, msg.meta, like=like)
-        if msg.meta.get("codec"):
-            # a codec we were not told about: build a decoder from the message itself
-            from geomx.codec import link_policy_from_config
+        """Decode a push/pull payload into a dense value shaped like ``like``.
 
-            impl = link_policy_from_config({"type": msg.meta["codec_type"]}, num_dcs=self.num_dcs)
-            return impl.decode(msg.payloads, msg.meta, like=like)
+        Raises ValueError (the caller answers ERROR and keeps serving) on anything that
+        does not fit: wrong element count, unknown codec, malformed sparse data.
+        """
+        name = msg.meta.get("codec")
+        if name:
+            return self._decode_coded(msg, str(name), like)
         if len(msg.payloads) != 1:
             raise ValueError(f"dense message needs exactly one payload, got {len(msg.payloads)}")
         p = msg.payloads[0]
@@ -76,6 +115,41 @@ class LinkCodec:
             if v.dtype != like.dtype:
                 v = v.astype(like.dtype)
         return v
+
+    def _decode_coded(self, msg: Message, name: str, like: Value | None) -> Value:
+        from geomx.codec import CodecError, decode
+
+        meta = dict(msg.meta)
+        meta.pop("stop", None)
+        n = meta.get("n")
+        if like is not None and n != _num_elements(like):
+            raise ValueError(f"encoded tensor has {n} elements, key {msg.key} has "
+                             f"{_num_elements(like)}")
+        if any(p.is_phantom for p in msg.payloads):
+            shape = tuple(meta.get("shape", (n,)))
+            return Payload.phantom(shape, meta.get("dtype", "<f4"))
+        try:
+            out = decode(([p.data for p in msg.payloads], meta))
+        except (CodecError, KeyError, TypeError) as e:
+            raise ValueError(f"cannot decode {name!r} payload: {e}") from None
+        out = np.asarray(out)
+        if like is not None and not is_phantom(like):
+            out = out.reshape(like.shape)
+            if out.dtype != like.dtype:
+                out = out.astype(like.dtype)
+        return out
+
+
+def _num_elements(v: Value) -> int:
+    if isinstance(v, Payload):
+        return v.num_elements
+    return int(v.size)
+
+
+def _phantom(specs: list[Any], name: str, like: Payload) -> tuple[list[Payload], dict[str, Any]]:
+    meta = {"codec": name, "n": like.num_elements, "dtype": like.dtype,
+            "shape": list(like.shape)}
+    return [Payload.phantom(tuple(s.shape), s.dtype) for s in specs], meta
 
 
 def _dense(value: Value) -> Payload:

@@ -150,14 +150,16 @@ class LocalServer(Node):
         for req in waiting:
             self.post(req.reply(Kind.PUSH_ACK, version=slot.round, meta=reply_meta))
 
-    async def pull_global(self, key: int, slot: LocalSlot) -> Value:
-        """The current global value of ``key``, reassembled from its parts."""
+    async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
+        """The current global value of ``key``, reassembled from its parts (``initial``:
+        the first pull, which the global server always answers dense)."""
         parts = self._parts(key, slot)
 
         async def pull_part(part) -> tuple[Any, Message]:
             reply = await self.request(Message(Kind.PULL, self.name,
                                                self.job.global_servers[part.server], key=key,
-                                               part=part.index, version=slot.round))
+                                               part=part.index, version=slot.round,
+                                               meta={"initial": True} if initial else {}))
             return part, reply
 
         results = ([await pull_part(parts[0])] if len(parts) == 1
@@ -177,7 +179,7 @@ class LocalServer(Node):
 
     async def _initialise(self, key: int, slot: LocalSlot) -> None:
         """§3.1: every DC starts from the global initial value (also under HFA)."""
-        slot.store = await self.pull_global(key, slot)
+        slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
         self.policy.on_initialized(self, key, slot)
         self.record("init", key=key)
