@@ -102,3 +102,27 @@ def test_single_phantom_transfer_matches_arithmetic(scenario_of):
         assert ev["bytes"] == wire_bytes
         # both DCs push at once, but over different WAN links into a 10 Gbps NIC
         assert ev["dur"] == pytest.approx(wire_bytes * 8 / 100e6 + 0.05, rel=1e-9)
+
+
+def test_several_global_servers_split_big_tensors_and_train_identically(scenario_of):
+    """MultiGPS: tensors above bigarray_bound are split across the global servers, small
+    ones placed by (k * 9973) mod S; the maths is the same as with one server."""
+    common = ("run.iterations=8", "run.target_accuracy=0", "metrics.plot=false")
+    finals = {}
+    for name, extra in (("one", ()), ("two", ("dc.central.global_servers=2",
+                                              "sched.bigarray_bound=1000"))):
+        seen = {}
+        r = run_scenario(scenario_of("quickstart.toml", *common, *extra),
+                         inspect=lambda nodes, seen=seen: seen.setdefault("nodes", nodes))
+        finals[name] = (r, seen["nodes"])
+    r2, nodes2 = finals["two"]
+    gs = {n.name: n for n in nodes2 if n.role == "global_server"}
+    assert set(gs) == {"gs:0", "gs:1"}
+    # key 0 (64x64 = 4096 elements) is split in two halves, one per server
+    assert (0, 0) in gs["gs:0"].slots and (0, 1) in gs["gs:1"].slots
+    # key 1 (64 biases) is whole on server (1 * 9973) % 2 = 1
+    assert (1, 0) in gs["gs:1"].slots and (1, 0) not in gs["gs:0"].slots
+    w1 = next(n for n in finals["one"][1] if n.name == "w:party-a:0")
+    w2 = next(n for n in nodes2 if n.name == "w:party-a:0")
+    for a, b in zip(w1.params, w2.params):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
