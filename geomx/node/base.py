@@ -58,7 +58,9 @@ class Node:
         self._handlers: dict[Kind, Handler] = {}
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._next_request_id = 1
-        self._outbox: asyncio.Queue[Message | None] | None = None
+        self._outboxes: dict[str, asyncio.Queue[Message | None]] = {}
+        self._senders: dict[str, asyncio.Task[None]] = {}
+        self._running = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
@@ -81,9 +83,19 @@ class Node:
         return self.services.now()
 
     def post(self, msg: Message) -> None:
-        """Queue ``msg`` for sending, in order, without waiting."""
-        assert self._outbox is not None, "node not running"
-        self._outbox.put_nowait(msg)
+        """Queue ``msg`` for sending without waiting.
+
+        One outbox per destination, each drained by its own task: messages to a peer
+        leave in the order they were posted, and a slow or dead peer (a transport still
+        retrying its connection) holds up only its own queue, never heartbeats or replies
+        to anybody else.
+        """
+        assert self._running, "node not running"
+        q = self._outboxes.get(msg.dst)
+        if q is None:
+            q = self._outboxes[msg.dst] = asyncio.Queue()
+            self._senders[msg.dst] = asyncio.ensure_future(self._send_loop(q))
+        q.put_nowait(msg)
 
     async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
         """Send ``msg`` with a fresh request id and wait for its reply."""
@@ -130,14 +142,20 @@ class Node:
             self.post(msg.reply(Kind.ERROR, meta={"reason": reason}, payloads=[]))
 
     # ---------------------------------------------------------------- lifecycle
-    async def _send_loop(self) -> None:
-        assert self._outbox is not None
+    async def _send_loop(self, outbox: asyncio.Queue[Message | None]) -> None:
         while True:
-            msg = await self._outbox.get()
+            msg = await outbox.get()
             if msg is None:
                 return
             self.services.count_bytes(msg)
-            await self.transport.send(msg)
+            try:
+                await self.transport.send(msg)
+            except (ConnectionError, OSError) as e:
+                # a peer that cannot be reached: drop this message, keep serving; a dead
+                # peer is reported by the membership layer (heartbeats)
+                log.warning("%s: could not send %s to %s: %s", self.name, msg.kind.name,
+                            msg.dst, e)
+                self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))
 
     async def _recv_loop(self) -> None:
         while True:
@@ -197,9 +215,8 @@ class Node:
 
     async def run(self) -> None:
         """Serve until ``main`` returns or ``stop`` is called; re-raise a task failure."""
-        self._outbox = asyncio.Queue()
+        self._running = True
         self._stop_event = asyncio.Event()
-        sender = asyncio.ensure_future(self._send_loop())
         receiver = asyncio.ensure_future(self._recv_loop())
         main = self.spawn(self.main(), "main")
         stopper = asyncio.ensure_future(self._stop_event.wait())
@@ -207,20 +224,20 @@ class Node:
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             # flush what was posted, then tear down
-            self._outbox.put_nowait(None)
-            try:
-                # a failed job may have a dead peer in the outbox: do not wait on it long
-                await asyncio.wait_for(asyncio.shield(sender),
-                                       2.0 if self.failure is not None else 30.0)
-            except (asyncio.TimeoutError, Exception):
-                pass
-            for t in (receiver, stopper, sender, *self._tasks):
+            for q in self._outboxes.values():
+                q.put_nowait(None)
+            senders = list(self._senders.values())
+            if senders:
+                # a failed job may have a dead peer in an outbox: do not wait on it long
+                await asyncio.wait(senders, timeout=2.0 if self.failure is not None else 30.0)
+            for t in (receiver, stopper, *senders, *self._tasks):
                 t.cancel()
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(NodeStopped(self.name))
                     fut.exception()  # mark retrieved
-            await asyncio.gather(receiver, stopper, sender, *list(self._tasks),
+            await asyncio.gather(receiver, stopper, *senders, *list(self._tasks),
                                  return_exceptions=True)
+            self._running = False
         if self.failure is not None:
             raise self.failure
