@@ -21,7 +21,7 @@ from geomx.node.state_server import StateServer
 from geomx.node.trainer import TrainSpec, iterations_for_epochs, master_program, train_program
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario
-from geomx.sync.policy import uses_global_optimizer
+from geomx.sync.policy import needs_state_server, uses_global_optimizer
 
 #: Name of ESync's state server (central DC; only in ESync jobs).
 STATE_SERVER = "ss"
@@ -91,7 +91,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     for d in parties:
         for w in workers_of[d.name]:
             dc_of[w] = d.name
-    state_server = STATE_SERVER if s.sync.algorithm == "esync" else ""
+    state_server = STATE_SERVER if needs_state_server(s.sync.algorithm) else ""
     if state_server:
         dc_of[state_server] = central.name
     job = JobSpec(

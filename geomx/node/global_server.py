@@ -1,10 +1,13 @@
 """Global server (GS): aggregates the DCs' pushes and runs the global step.
 
 Follows geomx-behaviour.md §3.1–3.3. For each (key, part) the GS keeps ``store`` (the
-weights when an optimizer is installed, otherwise the aggregated sum), collects one push
-per contributor (a local server per DC in HiPS; every worker in the flat-PS baseline),
-then runs the optimizer (``sync`` mode) and answers all parked pushes. Pulls are served
-from ``store`` once the key is initialised (parked until then).
+weights when an optimizer is installed, otherwise the aggregated sum). When a push is
+applied and answered is the job's sync policy (``geomx/sync``): under FSA the GS collects
+one push per contributor (a local server per DC in HiPS; every worker in the flat-PS
+baseline), then runs the optimizer and answers all parked pushes; under MixedSync each
+push is a step of its own. Pulls are served from ``store`` once the key is initialised
+(parked until then); each pull is noted for optimizers that keep a per-sender backup
+(DC-ASGD), and every update names its sender.
 
 Fixes relative to GeoMX: commands are acknowledged (no ``sleep(1)``); the optimizer is
 sent as a JSON config, never a pickle; the optimizer sees the *mean* gradient

@@ -103,6 +103,11 @@ def uses_global_optimizer(algorithm: str) -> bool:
     return algorithm not in LOCAL_STEP_ALGORITHMS
 
 
+def needs_state_server(algorithm: str) -> bool:
+    """ESync's workers ask a state server how many local steps to take (a node of its own)."""
+    return algorithm == "esync"
+
+
 def make_global_policy(job: Any) -> GlobalSyncPolicy:
     """The global servers' policy for ``job.sync``."""
     from geomx.sync.fsa import FullySync
