@@ -229,7 +229,8 @@ class Node:
             senders = list(self._senders.values())
             if senders:
                 # a failed job may have a dead peer in an outbox: do not wait on it long
-                await asyncio.wait(senders, timeout=2.0 if self.failure is not None else 30.0)
+                # (control messages only by now: data rounds end before anyone stops)
+                await asyncio.wait(senders, timeout=2.0 if self.failure is not None else 10.0)
             for t in (receiver, stopper, *senders, *self._tasks):
                 t.cancel()
             for fut in self._pending.values():

@@ -75,6 +75,8 @@ class Scheduler(Node):
                 self.post(req.reply(Kind.BARRIER_RELEASE))
 
     def _on_heartbeat(self, msg: Message) -> None:
+        if msg.src in self._left:
+            return  # it is shutting down: an answer could only chase a closed socket
         self.last_seen[msg.src] = self.now()
         if msg.request_id:
             self.post(msg.reply(Kind.HEARTBEAT_ACK))
