@@ -37,6 +37,10 @@ class Transport(Protocol):
         """The next message addressed to this node."""
         ...
 
+    # Optional: ``send_nowait(msg) -> bool`` hands a message over without waiting when
+    # that is possible right now (False: use ``send``). Nodes use it to skip their outbox
+    # task when nothing is queued for the destination; order is preserved either way.
+
     def set_address_book(self, book: dict[str, str]) -> None:
         """Learn peers' addresses ("host:port"); the emulator ignores it."""
         ...

@@ -61,6 +61,8 @@ class Node:
         self._outboxes: dict[str, asyncio.Queue[Message | None]] = {}
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._running = False
+        self._sending: dict[str, int] = {}
+        self._send_nowait = getattr(transport, "send_nowait", None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
@@ -92,6 +94,12 @@ class Node:
         """
         assert self._running, "node not running"
         q = self._outboxes.get(msg.dst)
+        if self._send_nowait is not None and (q is None or q.empty()) \
+                and not self._sending.get(msg.dst):
+            # nothing queued or in flight for this peer: hand it over directly (same order)
+            if self._send_nowait(msg):
+                self.services.count_bytes(msg)
+                return
         if q is None:
             q = self._outboxes[msg.dst] = asyncio.Queue()
             self._senders[msg.dst] = asyncio.ensure_future(self._send_loop(q))
@@ -148,6 +156,7 @@ class Node:
             if msg is None:
                 return
             self.services.count_bytes(msg)
+            self._sending[msg.dst] = self._sending.get(msg.dst, 0) + 1
             try:
                 await self.transport.send(msg)
             except (ConnectionError, OSError) as e:
@@ -156,6 +165,8 @@ class Node:
                 log.warning("%s: could not send %s to %s: %s", self.name, msg.kind.name,
                             msg.dst, e)
                 self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))
+            finally:
+                self._sending[msg.dst] -= 1
 
     async def _recv_loop(self) -> None:
         while True:
