@@ -126,3 +126,18 @@ def test_several_global_servers_split_big_tensors_and_train_identically(scenario
     w2 = next(n for n in nodes2 if n.name == "w:party-a:0")
     for a, b in zip(w1.params, w2.params):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_kvstore_identity_matches_geomx(scenario_of):
+    from geomx.kv import KVStore
+
+    seen = {}
+    run_scenario(scenario_of("quickstart.toml", "run.iterations=2", "run.target_accuracy=0",
+                             "metrics.plot=false"),
+                 inspect=lambda nodes: seen.setdefault("nodes", nodes))
+    by_name = {n.name: n for n in seen["nodes"]}
+    kv = KVStore(by_name["w:party-b:1"], "dist_sync")
+    assert (kv.rank, kv.num_workers, kv.num_all_workers, kv.is_master_worker) == (1, 2, 4, False)
+    mw = KVStore(by_name["mw"], "dist_sync")
+    assert (mw.num_workers, mw.num_all_workers, mw.is_master_worker) == (1, 4, True)
+    assert kv.type == "dist_sync"
