@@ -3,12 +3,16 @@
 ``geomx run SCENARIO`` is the main job: it trains on the scenario's topology in the
 virtual-time WAN emulator (``--runtime emu``, default) or as one process per node over
 real sockets on this host (``--runtime real``), and leaves a run folder.
+
+Real runtime entry points (docs/real-runtime.md): ``geomx launch SCENARIO`` starts every
+node here (or, with ``--hostfile``, each DC's nodes on its hosts over ssh);
+``geomx node`` starts one node on this host from flags, environment (``GEOMX_*`` and
+GeoMX's ``DMLC_*``) and the scenario -- what Slurm, Kubernetes or a shell script runs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Sequence
@@ -26,6 +30,21 @@ examples:
   geomx run scenarios/quickstart.toml --set training.lr=0.005 --set wan.0.bandwidth=20Mbps
   geomx run scenarios/quickstart.toml --runtime real
   geomx validate scenarios/vanilla_ps.toml
+  geomx launch scenarios/quickstart.toml --hostfile hosts.txt
+  geomx node scenarios/quickstart.toml --name w:party-a:0 --global-scheduler 10.0.0.1:9092
+"""
+
+NODE_EPILOG = """\
+precedence: command-line flag > environment (GEOMX_*, then GeoMX's DMLC_*) > scenario
+file ([real], [security], [[dc]]) > default. See docs/real-runtime.md for every variable.
+
+examples:
+  geomx node scenarios/quickstart.toml --name gh
+  geomx node scenarios/quickstart.toml --role worker --dc party-a --rank 1 \\
+      --scheduler lh:party-a=10.0.1.7:9094 --host 10.0.1.8
+  GEOMX_SCENARIO=job.toml GEOMX_NODE=ls:party-b GEOMX_SCHEDULER_gh=10.0.0.1:9092 geomx node
+  DMLC_ROLE=worker DMLC_PS_ROOT_URI=10.0.1.7 DMLC_PS_ROOT_PORT=9094 GEOMX_RANK=0 geomx node job.toml
+  geomx node job.toml --name w:party-a:0 --print-config     # show what was resolved, and from where
 """
 
 
@@ -58,12 +77,76 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check a scenario and print it fully resolved")
     _add_scenario_args(val)
 
-    node = sub.add_parser("node", help="(internal/real runtime) run one node of a scenario")
-    node.add_argument("--scenario", required=True)
-    node.add_argument("--name", required=True)
-    node.add_argument("--run-dir", required=True)
-    node.add_argument("--book", required=True, help="JSON: scheduler name -> host:port")
-    node.add_argument("--start-epoch", type=float, required=True)
+    launch = sub.add_parser("launch", help="start a scenario's nodes as real processes "
+                                           "(here, or on the hosts of a hostfile over ssh)",
+                            description="Start every node of the scenario as its own process "
+                                        "over real sockets and supervise them: on this host, "
+                                        "or with --hostfile on each DC's hosts over ssh. "
+                                        "Writes a run folder like `geomx run`.")
+    _add_scenario_args(launch)
+    launch.add_argument("--hostfile", default=None,
+                        help="lines 'DC HOST [address=IP] [bind=IP] [python=PATH] [cwd=DIR]': "
+                             "start each DC's nodes on its host(s) with ssh")
+    launch.add_argument("--ssh", default="ssh",
+                        help="ssh command for --hostfile (default: ssh), e.g. 'ssh -p 2222'")
+    launch.add_argument("--out", default=None, help="parent folder of the run folder")
+    launch.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "
+                                       "point for ssh, Slurm, Kubernetes)",
+                          description="Run one node of a scenario in this process over real "
+                                      "sockets.",
+                          epilog=NODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    node.add_argument("scenario_pos", nargs="?", metavar="SCENARIO",
+                      help="scenario file (or --scenario / GEOMX_SCENARIO; default: built-in)")
+    node.add_argument("--scenario", default=None, help=argparse.SUPPRESS)
+    node.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="override a scenario field (repeatable)")
+    who = node.add_argument_group("which node (or GEOMX_NODE / GEOMX_ROLE, GEOMX_DC, "
+                                  "GEOMX_RANK / DMLC_ROLE...)")
+    who.add_argument("--name", help="node name: gh, gs:0, mw, lh:DC, ls:DC, w:DC:RANK")
+    who.add_argument("--role", help="global_scheduler, global_server, master_worker, "
+                                    "local_scheduler, local_server, worker (or gh, gs, mw, lh, "
+                                    "ls, w)")
+    who.add_argument("--dc", help="DC of a local scheduler/server/worker")
+    who.add_argument("--rank", type=int, help="rank of a worker in its DC, or of a global server")
+    rdv = node.add_argument_group("rendezvous (or GEOMX_SCHEDULER_<name>, DMLC_PS_*ROOT_*, "
+                                  "[real])")
+    rdv.add_argument("--global-scheduler", metavar="HOST:PORT",
+                     help="address of the global scheduler gh")
+    rdv.add_argument("--scheduler", dest="schedulers", action="append", default=[],
+                     metavar="NAME=HOST:PORT", help="address of a scheduler, e.g. "
+                                                    "lh:party-a=10.0.1.7:9094 (repeatable)")
+    rdv.add_argument("--book", default=None, help=argparse.SUPPRESS)  # launcher: JSON of all
+    net = node.add_argument_group("this node's address (or GEOMX_HOST / DMLC_NODE_HOST / "
+                                  "DMLC_INTERFACE, GEOMX_BIND_HOST, GEOMX_PORT / PORT)")
+    net.add_argument("--host", help="address peers dial to reach this node")
+    net.add_argument("--bind", help="address to listen on (default: --host; 0.0.0.0 = all)")
+    net.add_argument("--port", type=int, help="port to listen on (default: any free port; "
+                                              "schedulers use their rendezvous port)")
+    job = node.add_argument_group("job (or GEOMX_RUN_DIR, GEOMX_START_EPOCH)")
+    job.add_argument("--run-dir", help="folder for nodes/<name>.events.jsonl and result "
+                                       "(default: <run.out_dir>/<run.name>)")
+    job.add_argument("--start-epoch", type=float,
+                     help="job start as Unix seconds, the same on every node (default: now)")
+    sec = node.add_argument_group("security (or [security], GEOMX_SECRET, GEOMX_TLS*)")
+    sec.add_argument("--secret-env", metavar="VAR",
+                     help="environment variable holding the shared secret (default GEOMX_SECRET)")
+    sec.add_argument("--secret-file", metavar="PATH", help="file holding the shared secret")
+    sec.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                     help="TLS on every connection")
+    sec.add_argument("--tls-cert", help="PEM certificate this node presents")
+    sec.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    sec.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates must chain to")
+    node.add_argument("--shape", action=argparse.BooleanOptionalAction, default=None,
+                      help="shape WAN traffic like the scenario's links (default: [real].shape)")
+    node.add_argument("--print-config", action="store_true",
+                      help="print the resolved settings and where each came from, then exit")
+    node.add_argument("--watch-stdin", dest="parent_watch", action="store_true", default=None,
+                      help="exit when stdin closes (launchers pass a pipe)")
+    node.add_argument("--stdin-config", action="store_true",
+                      help="read {'scenario': TOML, 'env': {...}} as the first line of stdin, "
+                           "then watch stdin (remote launchers)")
     return parser
 
 
@@ -80,6 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "node":
         from geomx.runtime.node_main import node_main
 
+        if args.scenario_pos is not None:
+            if args.scenario is not None and args.scenario != args.scenario_pos:
+                print("geomx node: give the scenario once (positional or --scenario)",
+                      file=sys.stderr)
+                return 2
+            args.scenario = args.scenario_pos
         return node_main(args)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -96,12 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from geomx.experiment import JobFailed, run_scenario
 
     try:
-        result = run_scenario(scenario, runtime=args.runtime, out_dir=args.out,
-                              progress=not args.quiet)
+        if args.command == "launch":
+            result = _launch(scenario, args)
+        else:
+            result = run_scenario(scenario, runtime=args.runtime, out_dir=args.out,
+                                  progress=not args.quiet)
     except JobFailed as e:
         print(f"geomx: job failed: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     s = result.summary
@@ -111,6 +203,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"final accuracy {acc} after {s.iterations} iterations{emu}, wall "
           f"{s.wall_seconds:.2f} s, WAN {s.bytes_wan / 1e6:.2f} MB, LAN {s.bytes_lan / 1e6:.2f} MB")
     return 0
+
+
+def _launch(scenario, args):
+    """``geomx launch``: the real runtime here, or over ssh on the hosts of a hostfile."""
+    import shlex
+
+    from geomx.experiment import RunResult, finish_run_dir, make_run_dir, run_scenario
+    from geomx.scenario import scenario_to_toml
+
+    if args.hostfile is None:
+        return run_scenario(scenario, runtime="real", out_dir=args.out, progress=not args.quiet)
+    from geomx.cluster import plan_job
+    from geomx.runtime.hostfile import assign_hosts, load_hostfile
+    from geomx.runtime.launcher import RemoteOptions, run_real
+
+    plan = plan_job(scenario, "real")  # check the hostfile before a run folder exists
+    assign_hosts(scenario, load_hostfile(args.hostfile), plan.nodes, plan.job.dc_of)
+    run_dir = make_run_dir(args.out or scenario.run.out_dir, scenario.run.name).resolve()
+    (run_dir / "scenario.toml").write_text(scenario_to_toml(scenario))
+    show = scenario.run.progress and not args.quiet
+    summary = run_real(scenario, run_dir, progress=show,
+                       remote=RemoteOptions(hostfile=args.hostfile, ssh=shlex.split(args.ssh)))
+    finish_run_dir(scenario, run_dir, summary)
+    return RunResult(run_dir, summary)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -3,8 +3,9 @@
 A scenario describes a whole geo-distributed run: the data centres (``[[dc]]``), the WAN
 links between them (``[[wan]]``), the model and data (``[training]``), the
 synchronisation algorithm (``[sync]``), gradient compression (``[codec]``), transfer
-scheduling (``[sched]``), what to record (``[metrics]``) and when to stop (``[run]``).
-The same file drives the emulator and the real runtime.
+scheduling (``[sched]``), what to record (``[metrics]``) and when to stop (``[run]``);
+for the real runtime also where the schedulers listen (``[real]``) and who may join
+(``[security]``). The same file drives the emulator and the real runtime.
 
 Design, and why:
 
@@ -62,6 +63,8 @@ __all__ = [
     "MetricsConfig",
     "MembershipConfig",
     "FaultConfig",
+    "RealConfig",
+    "SecurityConfig",
     "Setting",
     "SectionSpec",
     "load_scenario",
@@ -581,6 +584,10 @@ class DCConfig(_Section):
                                                  "Optional extra compute factor per worker, e.g. [1.0, 10.0] "
                                                  "(missing entries = 1.0).")
     host: str = setting(Text(non_empty=True), "127.0.0.1", "Real runtime: host where this DC's nodes run.")
+    scheduler_port: int = setting(Integer(min=0, max=65535), 0,
+                                  "Real runtime: port of this DC's scheduler (GeoMX's DMLC_PS_ROOT_PORT; "
+                                  "on the central DC: the global scheduler, DMLC_PS_GLOBAL_ROOT_PORT). "
+                                  "0 = from `[real].port_base`.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -804,6 +811,67 @@ class FaultConfig(_Section):
                         "real runtime; its task is cancelled and its messages dropped in the emulator).")
 
 
+#: A host:port address (host: a name, an IPv4 address, or an IPv6 address in brackets).
+_ADDRESS = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}"
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+@dataclass(frozen=True)
+class RealConfig(_Section):
+    """Real runtime: where the schedulers listen and how nodes reach each other.
+
+    Every node finds its schedulers from these settings (or from the environment, see
+    docs/real-runtime.md), so nodes started separately on different hosts meet without a
+    launcher: the GeoMX/ps-lite rendezvous (geomx-behaviour.md §1.4). The global scheduler
+    listens on `port_base` and DC number i (file order) on `port_base + 1 + i`, which with
+    the default 9092 gives GeoMX's demo ports (global 9092, central 9093, parties 9094, ...).
+    """
+
+    global_scheduler: str = setting(Text(rf"({_ADDRESS})?", "'host:port' or empty"), "",
+                                    "Address of the global scheduler (GeoMX's DMLC_PS_GLOBAL_ROOT_URI/"
+                                    "PORT); \"\" = the central DC's host and scheduler port.")
+    port_base: int = setting(Integer(min=0, max=65535 - 64), 0,
+                             "First rendezvous port (see above). 0 = automatic: free ports when one "
+                             "launcher starts every node on this host (`geomx run`, `geomx launch`), "
+                             "9092 otherwise.")
+    bind_host: str = setting(Text(), "",
+                             "Address every node binds to; \"\" = the address it advertises (its DC's "
+                             "`host`); \"0.0.0.0\" = every interface.")
+    shape: bool = setting(Flag(), True,
+                          "Reproduce the scenario's WAN links with the transport's own shaper (turn "
+                          "off when the DCs really are far apart).")
+    connect_timeout_s: float = setting(Duration(positive=True), "30s",
+                                       "How long a node retries reaching a peer that is not up yet.",
+                                       key="connect_timeout")
+
+
+@dataclass(frozen=True)
+class SecurityConfig(_Section):
+    """Who may join the job: a shared-secret handshake and TLS (real runtime only).
+
+    The secret itself never goes in this file: `secret_env` names the environment variable
+    that holds it. Relative certificate paths are read next to the scenario file when they
+    exist there, else from the working directory.
+    """
+
+    secret_env: str = setting(Text(_ENV_NAME, "an environment variable name"), "GEOMX_SECRET",
+                              "Environment variable holding the shared secret (HMAC handshake); "
+                              "unset or empty = no authentication.")
+    require_secret: bool = setting(Flag(), False,
+                                   "Refuse to start a node when the variable named by `secret_env` "
+                                   "is unset or empty.")
+    tls: bool = setting(Flag(), False, "Encrypt every connection with TLS (needs `tls_cert` and `tls_key`).")
+    tls_cert: str = setting(Text(), "", "PEM certificate (chain) each node presents.")
+    tls_key: str = setting(Text(), "", "PEM private key of `tls_cert`.")
+    tls_ca: str = setting(Text(), "",
+                          "PEM CA bundle peers' certificates must chain to; \"\" = the system trust store.")
+    tls_verify_clients: bool = setting(Flag(), False,
+                                       "Mutual TLS: a node also requires a certificate from the nodes that "
+                                       "connect to it (signed by `tls_ca`).")
+    tls_check_hostname: bool = setting(Flag(), True,
+                                       "Check that a peer's certificate names the address it was dialled at.")
+
+
 # Used when a scenario has no [[dc]] at all (and its [[wan]] too when that is missing):
 # a central DC and two parties of two workers, each 100 Mbit/s, 30 ms from the centre.
 DEFAULT_DCS: tuple[DCConfig, ...] = (
@@ -850,6 +918,8 @@ class Scenario:
     metrics: MetricsConfig = _section("metrics", MetricsConfig)
     membership: MembershipConfig = _section("membership", MembershipConfig)
     faults: tuple[FaultConfig, ...] = _section("fault", FaultConfig, array=True, default=())
+    real: RealConfig = _section("real", RealConfig)
+    security: SecurityConfig = _section("security", SecurityConfig)
     source: str = dataclasses.field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -962,6 +1032,12 @@ def _parse(raw: Mapping[str, Any], source: str) -> Scenario:
             hint = _did_you_mean(key, by_key)
             raise ScenarioError(f"unknown section [{key}]{hint}; allowed sections: {', '.join(by_key)}",
                                 value=key, allowed=", ".join(by_key))
+    security = raw.get("security")
+    if isinstance(security, Mapping) and "secret" in security:
+        raise ScenarioError("a secret never goes in the scenario file; put it in the environment "
+                            "variable named by secret_env (default GEOMX_SECRET); allowed keys: "
+                            + ", ".join(_setting_by_key(SecurityConfig)),
+                            path="security.secret", allowed="secret_env")
     base_dir = Path(source).parent if source and os.path.isfile(source) else None
     values: dict[str, Any] = {}
     for spec in sections():
@@ -996,7 +1072,11 @@ def _resolve_paths(s: Scenario, base_dir: Path | None) -> Scenario:
     wans = tuple(w if w.trace in ("", "uniform")
                  else dataclasses.replace(w, trace=_resolve_relative(w.trace, base_dir)) for w in s.wans)
     training = dataclasses.replace(s.training, data_path=_resolve_relative(s.training.data_path, base_dir))
-    return dataclasses.replace(s, wans=wans, training=training)
+    sec = s.security
+    security = dataclasses.replace(sec, tls_cert=_resolve_relative(sec.tls_cert, base_dir),
+                                   tls_key=_resolve_relative(sec.tls_key, base_dir),
+                                   tls_ca=_resolve_relative(sec.tls_ca, base_dir))
+    return dataclasses.replace(s, wans=wans, training=training, security=security)
 
 
 # ---------------------------------------------------------------- whole-scenario checks
@@ -1151,6 +1231,38 @@ def _check_sync(s: Scenario) -> None:
             f"an optimizer, got 'none'; allowed: {allowed}",
             path="training.worker_optimizer", value="none", allowed=allowed)
 
+
+
+@scenario_check
+def _check_real(s: Scenario) -> None:
+    r = s.real
+    central_i = next(i for i, d in enumerate(s.dcs) if d.central)
+    central = s.dcs[central_i]
+    if r.global_scheduler and central.scheduler_port:
+        port = int(r.global_scheduler.rpartition(":")[2])
+        if port != central.scheduler_port:
+            raise ScenarioError(
+                f"real.global_scheduler = {r.global_scheduler!r} disagrees with the central DC's "
+                f"scheduler_port = {central.scheduler_port} (the central DC's scheduler is the global "
+                "one); allowed: set only one of them, or the same port",
+                path=f"dc[{central_i}].scheduler_port", value=central.scheduler_port)
+    if r.global_scheduler and not 0 < int(r.global_scheduler.rpartition(":")[2]) < 65536:
+        raise ScenarioError("port out of range; allowed: 'host:port' with a port in 1..65535",
+                            path="real.global_scheduler", value=r.global_scheduler)
+    if r.port_base and r.port_base + len(s.dcs) > 65535:
+        raise ScenarioError(f"port_base + {len(s.dcs)} DCs passes 65535; allowed: a lower port_base",
+                            path="real.port_base", value=r.port_base)
+    seen: dict[tuple[str, int], int] = {}
+    for i, d in enumerate(s.dcs):
+        if not d.scheduler_port:
+            continue
+        key = (d.host, d.scheduler_port)
+        if key in seen:
+            raise ScenarioError(
+                f"port {d.scheduler_port} on host {d.host!r} is also dc[{seen[key]}]'s scheduler port; "
+                "allowed: one scheduler per host and port", path=f"dc[{i}].scheduler_port",
+                value=d.scheduler_port)
+        seen[key] = i
 
 # ============================================================================ overrides
 

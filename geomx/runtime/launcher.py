@@ -1,52 +1,117 @@
-"""Start every node of a scenario as its own process on this host and supervise them.
+"""Start every node of a scenario as its own process and supervise them.
 
-``geomx run SCENARIO --runtime real`` lands here. The launcher picks the schedulers'
-ports, starts ``python -m geomx node ...`` once per node (each process builds its own
-node from the resolved scenario in the run folder), shows progress from the evaluator's
-event file, and when one process fails stops all the others and names it. At the end it
-merges the per-process event files and counters into the run folder's standard files, so
-a real run leaves the same schema as an emulated one.
+``geomx run SCENARIO --runtime real`` and ``geomx launch SCENARIO`` land here: every node
+runs as ``python -m geomx node ...`` on this host. ``geomx launch --hostfile FILE`` starts
+each DC's nodes on the hosts the file names, as ``ssh HOST geomx node ...`` (see
+:mod:`geomx.runtime.hostfile`). Either way the launcher fixes the schedulers' addresses
+(the rendezvous points every node is told up front, like GeoMX's DMLC_PS_ROOT_* ports),
+shows progress from the evaluator's event file, and when one process fails stops all the
+others and names it. At the end it merges the per-process event files and counters into
+the run folder's standard files, so a real run leaves the same schema as an emulated one.
+
+Children get a pipe as stdin and watch it (``--watch-stdin``): if the launcher dies
+without cleaning up, every node sees end-of-file and exits instead of lingering.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, IO
 
 from geomx.cluster import plan_job
 from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
-from geomx.runtime.node_main import safe_name
-from geomx.scenario import Scenario
+from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
+from geomx.scenario import Scenario, scenario_to_toml
 
 #: Seconds the launcher waits for the job before declaring it hung (unless the scenario
 #: sets run.max_wall_time, in which case that plus a grace period).
 DEFAULT_JOB_TIMEOUT_S = 1800.0
 
 
+#: Where rendezvous ports are drawn from when the kernel's ephemeral range is unknown.
+FALLBACK_PORT_RANGE = (10000, 32767)
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range for ports it hands out itself (outgoing connections, bind(0))."""
+    try:
+        lo, hi = (int(x) for x in
+                  Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                       socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(host: str = "127.0.0.1", count: int = 1, *, tries: int = 200) -> int:
+    """First of ``count`` consecutive ports that are free now, outside the ephemeral range.
+
+    A port picked now is bound later by a node process; a port from the kernel's
+    ephemeral range could meanwhile become the source port of any outgoing connection on
+    the machine (seen on busy test machines). Like ps-lite (random ports in 10000-49999
+    when binding fails), draw at random below that range instead.
+    """
+    host = "127.0.0.1" if host == "localhost" else host
+    lo_eph, hi_eph = ephemeral_port_range()
+    lo, hi = FALLBACK_PORT_RANGE
+    if lo_eph - 1 - lo >= 1000:
+        hi = lo_eph - 1
+    elif 65535 - hi_eph >= 1000:
+        lo, hi = hi_eph + 1, 65535
+    rng = random.Random()
+    for _ in range(tries):
+        base = rng.randrange(lo, hi - count + 2)
+        if all(_bindable(host, base + i) for i in range(count)):
+            return base
+    raise OSError(f"no {count} free consecutive port(s) on {host} in {lo}..{hi}")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free now on ``host``, outside the kernel's ephemeral range."""
+    return free_port_block(host, 1)
 
 
 def scheduler_book(s: Scenario, plan: Any) -> dict[str, str]:
-    """Addresses of the schedulers: the rendezvous points every node is told up front."""
+    """Addresses of the schedulers for a job started on this host.
+
+    Ports the scenario pins (``[real]``, ``dc.scheduler_port``) are used as given;
+    otherwise each scheduler gets a free port, so that several jobs (and test runs) can
+    share the host.
+    """
+    if scenario_uses_fixed_ports(s):
+        return {name: addr for name, (addr, _) in file_scheduler_addresses(s).items()}
     hosts = {d.name: d.host for d in s.dcs}
-    book = {}
+    book: dict[str, str] = {}
     for name, role in plan.roles.items():
         if role in ("global_scheduler", "local_scheduler"):
             host = hosts[plan.job.dc_of[name]]
-            book[name] = f"{host}:{free_port(host if host != 'localhost' else '127.0.0.1')}"
+            while True:
+                port = free_port(host)
+                if f"{host}:{port}" not in book.values():
+                    break
+            book[name] = f"{host}:{port}"
     return book
 
 
@@ -57,35 +122,124 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
+@dataclass
+class _Child:
+    """One node's process (a local ``geomx node`` or the ssh client running it remotely)."""
+
+    name: str
+    proc: subprocess.Popen
+    log: IO[str]
+    stdin_doc: bytes = b""
+    exit_seen: float | None = None
+
+
+@dataclass
+class RemoteOptions:
+    """Hostfile mode: where each node runs and how to reach it."""
+
+    hostfile: str
+    ssh: list[str] = field(default_factory=lambda: ["ssh"])
+    env: dict[str, str] | None = None  # the environment to forward from (default os.environ)
+
+
+def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
+           stdin_doc: bytes = b"") -> _Child:
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.PIPE, start_new_session=True)
+    if stdin_doc:
+        try:
+            proc.stdin.write(stdin_doc)  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        except (BrokenPipeError, OSError):
+            pass  # it died at once; the supervisor reports it
+    return _Child(name, proc, log_file, stdin_doc)
+
+
+def _local_commands(s: Scenario, plan: Any, run_dir: Path, book: dict[str, str],
+                    start_epoch: float) -> dict[str, tuple[list[str], bytes]]:
+    out = {}
+    for name in plan.nodes:
+        out[name] = ([sys.executable, "-m", "geomx", "node", str(run_dir / "scenario.toml"),
+                      "--name", name, "--run-dir", str(run_dir), "--book", json.dumps(book),
+                      "--start-epoch", repr(start_epoch), "--watch-stdin"], b"")
+    return out
+
+
+def _remote_commands(s: Scenario, plan: Any, run_dir: Path, start_epoch: float,
+                     remote: RemoteOptions) -> tuple[dict[str, tuple[list[str], bytes]],
+                                                     dict[str, str]]:
+    from geomx.runtime.hostfile import (assign_hosts, forwarded_env, hostfile_book,
+                                        load_hostfile, remote_node_command)
+
+    entries = load_hostfile(remote.hostfile)
+    order = _start_order(plan)
+    hosts = assign_hosts(s, entries, order, plan.job.dc_of)
+    book = hostfile_book(s, hosts)
+    doc = json.dumps({"scenario": scenario_to_toml(s),
+                      "env": forwarded_env(s, remote.env if remote.env is not None
+                                           else dict(os.environ))}) + "\n"
+    out = {}
+    for name in order:
+        cmd = remote_node_command(hosts[name], name, str(run_dir), book, start_epoch,
+                                  ssh=remote.ssh)
+        out[name] = (cmd, doc.encode())
+    return out, book
+
+
+def _start_order(plan: Any) -> list[str]:
+    """Schedulers first (they own the fixed ports), then servers, then workers."""
+    return sorted(plan.nodes, key=lambda n: (0 if "scheduler" in plan.roles[n] else
+                                              1 if "server" in plan.roles[n] else 2))
+
+
 def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
-             timeout_s: float | None = None) -> Summary:
-    """Run the scenario as one process per node on this host; return the run's summary."""
+             timeout_s: float | None = None, remote: RemoteOptions | None = None) -> Summary:
+    """Run the scenario as one process per node; return the run's summary.
+
+    Without ``remote`` every node runs on this host; with it, over ssh on the hosts of
+    ``remote.hostfile``.
+    """
     from geomx.experiment import JobFailed
 
     plan = plan_job(s, "real")
     if s.training.model == "phantom":
         raise ValueError("training.model = 'phantom' has no data to send over real sockets; "
                          "use the emulator (--runtime emu) for phantom models")
-    book = scheduler_book(s, plan)
     start_epoch = time.time()
+    if remote is None:
+        book = scheduler_book(s, plan)
+        commands = _local_commands(s, plan, run_dir, book, start_epoch)
+    else:
+        commands, book = _remote_commands(s, plan, run_dir, start_epoch, remote)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    (run_dir / "launch.json").write_text(json.dumps(
+        {"start_epoch": start_epoch, "schedulers": book,
+         "commands": {n: shlex.join(c) for n, (c, _) in commands.items()}}, indent=1))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    procs: dict[str, subprocess.Popen] = {}
-    files = []
+    children: dict[str, _Child] = {}
     wall0 = time.perf_counter()
-    # schedulers first (they own the fixed ports), then servers, then workers
-    order = sorted(plan.nodes, key=lambda n: (0 if "scheduler" in plan.roles[n] else
-                                              1 if "server" in plan.roles[n] else 2))
-    for name in order:
-        log_file = open(logs / f"{safe_name(name)}.log", "w")
-        files.append(log_file)
-        cmd = [sys.executable, "-m", "geomx", "node", "--scenario", str(run_dir / "scenario.toml"),
-               "--name", name, "--run-dir", str(run_dir), "--book", json.dumps(book),
-               "--start-epoch", repr(start_epoch)]
-        procs[name] = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+    for name in _start_order(plan):
+        cmd, doc = commands[name]
+        children[name] = _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc)
+    try:
+        failure = _supervise(s, plan, children, run_dir, wall0, progress, timeout_s)
+    finally:
+        for c in children.values():
+            c.log.close()
+    if failure is not None:
+        raise JobFailed(failure)
+    wall_s = time.perf_counter() - wall0
+    return _collect(s, plan, run_dir, wall_s)
+
+
+def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Path,
+               wall0: float, progress: bool, timeout_s: float | None) -> str | None:
+    """Follow the job until every process has exited; the failure text, or None."""
+    procs = {n: c.proc for n, c in children.items()}
+    logs = run_dir / "logs"
     limit = timeout_s or (s.run.max_wall_time_s + 120 if s.run.max_wall_time_s > 0
                           else DEFAULT_JOB_TIMEOUT_S)
     evaluator_events = run_dir / "nodes" / f"{safe_name(plan.train.evaluator)}.events.jsonl"
@@ -142,13 +296,14 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
             failure += ("\nexit codes: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
             if stragglers:
                 failure += f"\nkilled after the grace period: {', '.join(stragglers)}"
-        for f in files:
-            f.close()
+        for p in procs.values():
+            if p.stdin is not None:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
         bar.close()
-    if failure is not None:
-        raise JobFailed(failure)
-    wall_s = time.perf_counter() - wall0
-    return _collect(s, plan, run_dir, wall_s)
+    return failure
 
 
 def _follow_progress(path: Path, seen: int, bar: ProgressBar) -> int:
@@ -225,7 +380,9 @@ def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
                             scenario_name=s.run.name, seed=s.run.seed, iterations=iterations,
                             emulated_seconds=None, wall_seconds=wall_s,
                             target_accuracy=s.run.target_accuracy or None,
-                            extra={"final_eval": final, "processes": len(results)})
+                            extra={"final_eval": final, "processes": len(results),
+                                   "transport": {n: r["transport"] for n, r in results.items()
+                                                 if "transport" in r}})
     if final.get("accuracy") is not None:
         summary.final_accuracy = final["accuracy"]
         summary.final_loss = final.get("loss")

@@ -1,82 +1,164 @@
 """``geomx node``: run one node of a scenario in this process, over real sockets.
 
-The launcher (``launcher.py``) starts one of these per node; people running on several
-hosts start them by hand, with ssh, Slurm or Kubernetes. Each process writes, under the
-run folder, ``nodes/<name>.events.jsonl`` (its own events, including every ``send``),
-``nodes/<name>.result.json`` and ``logs/<name>.log``; the launcher merges them.
+This is the per-host entry point (GeoMX users started one ``python`` process per role
+with ``DMLC_*`` variables; geomx users run ``geomx node`` once per node). Who the node
+is, where its schedulers listen and how it authenticates come from CLI flags, the
+environment and the scenario file, in that order (``geomx.runtime.config``). The
+launchers (``geomx run --runtime real``, ``geomx launch``, ``--hostfile``) start it with
+explicit flags; Slurm and Kubernetes start it with environment variables
+(docs/real-runtime.md).
+
+Each process writes, under the run folder, ``nodes/<name>.events.jsonl`` (its own
+events, including every ``send``) and ``nodes/<name>.result.json``; the launcher merges
+them (and collects ``logs/<name>.log``, the process's output).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
+import signal
+import sys
+import threading
 import time
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from geomx.cluster import make_node, plan_job
 from geomx.metrics.recorder import EventRecorder
+from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
+                                  resolve_node_config, safe_name)
 from geomx.runtime.services import RealServices
-from geomx.runtime.wan_shapes import dc_routes
-from geomx.scenario import Scenario, load_scenario
+from geomx.runtime.wan_shapes import dc_link_shapes
+from geomx.scenario import Scenario
+from geomx.wire import Message
 
 log = logging.getLogger(__name__)
 
-
-def safe_name(node: str) -> str:
-    """File-name form of a node name (``w:party-a:0`` -> ``w_party-a_0``)."""
-    return node.replace(":", "_").replace("/", "_")
+__all__ = ["safe_name", "build_shaper", "run_node", "node_main", "MembersOnly"]
 
 
 def build_shaper(s: Scenario, plan: Any, name: str):
     """Per-peer shapes for ``name``'s traffic to nodes in other DCs (None: no WAN)."""
-    from geomx.runtime.shaper import LinkShape, Shaper
+    from geomx.runtime.shaper import Shaper
 
-    routes = dc_routes(s)
+    shapes_by_dc = dc_link_shapes(s)
     my_dc = plan.job.dc_of[name]
     shapes = {}
     for peer in plan.nodes:
-        peer_dc = plan.job.dc_of[peer]
-        r = routes.get((my_dc, peer_dc))
-        if peer_dc != my_dc and r is not None:
-            shapes[peer] = LinkShape(bandwidth_bps=r["bandwidth_bps"], delay_s=r["delay_s"],
-                                     jitter_s=r["jitter_s"], loss=r["loss"])
+        shape = shapes_by_dc.get((my_dc, plan.job.dc_of[peer]))
+        if shape is not None:
+            shapes[peer] = shape
     if not shapes:
         return None
     return Shaper(shapes, seed=s.run.seed)
 
 
-async def run_node(s: Scenario, name: str, run_dir: Path, book: dict[str, str],
-                   start_epoch: float, *, shape: bool = True) -> dict[str, Any]:
+class MembersOnly:
+    """The node's transport, closed to anyone outside the job.
+
+    A message whose ``src`` is not a node of this job can only come from a stranger
+    that got through the handshake (a fuzzer, a stray client, a node of another job
+    sharing the secret): it is dropped before the node sees it. Replies to strangers
+    are dropped too -- we never dial out to them; without that, the node's single
+    sender task would die on the transport's "no address" error and the node would stop
+    answering everyone. The node's own checks (who may push, which keys exist) still
+    apply to members. With a shared secret, ``src`` is the name the connection
+    authenticated as; without one, names are taken on trust. Both directions are
+    logged (rate-limited) and counted (``dropped_from_strangers``,
+    ``dropped_to_strangers``).
+    """
+
+    def __init__(self, inner: Any, members: set[str]):
+        self._inner = inner
+        self._members = members
+        self.dropped_to_strangers = 0
+        self.dropped_from_strangers = 0
+
+    async def send(self, msg: Message) -> None:
+        if msg.dst not in self._members:
+            self.dropped_to_strangers += 1
+            self._log("not sending", msg, msg.dst, self.dropped_to_strangers)
+            return
+        await self._inner.send(msg)
+
+    async def recv(self) -> Message:
+        while True:
+            msg = await self._inner.recv()
+            if msg.src in self._members:
+                return msg
+            self.dropped_from_strangers += 1
+            self._log("dropped", msg, msg.src, self.dropped_from_strangers)
+
+    def _log(self, what: str, msg: Message, who: str, n: int) -> None:
+        if n <= 10 or n % 1000 == 0:
+            log.warning("%s: %s %s %s %r: not a node of this job (%d so far)",
+                        self._inner.name, what, msg.kind.name,
+                        "to" if what == "not sending" else "from", who, n)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
+
+
+def tls_contexts(cfg: NodeConfig) -> tuple[Any, Any]:
+    """(server, client) SSL contexts from the node's TLS settings, or (None, None)."""
+    from geomx.runtime import security
+
+    t = cfg.tls
+    if t is None:
+        return None, None
+    server = security.make_server_context(t.cert, t.key,
+                                          client_cafile=t.ca if t.verify_clients else None)
+    client = security.make_client_context(t.ca or None, check_hostname=t.check_hostname,
+                                          cert=t.cert if t.verify_clients else None,
+                                          key=t.key if t.verify_clients else None)
+    return server, client
+
+
+async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None
+                   ) -> dict[str, Any]:
+    """Run node ``cfg.name`` until it finishes; write its events and result files.
+
+    ``on_node`` (tests, notebooks) is called with the node object before it starts.
+    """
     from geomx.runtime.tcp import TcpTransport
 
+    s, name = cfg.scenario, cfg.name
     plan = plan_job(s, "real")
-    if name not in plan.roles:
-        raise KeyError(f"no node named {name!r} in this scenario; nodes: {', '.join(plan.nodes)}")
-    nodes_dir = run_dir / "nodes"
+    nodes_dir = cfg.run_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
     recorder = EventRecorder(nodes_dir / f"{safe_name(name)}.events.jsonl",
-                             clock=lambda: time.time() - start_epoch, enabled=s.metrics.events,
-                             dc_of=plan.job.dc_of.get, byte_kinds=("send",))
-    services = RealServices(s.run.seed, recorder, plan.job.dc_of, start_epoch)
-    host, _, port = book.get(name, "").rpartition(":")
-    dc = next(d for d in s.dcs if d.name == plan.job.dc_of[name])
-    transport = TcpTransport(name, host=host or dc.host, port=int(port) if port else 0,
-                             secret=os.environ.get("GEOMX_SECRET") or None,
-                             shaper=build_shaper(s, plan, name) if shape else None)
+                             clock=lambda: time.time() - cfg.start_epoch,
+                             enabled=s.metrics.events, dc_of=plan.job.dc_of.get,
+                             byte_kinds=("send",))
+    services = RealServices(s.run.seed, recorder, plan.job.dc_of, cfg.start_epoch)
+    ssl_server, ssl_client = tls_contexts(cfg)
+    transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
+                             advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
+                             secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
+                             shaper=build_shaper(s, plan, name) if cfg.shape else None,
+                             connect_timeout_s=cfg.connect_timeout_s)
     await transport.start()
-    transport.set_address_book(book)
-    node = make_node(plan, name, transport, services)
-    node.address_book.update(book)
+    transport.set_address_book(cfg.book)
+    members = MembersOnly(transport, set(plan.nodes))
+    node = make_node(plan, name, members, services)
+    node.address_book.update(cfg.book)
+    if on_node is not None:
+        on_node(node)
+    log.info("%s listening on %s (bind %s)", name, transport.local_address(), cfg.bind_host)
     try:
         await node.run()
     finally:
         await transport.close(flush_timeout_s=2.0 if node.failure is not None else 10.0)
         recorder.close()
+    stats = transport.stats()
+    security_counts = {k: stats[k] for k in ("rejected_frames", "rejected",
+                                             "refused_connections", "dropped_messages")}
+    security_counts["dropped_from_strangers"] = members.dropped_from_strangers
+    security_counts["dropped_to_strangers"] = members.dropped_to_strangers
     result: dict[str, Any] = {"name": name, "role": plan.roles[name],
-                              "counters": recorder.counters.to_dict()}
+                              "counters": recorder.counters.to_dict(),
+                              "transport": security_counts}
     if hasattr(node, "iteration"):
         result["iterations"] = node.iteration
     if isinstance(getattr(node, "result", None), dict):
@@ -85,15 +167,73 @@ async def run_node(s: Scenario, name: str, run_dir: Path, book: dict[str, str],
     return result
 
 
-def node_main(args: Any) -> int:
+def _read_stdin_config(ns: Any) -> dict[str, str]:
+    """``--stdin-config``: the first line of stdin is ``{"scenario": TOML, "env": {...}}``.
+
+    Remote launchers use it so that neither the scenario nor the secret has to exist on
+    the remote host beforehand or appear on a command line (``ps`` shows those).
+    """
+    chunks = []
+    while True:  # raw reads: the buffered sys.stdin would trip the watcher thread at exit
+        chunk = os.read(0, 1 << 16)
+        chunks.append(chunk)
+        if not chunk or b"\n" in chunk:
+            break
+    line = b"".join(chunks).split(b"\n", 1)[0]
+    try:
+        doc = json.loads(line)
+        if not isinstance(doc, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        raise ConfigError(f"--stdin-config: the first line of stdin must be a JSON object "
+                          f"with 'scenario' and 'env': {e}") from None
+    if isinstance(doc.get("scenario"), str):
+        ns.scenario_text = doc["scenario"]
+    env = doc.get("env", {})
+    if not isinstance(env, dict):
+        raise ConfigError("--stdin-config: 'env' must be an object of strings")
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def _watch_parent() -> None:
+    """Exit when stdin reaches end-of-file: the launcher (or the ssh session) is gone."""
+    def wait() -> None:
+        try:  # os.read, not sys.stdin: no buffer lock for the interpreter to trip on at exit
+            while os.read(0, 1 << 16):
+                pass
+        except OSError:
+            pass
+        log.warning("stdin closed: the launcher is gone; stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=wait, name="parent-watch", daemon=True).start()
+
+
+def node_main(ns: Any) -> int:
     """Entry point of ``geomx node`` (argparse namespace from ``geomx.cli``)."""
     from geomx.runtime.eventloop import run
 
-    s = load_scenario(args.scenario)
+    env = dict(os.environ)
     try:
-        run(run_node(s, args.name, Path(args.run_dir), json.loads(args.book), args.start_epoch))
+        if getattr(ns, "stdin_config", False):
+            env.update(_read_stdin_config(ns))
+            ns.parent_watch = True
+        cfg = resolve_node_config(NodeArgs.from_namespace(ns), env)
+    except NothingToRun as e:
+        print(f"geomx node: {e}", flush=True)
+        return 0
+    except ConfigError as e:
+        print(f"geomx node: {e}", file=sys.stderr, flush=True)
+        return 2
+    if getattr(ns, "print_config", False):
+        print(cfg.describe())
+        return 0
+    if cfg.parent_watch:
+        _watch_parent()
+    try:
+        run(run_node(cfg))
     except Exception as e:  # the launcher reports the node by name
-        log.exception("node %s failed", args.name)
-        print(f"geomx node {args.name}: failed: {type(e).__name__}: {e}", flush=True)
+        log.exception("node %s failed", cfg.name)
+        print(f"geomx node {cfg.name}: failed: {type(e).__name__}: {e}", flush=True)
         return 1
     return 0

@@ -66,7 +66,7 @@ from geomx.runtime.framing import (CONTROL_TYPES, DEFAULT_MAX_FRAME_BYTES,
                                    FrameDecoder, FrameType,
                                    FramingError, RejectLog, control_frame, decode_message,
                                    message_frames, parse_control)
-from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink
+from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.udp import (DEFAULT_CHUNK_PAYLOAD_BYTES, DEFAULT_REASSEMBLY_TIMEOUT_S,
                                UdpEndpoint)
 from geomx.wire import UNRELIABLE_BASE, Message, WireError
@@ -559,7 +559,6 @@ class _Outgoing:
         self._release(nbytes)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         try:
             while True:
                 while not self.heap:
@@ -589,7 +588,7 @@ class _Outgoing:
                 link, flow, line = self.link, self._flow, self._line
                 delay = link.sample_delay()
                 for piece in _pieces(frames, SHAPED_PIECE_BYTES):
-                    now = loop.time()
+                    now = now_s()
                     t_done = link.transmit(piece.nbytes, now, flow)
                     line.put(t_done + delay, piece, piece.nbytes)  # type: ignore[union-attr]
                     if t_done - now > PACING_LEAD_S:

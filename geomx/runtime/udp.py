@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from geomx import wire
 from geomx.runtime import security
 from geomx.runtime.framing import RejectLog, decode_message
-from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, ShapedLink
+from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, ShapedLink, now_s
 from geomx.wire import Message
 
 log = logging.getLogger("geomx.runtime.udp")
@@ -359,11 +359,10 @@ class UdpEndpoint(asyncio.DatagramProtocol):
                    and not transport.is_closing()):
                 await asyncio.sleep(0.001)
             return total
-        loop = asyncio.get_running_loop()
         line = self._line(addr)
         delay = link.sample_delay()
         for d in dgrams:
-            now = loop.time()
+            now = now_s()
             t_done = link.transmit(len(d), now)
             if link.lose():
                 self.datagrams_lost_by_shaper += 1

@@ -1,0 +1,817 @@
+"""What one ``geomx node`` process runs: settings from CLI flags, environment and scenario.
+
+A node started by hand (or by ssh, Slurm, Kubernetes) must find out who it is, where its
+schedulers listen, which address to advertise, and whether to authenticate, without a
+launcher. Every setting is resolved here, once, with one precedence rule::
+
+    CLI flag  >  environment (GEOMX_*, then the GeoMX/ps-lite DMLC_* names)  >
+    scenario file ([real], [security], [[dc]])  >  built-in default
+
+and each resolved value remembers where it came from (``geomx node --print-config``
+shows the table), so a surprising value can be traced to its source.
+
+GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): a process started with GeoMX's
+environment -- ``DMLC_ROLE``, ``DMLC_ROLE_GLOBAL``, ``DMLC_ROLE_MASTER_WORKER``,
+``DMLC_PS_ROOT_URI/PORT``, ``DMLC_PS_GLOBAL_ROOT_URI/PORT``, ``DMLC_NUM_*``,
+``DMLC_NODE_HOST``, ``DMLC_INTERFACE``, ``PORT``, ``PS_HEARTBEAT_*`` -- is mapped onto a
+geomx node name and scenario. Two differences, on purpose: geomx names nodes from the
+scenario, so a worker or global server needs its rank up front (``--rank`` /
+``GEOMX_RANK``; ps-lite assigns ranks at registration in an effectively random order),
+and geomx has no local scheduler in the central DC (the master worker and global servers
+register with the global scheduler), so a process started as that scheduler has
+nothing to do and exits 0. The full mapping is in docs/real-runtime.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import math
+import os
+import re
+import socket
+import struct
+import sys
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from geomx.scenario import (Scenario, ScenarioError, apply_override, parse_scenario,
+                            scenario_to_dict)
+
+#: GeoMX's demo global scheduler port; the first rendezvous port when none is configured.
+GEOMX_DEFAULT_PORT_BASE = 9092
+
+ROLES = ("global_scheduler", "global_server", "master_worker", "state_server",
+         "local_scheduler", "local_server", "worker")
+#: Short and GeoMX-ish spellings accepted for ``--role`` / ``GEOMX_ROLE``.
+ROLE_ALIASES = {"gh": "global_scheduler", "gs": "global_server", "mw": "master_worker",
+                "ss": "state_server", "lh": "local_scheduler", "ls": "local_server",
+                "w": "worker", "scheduler": "local_scheduler", "server": "local_server"}
+CENTRAL_ROLES = ("global_scheduler", "global_server", "master_worker", "state_server")
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the flag/variable/field."""
+
+
+class NothingToRun(Exception):
+    """The requested GeoMX process has no geomx counterpart (reason in the message)."""
+
+
+@dataclass
+class TlsFiles:
+    cert: str
+    key: str
+    ca: str
+    verify_clients: bool
+    check_hostname: bool
+
+
+@dataclass
+class NodeConfig:
+    """Everything ``run_node`` needs; ``sources`` says where each value came from."""
+
+    scenario: Scenario
+    name: str
+    role: str
+    dc: str
+    run_dir: Path
+    book: dict[str, str]            # scheduler name -> "host:port"
+    host: str                        # advertised
+    bind_host: str
+    port: int                        # listening port (0 = any; schedulers: their book port)
+    start_epoch: float
+    secret: bytes | None
+    tls: TlsFiles | None
+    shape: bool
+    connect_timeout_s: float
+    sources: dict[str, str] = field(default_factory=dict)
+    parent_watch: bool = False      # exit when stdin closes (ssh / launcher pipe)
+
+    def describe(self) -> str:
+        """The resolution table (``--print-config``); the secret is never shown."""
+        rows = [("name", self.name), ("role", self.role), ("dc", self.dc),
+                ("scenario", self.scenario.source), ("run_dir", str(self.run_dir)),
+                ("host", self.host), ("bind_host", self.bind_host), ("port", str(self.port))]
+        rows += [(f"scheduler {n}", a) for n, a in sorted(self.book.items())]
+        rows += [("start_epoch", repr(self.start_epoch)),
+                 ("secret", "set" if self.secret else "none"),
+                 ("tls", "off" if self.tls is None else
+                  f"cert={self.tls.cert} key={self.tls.key} ca={self.tls.ca or '(system)'}"),
+                 ("shape", str(self.shape)), ("connect_timeout_s", f"{self.connect_timeout_s:g}")]
+        width = max(len(k) for k, _ in rows)
+        lines = []
+        for k, v in rows:
+            src = self.sources.get(k, "")
+            lines.append(f"{k.ljust(width)}  {v}" + (f"   [{src}]" if src else ""))
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ small helpers
+
+def _env(env: Mapping[str, str], name: str) -> str | None:
+    """A non-empty environment value, stripped; None when unset or empty."""
+    v = env.get(name)
+    if v is None:
+        return None
+    v = v.strip()
+    return v or None
+
+
+def _int_env(env: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
+    v = _env(env, name)
+    if v is None:
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise ConfigError(f"{name}={v!r}: expected an integer in {lo}..{hi}") from None
+    if not lo <= n <= hi:
+        raise ConfigError(f"{name}={v!r}: out of range; allowed: {lo}..{hi}")
+    return n
+
+
+def _bool_env(env: Mapping[str, str], name: str) -> bool | None:
+    v = _env(env, name)
+    if v is None:
+        return None
+    low = v.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={v!r}: allowed: 1/0, true/false, yes/no, on/off")
+
+
+def check_address(addr: str, what: str) -> str:
+    """``host:port`` (``[v6]:port``) or ConfigError naming ``what``."""
+    host, sep, port = str(addr).strip().rpartition(":")
+    ok = bool(sep and host.strip("[]") and port.isdigit() and 0 < int(port) < 65536)
+    if not ok:
+        raise ConfigError(f"{what} = {addr!r}: expected 'host:port' with a port in 1..65535")
+    return f"{host}:{int(port)}"
+
+
+def env_key(node: str) -> str:
+    """Environment-variable form of a node name: ``lh:party-a`` -> ``lh_party_a``."""
+    return re.sub(r"[^A-Za-z0-9]", "_", node).lower()
+
+
+def safe_name(node: str) -> str:
+    """File-name form of a node name (``w:party-a:0`` -> ``w_party-a_0``)."""
+    return node.replace(":", "_").replace("/", "_")
+
+
+def interface_ipv4(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (GeoMX's ``DMLC_INTERFACE``).
+
+    Linux: the ``SIOCGIFADDR`` ioctl on a datagram socket; no third-party package. The
+    error lists the interfaces that exist (from ``/sys/class/net``).
+    """
+    sys_net = Path("/sys/class/net")
+    known = sorted(p.name for p in sys_net.iterdir()) if sys_net.is_dir() else \
+        sorted(n for _, n in socket.if_nameindex())
+    if name not in known:
+        raise ConfigError(f"DMLC_INTERFACE={name!r}: no such network interface; allowed: "
+                          f"{', '.join(known) or 'none found'}")
+    if not sys.platform.startswith("linux"):  # pragma: no cover
+        raise ConfigError(f"DMLC_INTERFACE is only supported on Linux; set DMLC_NODE_HOST "
+                          f"(or GEOMX_HOST) to the address of {name!r} instead")
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            packed = fcntl.ioctl(s.fileno(), siocgifaddr,
+                                 struct.pack("256s", name.encode()[:15]))
+        except OSError as e:
+            raise ConfigError(f"DMLC_INTERFACE={name!r}: the interface has no IPv4 address "
+                              f"({e.strerror}); set DMLC_NODE_HOST instead") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
+# ------------------------------------------------------------------ rendezvous addresses
+
+def scheduler_names(s: Scenario) -> dict[str, str]:
+    """scheduler node name -> DC name, for the schedulers this scenario has."""
+    out = {"gh": s.central_dc.name}
+    if s.training.mode == "hips":
+        for d in s.party_dcs:
+            out[f"lh:{d.name}"] = d.name
+    return out
+
+
+def file_scheduler_addresses(s: Scenario, *, auto_port_base: int | None = None
+                             ) -> dict[str, tuple[str, str]]:
+    """Scheduler addresses from the scenario alone: name -> (address, where from).
+
+    Port of DC number i (file order): its ``scheduler_port`` or ``port_base + 1 + i``;
+    the global scheduler: ``real.global_scheduler``, else the central DC's host and
+    ``scheduler_port`` or ``port_base``. ``port_base = 0`` means ``auto_port_base`` when
+    given, else GeoMX's 9092.
+    """
+    base = s.real.port_base or auto_port_base or GEOMX_DEFAULT_PORT_BASE
+    base_src = "file [real].port_base" if s.real.port_base else "default port base 9092"
+    index = {d.name: i for i, d in enumerate(s.dcs)}
+    out: dict[str, tuple[str, str]] = {}
+    for name, dc_name in scheduler_names(s).items():
+        d = s.dcs[index[dc_name]]
+        if name == "gh" and s.real.global_scheduler:
+            out[name] = (s.real.global_scheduler, "file [real].global_scheduler")
+            continue
+        if d.scheduler_port:
+            out[name] = (f"{d.host}:{d.scheduler_port}",
+                         f"file dc[{index[dc_name]}].scheduler_port")
+        else:
+            port = base if name == "gh" else base + 1 + index[dc_name]
+            out[name] = (f"{d.host}:{port}", base_src)
+    return out
+
+
+def scenario_uses_fixed_ports(s: Scenario) -> bool:
+    """True when the file pins some rendezvous port (a launcher must then use them)."""
+    return bool(s.real.port_base or s.real.global_scheduler
+                or any(d.scheduler_port for d in s.dcs))
+
+
+# ------------------------------------------------------------------ the resolver
+
+@dataclass
+class NodeArgs:
+    """The ``geomx node`` command line (all optional; argparse fills it)."""
+
+    scenario: str | None = None
+    overrides: Sequence[str] = ()
+    name: str | None = None
+    role: str | None = None
+    dc: str | None = None
+    rank: int | None = None
+    run_dir: str | None = None
+    book: str | None = None                  # JSON {scheduler: host:port} (launcher)
+    schedulers: Sequence[str] = ()           # NAME=HOST:PORT
+    global_scheduler: str | None = None
+    host: str | None = None
+    bind: str | None = None
+    port: int | None = None
+    start_epoch: float | None = None
+    secret_env: str | None = None
+    secret_file: str | None = None
+    tls: bool | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    shape: bool | None = None
+    scenario_text: str | None = None         # from --stdin-config
+    parent_watch: bool = False
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> "NodeArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names and v is not None})
+
+
+class _Resolver:
+    def __init__(self, args: NodeArgs, env: Mapping[str, str]):
+        self.a = args
+        self.env = env
+        self.sources: dict[str, str] = {}
+
+    def pick(self, key: str, *candidates: tuple[Any, str]) -> Any:
+        """The first candidate that is not None; remember its source under ``key``."""
+        for value, src in candidates:
+            if value is not None:
+                self.sources[key] = src
+                return value
+        return None
+
+    # -- scenario ------------------------------------------------------------------------
+    def load_scenario(self) -> Scenario:
+        a, env = self.a, self.env
+        src = None
+        if a.scenario_text is not None:
+            text, source = a.scenario_text, "<stdin>"
+            self.sources["scenario"] = "stdin (launcher)"
+        else:
+            path = self.pick("scenario", (a.scenario, "cli"), (_env(env, "GEOMX_SCENARIO"),
+                                                                "env GEOMX_SCENARIO"))
+            if path is None:
+                self.sources["scenario"] = "default (built-in scenario)"
+                text, source = None, "<defaults>"
+            else:
+                src = path
+                try:
+                    text, source = Path(path).read_text(), path
+                except FileNotFoundError:
+                    raise ConfigError(f"scenario file not found: {path} (from "
+                                      f"{self.sources['scenario']})") from None
+        try:
+            raw: dict[str, Any] = (tomllib.loads(text) if text is not None
+                                   else scenario_to_dict(Scenario()))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{src or source}: not valid TOML: {e}") from None
+        self._raw, self._source = raw, source
+        self._orig = {k: v for k, v in raw.items()} if text is not None else {}
+        self._overridden: dict[str, str] = {}
+        return self._parse(raw)
+
+    def scenario_src(self, section: str, key: str) -> str:
+        """Where a non-array scenario setting came from: an override, the file, or default."""
+        path = f"{section}.{key}"
+        if path in self._overridden:
+            return self._overridden[path]
+        table = self._orig.get(section)
+        if isinstance(table, Mapping) and key in table:
+            return f"file [{section}].{key}"
+        return f"default [{section}].{key}"
+
+    def _parse(self, raw: Mapping[str, Any]) -> Scenario:
+        try:
+            return parse_scenario(raw, source=self._source)
+        except ScenarioError as e:
+            raise ConfigError(str(e)) from None
+
+    def apply_overrides(self, overrides: list[tuple[str, str]]) -> Scenario:
+        """``(assignment, source)`` pairs, applied in order (later wins)."""
+        raw = self._raw
+        for assignment, src in overrides:
+            self._overridden[assignment.partition("=")[0].strip()] = src
+            try:
+                raw = apply_override(raw, assignment)
+            except ScenarioError as e:
+                raise ConfigError(f"{src}: {e}") from None
+        self._raw = raw
+        return self._parse(raw)
+
+
+def _role_from_dmlc(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """GeoMX's role variables (§1.1) -> (geomx role, description of the source)."""
+    g = _env(env, "DMLC_ROLE_GLOBAL")
+    r = _env(env, "DMLC_ROLE")
+    master = _bool_env(env, "DMLC_ROLE_MASTER_WORKER")
+    if g is not None:
+        if g == "global_scheduler":
+            return "global_scheduler", "env DMLC_ROLE_GLOBAL"
+        if g == "global_server":
+            if r not in (None, "server"):
+                raise ConfigError(f"DMLC_ROLE_GLOBAL=global_server needs DMLC_ROLE=server (or "
+                                  f"unset), got DMLC_ROLE={r!r}")
+            return "global_server", "env DMLC_ROLE_GLOBAL"
+        raise ConfigError(f"DMLC_ROLE_GLOBAL={g!r}; allowed: global_scheduler, global_server")
+    if r is None:
+        if master:
+            return "master_worker", "env DMLC_ROLE_MASTER_WORKER"
+        return None
+    if r == "worker":
+        return ("master_worker", "env DMLC_ROLE_MASTER_WORKER") if master else \
+            ("worker", "env DMLC_ROLE")
+    if r == "server":
+        return "local_server", "env DMLC_ROLE"
+    if r == "scheduler":
+        return "local_scheduler", "env DMLC_ROLE"
+    raise ConfigError(f"DMLC_ROLE={r!r}; allowed: scheduler, server, worker")
+
+
+def _parse_name(name: str, s: Scenario) -> tuple[str, str]:
+    from geomx.cluster import plan_job
+
+    plan = plan_job(s, "real")
+    if name not in plan.roles:
+        raise ConfigError(f"no node named {name!r} in this scenario; allowed: "
+                          f"{', '.join(plan.nodes)}")
+    return plan.roles[name], plan.job.dc_of[name]
+
+
+def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
+                        now: float | None = None) -> NodeConfig:
+    """Resolve one node's settings (CLI > env > file > defaults); ConfigError on bad input.
+
+    Raises :class:`NothingToRun` for a GeoMX process geomx does not need (the central
+    DC's local scheduler).
+    """
+    env = dict(os.environ if env is None else env)
+    r = _Resolver(args, env)
+    s = r.load_scenario()
+
+    # -- who am I: name, or role (+ dc + rank) --------------------------------------------
+    role = dc = None
+    name = r.pick("name", (args.name, "cli --name"), (_env(env, "GEOMX_NODE"), "env GEOMX_NODE"))
+    dmlc_role = None
+    if name is None:
+        role_src = None
+        if args.role is not None:
+            role, role_src = args.role, "cli --role"
+        elif _env(env, "GEOMX_ROLE") is not None:
+            role, role_src = _env(env, "GEOMX_ROLE"), "env GEOMX_ROLE"
+        else:
+            dmlc_role = _role_from_dmlc(env)
+            if dmlc_role is not None:
+                role, role_src = dmlc_role
+        if role is None:
+            raise ConfigError("which node is this? give --name NAME (e.g. w:party-a:0), or "
+                              "--role/GEOMX_ROLE with --dc and --rank, or GeoMX's DMLC_ROLE / "
+                              "DMLC_ROLE_GLOBAL environment")
+        role = ROLE_ALIASES.get(role, role)
+        if role not in ROLES:
+            raise ConfigError(f"role {role!r} (from {role_src}); allowed: {', '.join(ROLES)} "
+                              f"(or {', '.join(sorted(ROLE_ALIASES))})")
+        r.sources["role"] = role_src
+
+    # -- GeoMX's counts (DMLC_NUM_*) become scenario overrides, then --set ----------------
+    overrides: list[tuple[str, str]] = []
+    overrides += _dmlc_count_overrides(env, s, role, name, args.dc)
+    overrides += _ps_lite_overrides(env)
+    overrides += [(o, f"--set {o}") for o in args.overrides]
+    if overrides:
+        s = r.apply_overrides(overrides)
+    _check_dmlc_totals(env, s)
+
+    if name is None:
+        assert role is not None
+        dc = _resolve_dc(r, s, role, env)
+        name = _name_for(r, s, role, dc, env)
+        if name is None:
+            raise NothingToRun(
+                f"geomx has no local scheduler in the central DC {dc!r}: the master worker and "
+                "the global servers register with the global scheduler. Nothing to run here.")
+        r.sources["name"] = "from role, DC and rank"
+    role, dc = _parse_name(name, s)
+    r.sources.setdefault("role", "from the node name")
+    r.sources.setdefault("dc", "from the node name")
+
+    book = _resolve_book(r, s, name, dc, role, env)
+
+    # -- addresses of this node -------------------------------------------------------------
+    dc_cfg = s.dc(dc)
+    is_scheduler = role in ("global_scheduler", "local_scheduler")
+    iface = _env(env, "DMLC_INTERFACE")
+    host = r.pick("host", (args.host, "cli --host"), (_env(env, "GEOMX_HOST"), "env GEOMX_HOST"),
+                  (_env(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
+    if host is None and iface is not None:
+        host = interface_ipv4(iface)
+        r.sources["host"] = f"env DMLC_INTERFACE ({iface})"
+    if is_scheduler:
+        book_host = book[name].rpartition(":")[0]
+        if host is None:
+            host = book_host
+            r.sources["host"] = "its scheduler address"
+    if host is None:
+        host = dc_cfg.host
+        r.sources["host"] = f"file dc {dc!r} host" if dc_cfg.host != "127.0.0.1" else \
+            "default (dc.host)"
+    host = host.strip("[]")
+    kube = _bool_env(env, "DMLC_USE_KUBERNETES")
+    bind = r.pick("bind_host", (args.bind, "cli --bind"),
+                  (_env(env, "GEOMX_BIND_HOST"), "env GEOMX_BIND_HOST"),
+                  ("0.0.0.0" if kube else None, "env DMLC_USE_KUBERNETES"),
+                  (s.real.bind_host or None, r.scenario_src("real", "bind_host")))
+    if bind is None:
+        bind = book[name].rpartition(":")[0].strip("[]") if is_scheduler else host
+        r.sources["bind_host"] = "the advertised host"
+    if is_scheduler:
+        port = int(book[name].rpartition(":")[2])
+        r.sources["port"] = r.sources.get(f"scheduler {name}", "its scheduler address")
+        given = args.port if args.port is not None else _int_env(env, "GEOMX_PORT", 0, 65535)
+        if given not in (None, 0, port):
+            raise ConfigError(f"{name} is a scheduler and listens on its rendezvous port {port}; "
+                              f"--port/GEOMX_PORT = {given} disagrees (set the scheduler address "
+                              "instead)")
+    else:
+        port = r.pick("port", (args.port, "cli --port"),
+                      (_int_env(env, "GEOMX_PORT", 0, 65535), "env GEOMX_PORT"),
+                      (_int_env(env, "PORT", 0, 65535), "env PORT (ps-lite)"))
+        if port is None:
+            port = 0
+            r.sources["port"] = "default (any free port)"
+
+    # -- run folder, clock ----------------------------------------------------------------------
+    run_dir = r.pick("run_dir", (args.run_dir, "cli --run-dir"),
+                     (_env(env, "GEOMX_RUN_DIR"), "env GEOMX_RUN_DIR"))
+    if run_dir is None:
+        run_dir = str(Path(s.run.out_dir) / s.run.name)
+        r.sources["run_dir"] = "default (<run.out_dir>/<run.name>)"
+    epoch_env = _env(env, "GEOMX_START_EPOCH")
+    epoch_val = None
+    if epoch_env is not None:
+        try:
+            epoch_val = float(epoch_env)
+        except ValueError:
+            raise ConfigError(f"GEOMX_START_EPOCH={epoch_env!r}: expected Unix seconds, "
+                              "e.g. 1700000000.5") from None
+    start_epoch = r.pick("start_epoch", (args.start_epoch, "cli --start-epoch"),
+                         (epoch_val, "env GEOMX_START_EPOCH"))
+    if start_epoch is None:
+        start_epoch = time.time() if now is None else now
+        r.sources["start_epoch"] = "default (now)"
+    if not math.isfinite(start_epoch):
+        raise ConfigError(f"start epoch {start_epoch!r} is not a finite number of seconds")
+
+    secret = _resolve_secret(r, s, env)
+    tls = _resolve_tls(r, s, env)
+    shape = r.pick("shape", (args.shape, "cli --shape/--no-shape"),
+                   (_bool_env(env, "GEOMX_SHAPE"), "env GEOMX_SHAPE"),
+                   (s.real.shape, r.scenario_src("real", "shape")))
+    r.sources["connect_timeout_s"] = r.scenario_src("real", "connect_timeout")
+    return NodeConfig(scenario=s, name=name, role=role, dc=dc, run_dir=Path(run_dir), book=book,
+                      host=host, bind_host=bind, port=port, start_epoch=start_epoch,
+                      secret=secret, tls=tls, shape=bool(shape),
+                      connect_timeout_s=s.real.connect_timeout_s, sources=r.sources,
+                      parent_watch=args.parent_watch)
+
+
+# ------------------------------------------------------------------ pieces of the resolver
+
+def _split_name(name: str) -> tuple[str | None, str | None]:
+    """(role, dc) read off a node name's shape, without a scenario (dc None if central)."""
+    fixed = {"gh": "global_scheduler", "mw": "master_worker", "ss": "state_server"}
+    if name in fixed:
+        return fixed[name], None
+    kind, _, rest = name.partition(":")
+    if kind == "gs":
+        return "global_server", None
+    if kind in ("lh", "ls"):
+        return ("local_scheduler" if kind == "lh" else "local_server"), rest or None
+    if kind == "w":
+        return "worker", rest.rpartition(":")[0] or None
+    return None, None
+
+
+def _dmlc_count_overrides(env: Mapping[str, str], s: Scenario, role: str | None,
+                          name: str | None, dc_flag: str | None) -> list[tuple[str, str]]:
+    """GeoMX's per-process counts as ``--set`` assignments (geomx-behaviour.md §5)."""
+    out: list[tuple[str, str]] = []
+    central = s.central_dc.name
+    if _bool_env(env, "DMLC_ENABLE_CENTRAL_WORKER"):
+        raise ConfigError("DMLC_ENABLE_CENTRAL_WORKER=1: workers in the central DC are not "
+                          "supported by geomx yet; allowed: 0 or unset")
+    if _env(env, "DMLC_LOCAL") not in (None, "0"):
+        raise ConfigError("DMLC_LOCAL: ipc:// transport is not supported; geomx always uses "
+                          "TCP (loopback on one host); allowed: 0 or unset")
+    n_gs = _int_env(env, "DMLC_NUM_GLOBAL_SERVER", 1, 45)
+    if n_gs is not None:
+        out.append((f"dc.{central}.global_servers={n_gs}", "env DMLC_NUM_GLOBAL_SERVER"))
+    dc = dc_flag or _env(env, "GEOMX_DC")
+    if name is not None:
+        role, dc = _split_name(name)
+    if dc is None and role not in CENTRAL_ROLES:
+        dc = _dc_from_root(env, s)
+    central_role = role in CENTRAL_ROLES or dc == central
+    n_server = _int_env(env, "DMLC_NUM_SERVER", 1, 45)
+    n_worker = _int_env(env, "DMLC_NUM_WORKER", 1, 100000)
+    if n_server is not None and role is not None:
+        if central_role:
+            if n_gs is not None and n_gs != n_server:
+                raise ConfigError(f"DMLC_NUM_SERVER={n_server} and DMLC_NUM_GLOBAL_SERVER={n_gs} "
+                                  "disagree; in the central DC the servers are the global servers")
+            out.append((f"dc.{central}.global_servers={n_server}", "env DMLC_NUM_SERVER"))
+        elif n_server != 1:
+            raise ConfigError(f"DMLC_NUM_SERVER={n_server}: a party DC has exactly one local "
+                              "server (GeoMX checks this too); allowed: 1")
+    if n_worker is not None and role is not None:
+        if central_role:
+            if n_worker != 1:
+                raise ConfigError(f"DMLC_NUM_WORKER={n_worker} on a central-DC process: the "
+                                  "central DC's only worker is the master worker; allowed: 1")
+        elif dc is not None:
+            out.append((f"dc.{dc}.workers={n_worker}", "env DMLC_NUM_WORKER"))
+    return out
+
+
+def _ps_lite_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    out = []
+    for var, key in (("PS_HEARTBEAT_INTERVAL", "heartbeat_interval"),
+                     ("PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout")):
+        v = _env(env, var)
+        if v is not None:
+            try:
+                seconds = float(v)
+            except ValueError:
+                raise ConfigError(f"{var}={v!r}: expected seconds (a number)") from None
+            out.append((f"membership.{key}={seconds!r}", f"env {var}"))
+    return out
+
+
+def _check_dmlc_totals(env: Mapping[str, str], s: Scenario) -> None:
+    n = _int_env(env, "DMLC_NUM_GLOBAL_WORKER", 1, 1000)
+    parties = [d.name for d in s.party_dcs]
+    if n is not None and n != len(parties):
+        raise ConfigError(f"DMLC_NUM_GLOBAL_WORKER={n} (the number of party DCs) but the "
+                          f"scenario has {len(parties)}: {', '.join(parties)}")
+    n = _int_env(env, "DMLC_NUM_ALL_WORKER", 1, 10**7)
+    if n is not None and n != s.num_all_workers:
+        per = ", ".join(f"{d.name}={d.workers}" for d in s.party_dcs)
+        raise ConfigError(f"DMLC_NUM_ALL_WORKER={n} but the scenario has {s.num_all_workers} "
+                          f"workers ({per}); every process must see the same topology")
+
+
+def _dc_from_root(env: Mapping[str, str], s: Scenario) -> str | None:
+    """The DC whose local scheduler port is DMLC_PS_ROOT_PORT (GeoMX's demo: 9093 is the
+    central DC's, 9094 and 9095 the parties'), narrowed by DMLC_PS_ROOT_URI if needed."""
+    port = _int_env(env, "DMLC_PS_ROOT_PORT", 1, 65535)
+    if port is None:
+        return None
+    uri = _env(env, "DMLC_PS_ROOT_URI")
+    base = s.real.port_base or GEOMX_DEFAULT_PORT_BASE
+    matches = []
+    for i, d in enumerate(s.dcs):
+        p = (d.scheduler_port if not d.central else 0) or base + 1 + i
+        if p == port:
+            matches.append(d)
+    if len(matches) > 1 and uri is not None:
+        matches = [d for d in matches if d.host == uri] or matches
+    return matches[0].name if len(matches) == 1 else None
+
+
+def _resolve_dc(r: _Resolver, s: Scenario, role: str, env: Mapping[str, str]) -> str:
+    names = [d.name for d in s.dcs]
+    given = r.pick("dc", (r.a.dc, "cli --dc"), (_env(env, "GEOMX_DC"), "env GEOMX_DC"))
+    central = s.central_dc.name
+    if given is not None and given not in names:
+        raise ConfigError(f"DC {given!r} (from {r.sources['dc']}); allowed: {', '.join(names)}")
+    if role in CENTRAL_ROLES:
+        if given is not None and given != central:
+            raise ConfigError(f"a {role} runs in the central DC {central!r}, not {given!r}")
+        r.sources.setdefault("dc", "central DC (role)")
+        return central
+    if given is not None:
+        return given
+    dc = _dc_from_root(env, s)
+    if dc is not None:
+        r.sources["dc"] = "env DMLC_PS_ROOT_URI/PORT (matches the DC's scheduler port)"
+        return dc
+    parties = [d.name for d in s.party_dcs]
+    if len(parties) == 1:
+        r.sources["dc"] = "the only party DC"
+        return parties[0]
+    raise ConfigError(f"which DC does this {role} belong to? set --dc or GEOMX_DC (allowed: "
+                      f"{', '.join(parties)}), or DMLC_PS_ROOT_PORT to that DC's scheduler port")
+
+
+def _name_for(r: _Resolver, s: Scenario, role: str, dc: str, env: Mapping[str, str]) -> str | None:
+    if role == "global_scheduler":
+        return "gh"
+    if role == "master_worker":
+        return "mw"
+    if role == "state_server":
+        return "ss"
+    if role == "local_scheduler":
+        if s.dc(dc).central:
+            return None
+        return f"lh:{dc}"
+    if role == "local_server":
+        if s.dc(dc).central:
+            raise ConfigError(f"DMLC_ROLE=server in the central DC {dc!r} is a global server: "
+                              "add DMLC_ROLE_GLOBAL=global_server (or --role global_server)")
+        return f"ls:{dc}"
+    count = s.central_dc.global_servers if role == "global_server" else s.dc(dc).workers
+    rank = r.pick("rank", (r.a.rank, "cli --rank"), (_int_env(env, "GEOMX_RANK", 0, 10**6),
+                                                     "env GEOMX_RANK"))
+    if rank is None:
+        if count != 1:
+            what = "global server" if role == "global_server" else f"worker of DC {dc!r}"
+            raise ConfigError(f"which {what}? set --rank or GEOMX_RANK (allowed: 0..{count - 1}); "
+                              "geomx names nodes when they start (ps-lite would assign ranks at "
+                              "registration, in no stable order)")
+        rank = 0
+        r.sources["rank"] = "the only one"
+    if not 0 <= rank < count:
+        raise ConfigError(f"rank {rank} (from {r.sources['rank']}); allowed: 0..{count - 1}")
+    return f"gs:{rank}" if role == "global_server" else f"w:{dc}:{rank}"
+
+
+def _resolve_book(r: _Resolver, s: Scenario, name: str, dc: str, role: str,
+                  env: Mapping[str, str]) -> dict[str, str]:
+    """Every scheduler's address, each with its own precedence chain."""
+    import json
+
+    a = r.a
+    known = scheduler_names(s)
+    cli: dict[str, tuple[str, str]] = {}
+    if a.book:
+        try:
+            book = json.loads(a.book)
+        except ValueError as e:
+            raise ConfigError(f"--book: not JSON ({e})") from None
+        if not isinstance(book, dict):
+            raise ConfigError("--book: expected a JSON object {scheduler: 'host:port'}")
+        for k, v in book.items():
+            cli[str(k)] = (str(v), "cli --book")
+    for item in a.schedulers:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--scheduler {item!r}: expected NAME=HOST:PORT, e.g. "
+                              "lh:party-a=10.0.0.2:9094")
+        cli[k.strip()] = (v.strip(), "cli --scheduler")
+    if a.global_scheduler:
+        cli["gh"] = (a.global_scheduler, "cli --global-scheduler")
+    for k in cli:
+        if k not in known:
+            raise ConfigError(f"scheduler {k!r} (from {cli[k][1]}); allowed: "
+                              f"{', '.join(known)}")
+    env_book: dict[str, tuple[str, str]] = {}
+    by_key = {env_key(n): n for n in known}
+    for var, value in env.items():
+        if not var.startswith("GEOMX_SCHEDULER_") or not value.strip():
+            continue
+        suffix = var[len("GEOMX_SCHEDULER_"):]
+        target = by_key.get(suffix.lower())
+        if target is None:
+            allowed = ", ".join(f"GEOMX_SCHEDULER_{env_key(n)}" for n in known)
+            raise ConfigError(f"{var}: no scheduler {suffix!r} in this scenario; "
+                              f"allowed: {allowed}")
+        env_book[target] = (value.strip(), f"env {var}")
+    if _env(env, "GEOMX_GLOBAL_SCHEDULER") is not None and "gh" not in env_book:
+        env_book["gh"] = (_env(env, "GEOMX_GLOBAL_SCHEDULER"), "env GEOMX_GLOBAL_SCHEDULER")
+    g_port = _int_env(env, "DMLC_PS_GLOBAL_ROOT_PORT", 1, 65535)
+    g_uri = _env(env, "DMLC_PS_GLOBAL_ROOT_URI")
+    files = file_scheduler_addresses(s)
+    dmlc: dict[str, tuple[str, str]] = {}
+    if g_port is not None or g_uri is not None:
+        host0, _, port0 = files["gh"][0].rpartition(":")
+        dmlc["gh"] = (f"{g_uri or host0}:{g_port or port0}", "env DMLC_PS_GLOBAL_ROOT_URI/PORT")
+    root_port = _int_env(env, "DMLC_PS_ROOT_PORT", 1, 65535)
+    root_uri = _env(env, "DMLC_PS_ROOT_URI")
+    own_lh = f"lh:{dc}"
+    if (root_port is not None or root_uri is not None) and own_lh in known \
+            and role not in CENTRAL_ROLES:
+        host0, _, port0 = files[own_lh][0].rpartition(":")
+        dmlc[own_lh] = (f"{root_uri or host0}:{root_port or port0}",
+                        "env DMLC_PS_ROOT_URI/PORT")
+    out: dict[str, str] = {}
+    for sched in known:
+        for layer in (cli, env_book, dmlc, files):
+            if sched in layer:
+                addr, src = layer[sched]
+                out[sched] = check_address(addr, f"address of {sched} (from {src})")
+                r.sources[f"scheduler {sched}"] = src
+                break
+    return out
+
+
+def _resolve_secret(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> bytes | None:
+    a = r.a
+    path = a.secret_file
+    src = "cli --secret-file"
+    if path is None and _env(env, "GEOMX_SECRET_FILE") is not None:
+        path, src = _env(env, "GEOMX_SECRET_FILE"), "env GEOMX_SECRET_FILE"
+    if path is not None:
+        try:
+            data = Path(path).read_bytes().rstrip(b"\r\n")
+        except OSError as e:
+            raise ConfigError(f"secret file {path!r} (from {src}): {e.strerror}") from None
+        if not data:
+            raise ConfigError(f"secret file {path!r} (from {src}) is empty")
+        r.sources["secret"] = src
+        return data
+    var = r.pick("secret_env", (a.secret_env, "cli --secret-env"),
+                 (_env(env, "GEOMX_SECRET_ENV"), "env GEOMX_SECRET_ENV"),
+                 (s.security.secret_env, r.scenario_src("security", "secret_env")))
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+        raise ConfigError(f"secret variable name {var!r} (from {r.sources['secret_env']}): "
+                          "allowed: an environment variable name")
+    value = env.get(var)
+    if value:
+        r.sources["secret"] = f"env {var}"
+        return value.encode()
+    if s.security.require_secret:
+        raise ConfigError(f"security.require_secret = true but the environment variable {var} "
+                          f"(named by {r.sources['secret_env']}) is unset or empty")
+    r.sources["secret"] = f"none ({var} unset)"
+    return None
+
+
+def _resolve_tls(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> TlsFiles | None:
+    a, sec = r.a, s.security
+    on = r.pick("tls", (a.tls, "cli --tls/--no-tls"),
+                (_bool_env(env, "GEOMX_TLS"), "env GEOMX_TLS"),
+                (sec.tls, r.scenario_src("security", "tls")))
+    if not on:
+        return None
+
+    def path(key: str, flag: str | None, var: str, file_value: str) -> str:
+        v = r.pick(f"tls_{key}", (flag, f"cli --tls-{key}"), (_env(env, var), f"env {var}"),
+                   (file_value or None, r.scenario_src("security", f"tls_{key}")))
+        if v is None:
+            return ""
+        if not Path(v).is_file():
+            raise ConfigError(f"TLS {key} file {v!r} (from {r.sources[f'tls_{key}']}) not found")
+        return v
+
+    cert = path("cert", a.tls_cert, "GEOMX_TLS_CERT", sec.tls_cert)
+    key = path("key", a.tls_key, "GEOMX_TLS_KEY", sec.tls_key)
+    ca = path("ca", a.tls_ca, "GEOMX_TLS_CA", sec.tls_ca)
+    if not cert or not key:
+        missing = [k for k, v in (("tls_cert", cert), ("tls_key", key)) if not v]
+        raise ConfigError(f"TLS is on (from {r.sources['tls']}) but {' and '.join(missing)} "
+                          "is not set; give [security].tls_cert/tls_key, GEOMX_TLS_CERT/"
+                          "GEOMX_TLS_KEY or --tls-cert/--tls-key")
+    verify = _bool_env(env, "GEOMX_TLS_VERIFY_CLIENTS")
+    check = _bool_env(env, "GEOMX_TLS_CHECK_HOSTNAME")
+    tls = TlsFiles(cert=cert, key=key, ca=ca,
+                   verify_clients=sec.tls_verify_clients if verify is None else verify,
+                   check_hostname=sec.tls_check_hostname if check is None else check)
+    if tls.verify_clients and not tls.ca:
+        raise ConfigError("tls_verify_clients needs tls_ca (the CA that signs the nodes' "
+                          "certificates)")
+    return tls
