@@ -74,3 +74,66 @@ def test_kvstore_misuse_is_explained():
         geomx.kv.create("dist_sync")
     with pytest.raises(geomx.kv.KVStoreError, match="allowed"):
         geomx.kv.create("dist_sink")
+
+
+def test_only_the_master_worker_configures_and_strangers_cannot_pull(scenario_of):
+    gs, fabric = _setup(scenario_of)
+    ls = fabric.transport("ls:party-a")
+    worker = fabric.transport("w:party-a:0")
+
+    async def call(t, msg):
+        await t.send(msg)
+        return await asyncio.wait_for(t.recv(), 60)
+
+    async def scenario():
+        server = asyncio.ensure_future(gs.run())
+        await asyncio.sleep(0)
+        r = await call(ls, Message(Kind.COMMAND, "ls:party-a", "gs:0", request_id=1,
+                                   meta={"cmd": "set_optimizer", "config": {"name": "sgd"}}))
+        assert r.kind == Kind.ERROR and "master worker" in r.meta["reason"]
+        r = await call(ls, Message(Kind.INIT, "ls:party-a", "gs:0", key=0, request_id=2,
+                                   payloads=[Payload.of(np.zeros(3, np.float32))]))
+        assert r.kind == Kind.ERROR
+        r = await call(worker, Message(Kind.PULL, "w:party-a:0", "gs:0", key=5, request_id=3))
+        assert r.kind == Kind.ERROR and "may not pull" in r.meta["reason"]
+        assert gs.optimizer is None and not gs.slots
+        gs.stop()
+        await server
+
+    run_virtual(scenario())
+
+
+def test_scheduler_barriers_check_membership_and_size(scenario_of):
+    from geomx.node.scheduler import Scheduler
+
+    s = scenario_of("quickstart.toml")
+    plan = plan_job(s)
+    fabric = SimFabric(build_network(s, plan))
+    services = EmuServices(0, None, None, plan.job.dc_of)
+    lh = Scheduler("lh:party-a", "party-a", fabric.transport("lh:party-a"), services,
+                   plan.job.scheduler_members("lh:party-a"))
+    w0, w1 = fabric.transport("w:party-a:0"), fabric.transport("w:party-a:1")
+    outsider = fabric.transport("w:party-b:0")
+
+    async def scenario():
+        sched = asyncio.ensure_future(lh.run())
+        await asyncio.sleep(0)
+        await w0.send(Message(Kind.BARRIER, "w:party-a:0", "lh:party-a", request_id=1,
+                              meta={"group": "g", "size": 2}))
+        await w1.send(Message(Kind.BARRIER, "w:party-a:1", "lh:party-a", request_id=2,
+                              meta={"group": "g", "size": 1}))   # tries to release early
+        r = await asyncio.wait_for(w1.recv(), 10)
+        assert r.kind == Kind.ERROR and "has size 2" in r.meta["reason"]
+        await outsider.send(Message(Kind.BARRIER, "w:party-b:0", "lh:party-a", request_id=3,
+                                    meta={"group": "g", "size": 2}))
+        r = await asyncio.wait_for(outsider.recv(), 10)
+        assert r.kind == Kind.ERROR and "not a member" in r.meta["reason"]
+        await w1.send(Message(Kind.BARRIER, "w:party-a:1", "lh:party-a", request_id=4,
+                              meta={"group": "g", "size": 2}))
+        r0 = await asyncio.wait_for(w0.recv(), 10)
+        r1 = await asyncio.wait_for(w1.recv(), 10)
+        assert r0.kind == r1.kind == Kind.BARRIER_RELEASE
+        lh.stop()
+        await sched
+
+    run_virtual(scenario())

@@ -159,9 +159,10 @@ class Node:
             self._sending[msg.dst] = self._sending.get(msg.dst, 0) + 1
             try:
                 await self.transport.send(msg)
-            except (ConnectionError, OSError) as e:
-                # a peer that cannot be reached: drop this message, keep serving; a dead
-                # peer is reported by the membership layer (heartbeats)
+            except Exception as e:  # noqa: BLE001 - one bad message must not stop the queue
+                # a peer that cannot be reached (or a message the transport refuses):
+                # drop this message, keep serving; a dead peer is reported by the
+                # membership layer (heartbeats)
                 log.warning("%s: could not send %s to %s: %s", self.name, msg.kind.name,
                             msg.dst, e)
                 self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))

@@ -34,6 +34,11 @@ from geomx.wire import Kind, Message
 log = logging.getLogger(__name__)
 
 
+#: Most (key, part) slots a global server keeps; beyond it requests are refused, so
+#: pulls for made-up keys cannot grow memory without bound.
+MAX_SLOTS = 1 << 20
+
+
 @dataclass
 class Slot:
     """Server state of one (key, part)."""
@@ -66,6 +71,7 @@ class GlobalServer(Node):
             self.pushers = job.all_workers
         else:
             self.pushers = [job.local_server_of[d] for d in job.party_dcs]
+        self._pullers = set(self.pushers) | {job.master_worker}
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -74,6 +80,10 @@ class GlobalServer(Node):
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
+        if msg.src != self.job.master_worker:
+            self.reply_error(msg, f"only the master worker ({self.job.master_worker}) may "
+                                  f"configure the global servers, not {msg.src}")
+            return
         cmd = msg.meta.get("cmd")
         if cmd == "set_optimizer" and not self.policy.uses_optimizer:
             # HFA / ESync: the global tier only sums model deltas
@@ -95,6 +105,9 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.COMMAND_ACK))
 
     def _on_stop(self, msg: Message) -> None:
+        if msg.src not in self.pushers:
+            self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a pusher")
+            return
         self._stopped_by.add(msg.src)
         self.policy.on_pusher_left(self, msg.src)
         if set(self.pushers) <= self._stopped_by:
@@ -107,6 +120,12 @@ class GlobalServer(Node):
 
     # ------------------------------------------------------------------ data
     def _on_init(self, msg: Message) -> None:
+        # the master worker publishes the initial model; flat-PS workers may INIT too
+        # (GeoMX: the first value wins, later ones are acknowledged and ignored)
+        if msg.src != self.job.master_worker and not (self.job.mode == "flat_ps"
+                                                      and msg.src in self.pushers):
+            self.reply_error(msg, f"{msg.src} may not initialise keys on {self.name}")
+            return
         if len(msg.payloads) != 1:
             self.reply_error(msg, "INIT needs exactly one payload")
             return
@@ -172,7 +191,13 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
 
     def _on_pull(self, msg: Message) -> None:
+        if msg.src not in self._pullers:
+            self.reply_error(msg, f"{msg.src} may not pull from {self.name}")
+            return
         slot = self.slots.get((msg.key, msg.part))
+        if slot is None and len(self.slots) >= MAX_SLOTS:
+            self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
+            return
         if slot is None or slot.store is None:
             # GeoMX polls every 100 ms; we park the pull and answer on INIT.
             self.slots.setdefault((msg.key, msg.part), Slot()).waiting_pulls.append(msg)

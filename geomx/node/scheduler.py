@@ -22,6 +22,10 @@ from geomx.wire import Kind, Message
 log = logging.getLogger(__name__)
 
 
+#: Open barrier groups a scheduler keeps at most (bad input cannot grow it further).
+MAX_OPEN_BARRIERS = 4096
+
+
 class Scheduler(Node):
     role = "scheduler"
 
@@ -32,6 +36,7 @@ class Scheduler(Node):
         self.addresses: dict[str, str] = {}
         self._register_requests: dict[str, Message] = {}
         self._barriers: dict[str, list[Message]] = {}
+        self._barrier_size: dict[str, int] = {}
         self._left: set[str] = set()
         self._all_left = asyncio.Event()
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -62,14 +67,36 @@ class Scheduler(Node):
 
     def _on_barrier(self, msg: Message) -> None:
         group = str(msg.meta.get("group", ""))
-        size = int(msg.meta.get("size", 0))
-        if size < 1 or not group:
-            self.reply_error(msg, "barrier needs a group name and size >= 1")
+        try:
+            size = int(msg.meta.get("size", 0))
+        except (TypeError, ValueError):
+            size = 0
+        if msg.src not in self.members:
+            self.reply_error(msg, f"{msg.src} is not a member of {self.name}")
             return
-        waiting = self._barriers.setdefault(group, [])
+        if not 1 <= size <= len(self.members) or not group:
+            self.reply_error(msg, f"barrier needs a group name and 1 <= size <= "
+                                  f"{len(self.members)}")
+            return
+        waiting = self._barriers.get(group)
+        if waiting is None:
+            if len(self._barriers) >= MAX_OPEN_BARRIERS:
+                self.reply_error(msg, f"too many open barriers ({MAX_OPEN_BARRIERS})")
+                return
+            waiting = self._barriers[group] = []
+            self._barrier_size[group] = size
+        elif size != self._barrier_size[group]:
+            self.reply_error(msg, f"barrier {group!r} has size {self._barrier_size[group]}, "
+                                  f"not {size}")
+            return
+        if any(m.src == msg.src for m in waiting):
+            self.reply_error(msg, f"{msg.src} is already waiting at barrier {group!r}")
+            return
         waiting.append(msg)
+        size = self._barrier_size[group]
         if len(waiting) >= size:
             del self._barriers[group]
+            del self._barrier_size[group]
             self.record("barrier", group=group, size=size)
             for req in waiting:
                 self.post(req.reply(Kind.BARRIER_RELEASE))
