@@ -16,6 +16,8 @@ Three parts, one per tier:
 
 from __future__ import annotations
 
+import asyncio
+
 from typing import Any, Callable
 
 import numpy as np
@@ -95,12 +97,12 @@ class GradientSync:
         kv = self.kv
         for k in reversed(range(len(grads))):
             kv.push(k, grads[k], priority=-k)
-        if self.local_opt is None:
+        # all pulls in flight at once, as MXNet's asynchronous pulls are (each one still
+        # waits for this worker's push of its key); then use the results
+        dst = self.params if self.local_opt is None else self.agg
+        await asyncio.gather(*(kv.pull(k, out=dst[k], priority=-k) for k in range(len(dst))))
+        if self.local_opt is not None:
             for k in range(len(self.params)):
-                await kv.pull(k, out=self.params[k], priority=-k)
-        else:
-            for k in range(len(self.params)):
-                await kv.pull(k, out=self.agg[k], priority=-k)
                 self.local_opt.update(k, self.params[k], self.agg[k], self.states[k])
         return True
 
