@@ -101,7 +101,8 @@ class CodecState:
     ``u``/``v``: Bi-Sparse momentum and accumulator (``v`` is the error-feedback residual:
     whatever was not sent keeps accumulating there). ``residual``: onebit's error
     feedback. ``round``: number of encodes done with this state; Bi-Sparse derives its
-    sample seed from (seed, key, round).
+    sample seed from (seed, key, round). ``extra``: scratch buffers a codec reuses
+    between rounds; they never influence a result.
     """
 
     num_elements: int

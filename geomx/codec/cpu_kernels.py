@@ -10,7 +10,10 @@ Design notes (measured on the project's 2-core machine, see ``bench/codecs.py``)
   reductions use fixed-size blocks, so outputs do not depend on the thread count.
   Small tensors use one chunk (:func:`chunks_for`), which avoids waking threads for
   nothing.
-* fp16/bf16 work on ``uint32``/``uint16`` views (numba has no CPU float16).
+* fp16/bf16 work on ``uint32``/``uint16`` views: numba has no CPU float16 arrays.
+  fp16 has two bit-identical kernels: portable bit manipulation, and (on CPUs with F16C)
+  LLVM's own ``fptrunc``/``fpext`` to ``half`` through a tiny intrinsic, which compiles
+  to the vector conversion instructions.
 * Indices and sizes are validated by the Python callers before a kernel runs: kernels
   do not bounds-check (numba does not), so nothing unchecked from the network reaches
   them.
@@ -27,19 +30,22 @@ from . import bits
 
 #: Below this many elements a kernel runs as one chunk (one thread).
 PARALLEL_MIN = 1 << 16
+#: Elements per block of the selection kernels (vectorised count, then a short scan).
+SELECT_BLOCK = 128
 #: Block size of the deterministic partial sums (onebit's mean |x|).
 SUM_BLOCK = 1 << 16
-
-_f32_to_bf16_int = njit(cache=True)(bits.f32_to_bf16)
+#: Elements per block of the onebit kernels (a multiple of 8; fits L1 with its scratch).
+PACK_BLOCK = 4096
 
 _HALF = np.float32(0.5)
 _TWO_M24 = np.float32(2.0**-24)
+# onebit: 8 flag bytes (0/1) read as one uint64 -> one byte of bits, and back
 _PACK_MAGIC = np.uint64(0x0102040810204080)
 _SPREAD_BYTE = np.uint64(0x0101010101010101)
 _BIT_PER_BYTE = np.uint64(0x8040201008040201)
 _SHIFT56 = np.uint64(56)
-#: Elements per block of the onebit kernels (a multiple of 8; fits L1 with its scratch).
-PACK_BLOCK = 4096
+
+_f32_to_bf16_int = njit(cache=True)(bits.f32_to_bf16)
 
 
 def _host_has_f16c() -> bool:
@@ -311,14 +317,18 @@ def bsc_sample_abs(g, u, v, momentum, pos, out, nch):
 
 @njit(parallel=True, cache=True)
 def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
-    """One fused pass of GeoMX's push: momentum correction, accumulation, selection.
+    """One pass of GeoMX's push: momentum correction, accumulation, selection.
 
     For every i: u <- m*u + g; v <- v + u. Each chunk c collects, in index order, up to
     ``cval.shape[1]`` candidates with |v| >= boundary into its own buffer and resets their
     u and v to 0 (momentum-factor masking, DGC §3). The caller keeps the first
-    K candidates over all chunks (in chunk order, i.e. global index order) and restores
-    u and v of the few candidates beyond K. Reads g, u, v and writes u, v once: the
-    pass runs at memory speed.
+    K candidates over all chunks (chunk order is index order) and restores u and v of
+    the few candidates beyond K.
+
+    Per block of SELECT_BLOCK elements: a vectorised loop updates u and v and counts the
+    elements over the boundary; only when it found some does a scalar loop (on data
+    still in L1) pick them, and it stops at the last one. g, u, v are read and u, v
+    written once: at two threads the pass runs at memory speed.
     """
     n = g.size
     nch = cval.shape[0]
@@ -326,26 +336,34 @@ def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
     for c in prange(nch):
         lo = c * n // nch
         hi = (c + 1) * n // nch
-        gs = g[lo:hi]
-        us = u[lo:hi]
-        vs = v[lo:hi]
         cv = cval[c]
         cuu = cu[c]
         ci = cidx[c]
         cnt = 0
-        for i in range(hi - lo):
-            ui = momentum * us[i] + gs[i]
-            vi = vs[i] + ui
-            if abs(vi) >= boundary:
-                if cnt < cap:
+        for s in range(lo, hi, SELECT_BLOCK):
+            e = min(s + SELECT_BLOCK, hi)
+            gs = g[s:e]
+            us = u[s:e]
+            vs = v[s:e]
+            hits = 0
+            for i in range(e - s):
+                ui = momentum * us[i] + gs[i]
+                vi = vs[i] + ui
+                us[i] = ui
+                vs[i] = vi
+                hits += 1 if abs(vi) >= boundary else 0
+            i = 0
+            while hits > 0 and cnt < cap:
+                vi = vs[i]
+                if abs(vi) >= boundary:
+                    hits -= 1
                     cv[cnt] = vi
-                    cuu[cnt] = ui
-                    ci[cnt] = lo + i
+                    cuu[cnt] = us[i]
+                    ci[cnt] = s + i
                     cnt += 1
-                    ui = np.float32(0.0)
-                    vi = np.float32(0.0)
-            us[i] = ui
-            vs[i] = vi
+                    us[i] = 0
+                    vs[i] = 0
+                i += 1
         ccount[c] = cnt
 
 
@@ -353,26 +371,33 @@ def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
 def select_nonzero(x, cval, cidx, ckept, cnonzero):
     """Per chunk, the first ``cval.shape[1]`` non-zeros of ``x`` in index order (the GS's
     pull-side sparsification of the aggregated sum); ``cnonzero`` counts all of them so
-    the caller can report what the capacity cut off."""
+    the caller can report what the capacity cut off. Blocked like :func:`bsc_push`."""
     n = x.size
     nch = cval.shape[0]
     cap = cval.shape[1]
     for c in prange(nch):
         lo = c * n // nch
         hi = (c + 1) * n // nch
-        xs = x[lo:hi]
         cv = cval[c]
         ci = cidx[c]
         kept = 0
         nz = 0
-        for i in range(hi - lo):
-            xi = xs[i]
-            if xi != 0:
-                if kept < cap:
+        for s in range(lo, hi, SELECT_BLOCK):
+            e = min(s + SELECT_BLOCK, hi)
+            xs = x[s:e]
+            hits = 0
+            for i in range(e - s):
+                hits += 1 if xs[i] != 0 else 0
+            nz += hits
+            i = 0
+            while hits > 0 and kept < cap:
+                xi = xs[i]
+                if xi != 0:
+                    hits -= 1
                     cv[kept] = xi
-                    ci[kept] = lo + i
+                    ci[kept] = s + i
                     kept += 1
-                nz += 1
+                i += 1
         ckept[c] = kept
         cnonzero[c] = nz
 
