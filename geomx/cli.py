@@ -202,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"run folder: {result.run_dir}")
     print(f"final accuracy {acc} after {s.iterations} iterations{emu}, wall "
           f"{s.wall_seconds:.2f} s, WAN {s.bytes_wan / 1e6:.2f} MB, LAN {s.bytes_lan / 1e6:.2f} MB")
+    reason = (s.extra or {}).get("final_eval", {}).get("stop_reason")
+    if reason:
+        ttt = "" if s.time_to_target_s is None else f"; target reached at t = {s.time_to_target_s:.2f} s"
+        print(f"stopped by: {reason}{ttt}")
     return 0
 
 

@@ -211,8 +211,10 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     await sync.finish()
     if evaluator and last_eval.get("iteration") != it:
         last_eval = evaluate(node, model, data, it, losses)
-    node.record("worker_done", iterations=it)
-    return {"iterations": it, **last_eval}
+    reason = "stop requested (target accuracy or time limit)" if kv.stop_requested \
+        else "iteration limit"
+    node.record("worker_done", iterations=it, stop_reason=reason)
+    return {"iterations": it, "stop_reason": reason, **last_eval}
 
 
 def evaluate(node: Any, model: Any, data: Any, iteration: int, losses: list[float]) -> dict[str, Any]:
