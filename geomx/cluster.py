@@ -103,8 +103,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
-        sched={"p3": getattr(s.sched, "p3", False), "tsengine": s.sched.tsengine,
-               "dgt": s.sched.dgt},
+        sched={},
         state_server=state_server,
     )
     runtime = runtime or s.run.runtime

@@ -761,13 +761,13 @@ class CodecConfig(_Section):
 
 @dataclass(frozen=True)
 class SchedConfig(_Section):
-    """In which order and over which path transfers leave."""
+    """In which order and over which path transfers leave.
+
+    (P3, TSEngine, DGT and NETSTORM will add their settings here when they are built; until
+    then a scenario that names them is refused as an unknown key.)"""
 
     bigarray_bound: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Tensors with more elements are split across the global servers.")
-    p3: bool = setting(Flag(), False, "Priority-based parameter propagation (P3).")
-    tsengine: bool = setting(Flag(), False, "TSEngine transfer scheduling.")
-    dgt: bool = setting(Flag(), False, "Differential gradient transmission over unreliable channels (DGT).")
 
 
 @dataclass(frozen=True)

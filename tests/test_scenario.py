@@ -66,7 +66,7 @@ def test_empty_scenario_is_the_default_scenario_with_every_default_filled():
     assert s.training.model == "mlp" and s.training.hidden == (64,) and s.training.optimizer == "adam"
     assert s.sync.algorithm == "fsa" and s.sync.esync_epsilon_s == 0.0
     assert s.codec.type == "none" and s.codec.threshold == 0.01 and s.codec.size_lower_bound == 200_000
-    assert s.sched.bigarray_bound == 1_000_000 and not s.sched.p3
+    assert s.sched.bigarray_bound == 1_000_000
     assert s.metrics.events and s.metrics.trace and s.metrics.plot
 
 
@@ -473,7 +473,7 @@ def rich_scenario():
                        "optimizer": "dcasgd_shared", "worker_lr": 0.003, "synthetic_samples": "1.5M"}
     raw["sync"] = {"algorithm": "esync", "esync_epsilon": "250us", "dcasgd_lambda": 0.5}
     raw["codec"] = {"type": "bsc", "threshold": "0.1%", "size_lower_bound": 0}
-    raw["sched"] = {"bigarray_bound": "25.6M", "p3": True, "tsengine": True, "dgt": True}
+    raw["sched"] = {"bigarray_bound": "25.6M"}
     raw["metrics"] = {"events": False, "trace": True, "plot": False}
     return parse_scenario(raw)
 
@@ -544,3 +544,10 @@ def test_doc_example_is_a_valid_scenario():
     example = doc.split("```toml\n", 1)[1].split("```", 1)[0]
     s = parse_scenario(tomllib.loads(example), source="docs/scenario.md")
     assert s.wans[1].capacity_bps("central", "party-b") == 200e6 and s.sync.algorithm == "hfa"
+
+
+def test_unbuilt_schedulers_are_refused_not_silently_ignored():
+    raw = topology()
+    raw["sched"] = {"p3": True}
+    with pytest.raises(ScenarioError, match=r"sched\.p3.*bigarray_bound"):
+        parse_scenario(raw)
