@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

@@ -27,7 +27,7 @@ from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
-from geomx.node.values import Value, add_into, copy_value, from_payload, is_phantom
+from geomx.node.values import Value, add_into, from_payload, is_phantom
 from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
 from geomx.wire import Kind, Message
 
@@ -170,7 +170,7 @@ class GlobalServer(Node):
     # called by sync policies ---------------------------------------------------
     def accumulate(self, slot: Slot, value: Value) -> None:
         if slot.merged is None:
-            slot.merged = copy_value(value)
+            slot.merged = value  # decode() returned a fresh array: take it, no copy
         else:
             add_into(slot.merged, value)
         slot.count += 1

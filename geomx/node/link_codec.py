@@ -12,7 +12,6 @@ without running a kernel).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np

@@ -21,11 +21,11 @@ from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
-from geomx.node.values import (Value, add_into, copy_value, flat_slice, from_payload, is_phantom,
-                               write_slice, zeros_like_spec)
+from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
+                               zeros_like_spec)
 from geomx.sched.placement import place
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
-from geomx.wire import Kind, Message, Payload
+from geomx.wire import Kind, Message
 
 
 @dataclass
@@ -106,7 +106,7 @@ class LocalServer(Node):
             return
         slot.contributors.add(msg.src)
         if slot.merged is None:
-            slot.merged = copy_value(value)
+            slot.merged = value  # decode() returned a fresh array: take it, no copy
         else:
             add_into(slot.merged, value)
         slot.count += 1
