@@ -156,8 +156,14 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
             for t in pending:
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-            node = tasks[failed[0]]
-            exc = failed[0].exception()
+            from geomx.node.base import NodeFailure
+
+            order = {n.name: i for i, n in enumerate(nodes)}
+            # deterministic: a root cause (not "another node failed") first, in plan order
+            first = min(failed, key=lambda t: (isinstance(t.exception(), NodeFailure),
+                                               order[tasks[t].name]))
+            node = tasks[first]
+            exc = first.exception()
             raise JobFailed(f"node {node.name} failed: {type(exc).__name__}: {exc}") from exc
 
 

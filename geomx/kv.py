@@ -109,8 +109,10 @@ class KVStore:
         if parts is None:
             shape, _ = self._shapes[key]
             n = math.prod(shape)
+            # like the local server: a tensor a sparsifying codec may touch is never split
             parts = self._placement[key] = place(key, n, len(self._servers),
-                                                 self._job.bigarray_bound)
+                                                 self._job.bigarray_bound,
+                                                 split=not self._node.lan_codec.enabled)
         return parts
 
     def _check_key(self, key: int) -> None:
@@ -173,7 +175,7 @@ class KVStore:
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
-            payloads, m = node.lan_codec.encode_push(key, v, tier=node.push_tier)
+            payloads, m = node.lan_codec.encode_push(key, v, tier=node.push_tier, part=p.index)
             m.update(meta)
             return await node.request(Message(Kind.PUSH, node.name, self._servers[p.server],
                                               key=key, part=p.index, priority=priority,

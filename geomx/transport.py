@@ -11,6 +11,7 @@ This follows ps-lite's split of *van* (transport) from *postoffice* (membership)
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,6 +93,7 @@ class BaseServices:
     """Shared parts of both runtimes' services: seeded RNGs, byte counting, events."""
 
     def __init__(self, seed: int, recorder: Any, counters: Any, dc_of: dict[str, str]):
+        self._wall0 = time.perf_counter()
         self._seed = seed
         self._recorder = recorder
         self._counters = counters
@@ -99,6 +101,11 @@ class BaseServices:
 
     def now(self) -> float:
         return asyncio.get_running_loop().time()
+
+    def wall_elapsed_s(self) -> float:
+        """Real seconds since this process's job started (for ``run.max_wall_time``; in the
+        emulator this limit is, by its nature, not reproducible across machines)."""
+        return time.perf_counter() - self._wall0
 
     def record(self, ev: str, node: str, **fields: Any) -> None:
         if self._recorder is not None:

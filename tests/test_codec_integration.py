@@ -64,3 +64,14 @@ def test_phantom_payloads_get_the_compressed_size_without_data(scenario_of):
     # with D = 4 DCs = 8%: about (0.02 + 0.08) / 2 = 5% of the dense traffic
     assert bsc_bytes / dense_bytes == pytest.approx(0.05, abs=0.01)
     assert bsc_s < dense_s / 5
+
+
+@pytest.mark.parametrize("scenario", ["quickstart_bsc.toml", "vanilla_ps.toml"])
+def test_sparse_codec_with_several_global_servers_never_splits_its_tensors(scenario_of, scenario):
+    """Bi-Sparse tensors go whole to one global server (GeoMX §4.7) on every path, so the
+    master worker, the workers and the local servers agree on where a key lives."""
+    s = scenario_of(scenario, "codec.type=bsc", "codec.size_lower_bound=1000",
+                    "dc.central.global_servers=3", "sched.bigarray_bound=1000",
+                    "run.iterations=5", "run.target_accuracy=0", "metrics.plot=false")
+    summary = run_scenario(s).summary
+    assert summary.iterations == 5

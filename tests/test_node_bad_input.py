@@ -137,3 +137,19 @@ def test_scheduler_barriers_check_membership_and_size(scenario_of):
         await sched
 
     run_virtual(scenario())
+
+
+def test_a_stray_reply_is_dropped_not_answered(scenario_of):
+    gs, fabric = _setup(scenario_of)
+    ls = fabric.transport("ls:party-a")
+
+    async def scenario():
+        server = asyncio.ensure_future(gs.run())
+        await asyncio.sleep(0)
+        await ls.send(Message(Kind.PULL_REPLY, "ls:party-a", "gs:0", key=0, request_id=12345))
+        await asyncio.sleep(1.0)
+        assert ls.pending() == 0  # nothing came back: no ERROR ping-pong
+        gs.stop()
+        await server
+
+    run_virtual(scenario())

@@ -102,7 +102,7 @@ class Node:
                 return
         if q is None:
             q = self._outboxes[msg.dst] = asyncio.Queue()
-            self._senders[msg.dst] = asyncio.ensure_future(self._send_loop(q))
+            self._senders[msg.dst] = self.spawn(self._send_loop(q))
         q.put_nowait(msg)
 
     async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
@@ -159,10 +159,10 @@ class Node:
             self._sending[msg.dst] = self._sending.get(msg.dst, 0) + 1
             try:
                 await self.transport.send(msg)
-            except Exception as e:  # noqa: BLE001 - one bad message must not stop the queue
-                # a peer that cannot be reached (or a message the transport refuses):
-                # drop this message, keep serving; a dead peer is reported by the
-                # membership layer (heartbeats)
+            except (ConnectionError, OSError) as e:
+                # a peer that cannot be reached: drop this message, keep serving; a dead
+                # peer is reported by the membership layer (heartbeats). Any other error
+                # (a message we cannot encode) fails the node with that error.
                 log.warning("%s: could not send %s to %s: %s", self.name, msg.kind.name,
                             msg.dst, e)
                 self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))
@@ -175,10 +175,15 @@ class Node:
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
-        if msg.kind in REPLY_KINDS and msg.request_id in self._pending:
-            fut = self._pending.pop(msg.request_id)
-            if not fut.done():
+        if msg.kind in REPLY_KINDS:
+            fut = self._pending.pop(msg.request_id, None)
+            if fut is not None and not fut.done():
                 fut.set_result(msg)
+            elif fut is None:
+                # late (its request timed out or was cancelled) or stray: never answer a
+                # reply, or two nodes could bounce ERRORs at each other forever
+                self.record("late_reply", src=msg.src, msg=msg.kind.name,
+                            request_id=msg.request_id)
             return
         handler = self._handlers.get(msg.kind)
         if handler is None:
@@ -210,6 +215,8 @@ class Node:
                 await self.request(Message(Kind.HEARTBEAT, self.name, scheduler, channel=7),
                                    timeout_s=self.heartbeat_timeout_s)
             except asyncio.TimeoutError:
+                if self._stopping:
+                    return  # leaving: the scheduler no longer answers us
                 raise NodeFailure(f"scheduler {scheduler} did not answer heartbeats for "
                                   f"{self.heartbeat_timeout_s:g} s") from None
 
@@ -229,12 +236,13 @@ class Node:
         """Serve until ``main`` returns or ``stop`` is called; re-raise a task failure."""
         self._running = True
         self._stop_event = asyncio.Event()
-        receiver = asyncio.ensure_future(self._recv_loop())
+        receiver = self.spawn(self._recv_loop())
         main = self.spawn(self.main(), "main")
         stopper = asyncio.ensure_future(self._stop_event.wait())
         try:
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._stopping = True  # no more heartbeats: the node is leaving
             # flush what was posted, then tear down
             for q in self._outboxes.values():
                 q.put_nowait(None)

@@ -44,8 +44,8 @@ class LinkCodec:
         self.type = str(self.config.get("type", DENSE))
         self.num_dcs = num_dcs
         self._policy = None if self.type == DENSE else _policy(self.config)
-        #: per (tier, key) error-feedback memory of this node (explicit, never hidden)
-        self.states: dict[tuple[str, int], Any] = {}
+        #: per (tier, key, part) error-feedback memory of this node (explicit, never hidden)
+        self.states: dict[tuple[str, int, int], Any] = {}
 
     @property
     def enabled(self) -> bool:
@@ -59,7 +59,8 @@ class LinkCodec:
         return None if c.name == DENSE else c
 
     # -------------------------------------------------------------- encode
-    def encode_push(self, key: int, value: Value, *, tier: str) -> tuple[list[Payload], dict[str, Any]]:
+    def encode_push(self, key: int, value: Value, *, tier: str,
+                    part: int = 0) -> tuple[list[Payload], dict[str, Any]]:
         n = _num_elements(value)
         codec = self._codec(n, tier)
         if codec is None:
@@ -68,9 +69,9 @@ class LinkCodec:
             return _phantom(codec.encoded_sizes(n, value.dtype), codec.name, value)
         state = None
         if codec.stateful:
-            state = self.states.get((tier, key))
+            state = self.states.get((tier, key, part))
             if state is None:
-                state = self.states[(tier, key)] = codec.new_state(n)
+                state = self.states[(tier, key, part)] = codec.new_state(n)
         enc = codec.encode(key, value, state)
         return [Payload.of(a) for a in enc.arrays], dict(enc.meta)
 

@@ -90,8 +90,9 @@ class LocalServer(Node):
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
         slot = self.slots.get(msg.key)
-        if slot is None or not slot.initialized and slot.store is None:
-            self.reply_error(msg, f"key {msg.key} is not initialised")
+        if slot is None or not slot.initialized:
+            # (kv.init's barrier and the first pull keep honest workers from getting here)
+            self.reply_error(msg, f"key {msg.key} is not initialised yet (pull it first)")
             return
         if msg.src not in self.workers:
             self.reply_error(msg, f"{msg.src} is not a worker of {self.dc}")

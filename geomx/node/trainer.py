@@ -178,7 +178,6 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     if data is not None:
         stream = BatchStream(worker_indices(spec, global_rank, kv.num_all_workers),
                              spec.batch_size, node.services.rng(f"batches:{node.name}"))
-    wall0 = time.perf_counter()
     losses: list[float] = []
     last_eval: dict[str, Any] = {}
     it = 0
@@ -205,7 +204,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
                 kv.request_stop()
         if spec.max_emulated_s > 0 and node.now() >= spec.max_emulated_s:
             kv.request_stop()
-        if spec.max_wall_s > 0 and time.perf_counter() - wall0 >= spec.max_wall_s:
+        if spec.max_wall_s > 0 and node.services.wall_elapsed_s() >= spec.max_wall_s:
             kv.request_stop()
     await kv.waitall()
     await sync.finish()

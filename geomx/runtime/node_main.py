@@ -69,6 +69,9 @@ class MembersOnly:
     ``dropped_to_strangers``).
     """
 
+    #: no fast path around the filter (``Node.post`` would use a forwarded one)
+    send_nowait = None
+
     def __init__(self, inner: Any, members: set[str]):
         self._inner = inner
         self._members = members

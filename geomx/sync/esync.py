@@ -26,7 +26,6 @@ messages through the Transport.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,7 +165,7 @@ class ESyncWorker:
 
     async def _synchronise(self) -> None:
         node, kv = self.node, self.kv
-        query = asyncio.ensure_future(node.request(Message(
+        query = node.spawn(node.request(Message(
             Kind.STATE_QUERY, node.name, self.server, version=self.round + 1,
             meta={"step_s": self.step_s, "end_s": node.now(), "steps": self.steps})))
         for k in reversed(range(len(self.params))):
