@@ -62,6 +62,11 @@ class Node:
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._running = False
         self._sending: dict[str, int] = {}
+        #: peers that said goodbye to us (SHUTDOWN): no waiting at teardown for messages
+        #: to them that can no longer be delivered
+        self.gone: set[str] = set()
+        #: schedulers this node has left: no more heartbeats to them
+        self.left: set[str] = set()
         self._send_nowait = getattr(transport, "send_nowait", None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
@@ -175,6 +180,8 @@ class Node:
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
+        if msg.kind == Kind.SHUTDOWN:
+            self.gone.add(msg.src)
         if msg.kind in REPLY_KINDS:
             fut = self._pending.pop(msg.request_id, None)
             if fut is not None and not fut.done():
@@ -210,6 +217,8 @@ class Node:
             return
         while not self._stopping:
             await asyncio.sleep(self.heartbeat_interval_s)
+            if self._stopping or scheduler in self.left or scheduler in self.gone:
+                return
             try:
                 # channel 7: its own connection, never queued behind bulk data
                 await self.request(Message(Kind.HEARTBEAT, self.name, scheduler, channel=7),
@@ -246,11 +255,12 @@ class Node:
             # flush what was posted, then tear down
             for q in self._outboxes.values():
                 q.put_nowait(None)
-            senders = list(self._senders.values())
+            senders = [t for dst, t in self._senders.items() if dst not in self.gone]
             if senders:
                 # a failed job may have a dead peer in an outbox: do not wait on it long
                 # (control messages only by now: data rounds end before anyone stops)
                 await asyncio.wait(senders, timeout=2.0 if self.failure is not None else 10.0)
+            senders = list(self._senders.values())
             for t in (receiver, stopper, *senders, *self._tasks):
                 t.cancel()
             for fut in self._pending.values():

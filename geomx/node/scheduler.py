@@ -179,5 +179,6 @@ async def barrier(node: Node, scheduler: str, group: str, size: int) -> None:
 
 
 def leave(node: Node, scheduler: str) -> None:
-    """Tell ``scheduler`` this node is done."""
+    """Tell ``scheduler`` this node is done (and stop heartbeating it)."""
     node.post(Message(Kind.SHUTDOWN, node.name, scheduler))
+    node.left.add(scheduler)

@@ -306,17 +306,28 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     return failure
 
 
-def _follow_progress(path: Path, seen: int, bar: ProgressBar) -> int:
-    if not path.exists():
-        return seen
+def _follow_progress(path: Path, offset: int, bar: ProgressBar) -> int:
+    """Feed the bar the evaluator's new complete lines since byte ``offset``; return the new
+    offset (reads only what was appended, so following a long run stays cheap)."""
+    if not bar.enabled:
+        return offset
     try:
-        events = list(iter_events(path))
-    except (OSError, ValueError):
-        return seen
-    for ev in events[seen:]:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            chunk = f.read()
+    except OSError:
+        return offset
+    end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next call
+    for line in chunk[:end].splitlines():
+        if b'"eval"' not in line and b'"compute"' not in line:
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
         if ev.get("ev") in ("eval", "compute"):
             bar.on_event(ev)
-    return len(events)
+    return offset + end
 
 
 def _stop_all(procs: dict[str, subprocess.Popen], grace_s: float = 5.0) -> None:
