@@ -133,8 +133,10 @@ class KVStore:
 
         As in GeoMX only the DC's rank-0 worker (or the master worker) sends its value;
         everybody then waits at a barrier of the DC's workers, so a pull right after
-        ``init`` is safe.
+        ``init`` is safe. Pass lists of keys and values to initialise many keys with one
+        barrier (their INITs travel concurrently).
         """
+        requests = []
         for k, v in self._keys(key, value):
             if k < 0:
                 raise KVStoreError(f"keys must be >= 0, got {k}")
@@ -143,13 +145,15 @@ class KVStore:
             self._shapes[k] = (tuple(arr.shape), arr.dtype.str if not isinstance(arr, Payload)
                                else arr.dtype)
             if self.rank == 0 or self._node.is_master:
-                await asyncio.gather(*(
+                parts = self._parts(k)
+                requests += [
                     self._node.request(Message(Kind.INIT, self._node.name, self._servers[p.server],
                                                key=k, part=p.index,
                                                payloads=[_payload(flat_slice(arr, p.lo, p.hi)
-                                                                  if len(self._parts(k)) > 1
-                                                                  else arr)]))
-                    for p in self._parts(k)))
+                                                                  if len(parts) > 1 else arr)]))
+                    for p in parts]
+        if requests:
+            await asyncio.gather(*requests)
         if not self._node.is_master:
             await self.barrier()
 

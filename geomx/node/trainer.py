@@ -146,8 +146,7 @@ async def master_program(node: Any, spec: TrainSpec) -> None:
     if spec.global_optimizer is not None:
         await kv.set_optimizer(spec.global_optimizer)
     params = initial_params(spec)
-    for k, p in enumerate(params):
-        await kv.init(k, p)
+    await kv.init(list(range(len(params))), params)
     node.record("master_ready", keys=len(params))
 
 
@@ -162,10 +161,8 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     model = None if spec.phantom else build_model(spec)
     params = initial_params(spec) if spec.phantom else model.params
     node.params = params  # for inspection by tests and notebooks
-    for k, p in enumerate(params):
-        await kv.init(k, p)
-    for k, p in enumerate(params):
-        await kv.pull(k, out=p)
+    await kv.init(list(range(len(params))), params)  # one barrier for all keys
+    await kv.pull(list(range(len(params))), out=params)
 
     sync = make_worker_sync(spec.sync, node=node, kv=kv, params=params,
                             pull_weights=spec.global_optimizer is not None,
