@@ -2,27 +2,20 @@
 
 Phantom values let the emulator run ResNet-50-sized jobs without allocating them: every
 operation here accepts both and keeps phantoms phantom, so server code has one path.
+The value type and the arithmetic the sync policies need live one layer down, in
+``geomx.sync.tensors``; this module adds what servers do with wire payloads and slices.
 """
 
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 
+from geomx.sync.tensors import Value
+from geomx.sync.tensors import phantom as is_phantom
 from geomx.wire import Payload
 
-Value = Union[np.ndarray, Payload]
-
-
-def is_phantom(v: Value) -> bool:
-    return isinstance(v, Payload)
-
-
-def to_payload(v: Value) -> Payload:
-    if isinstance(v, Payload):
-        return v
-    return Payload.of(v)
+__all__ = ["Value", "is_phantom", "from_payload", "add_into", "flat_slice", "write_slice",
+           "zeros_like_spec"]
 
 
 def from_payload(p: Payload, *, copy: bool = True) -> Value:
@@ -38,12 +31,6 @@ def add_into(acc: Value, v: Value) -> Value:
         return acc
     np.add(acc, v.reshape(acc.shape), out=acc, casting="unsafe")
     return acc
-
-
-def copy_value(v: Value) -> Value:
-    if isinstance(v, Payload):
-        return Payload.phantom(v.shape, v.dtype)
-    return np.array(v, copy=True)
 
 
 def flat_slice(v: Value, lo: int, hi: int) -> Value:
@@ -65,9 +52,3 @@ def zeros_like_spec(shape: tuple[int, ...], dtype: str, phantom: bool) -> Value:
         return Payload.phantom(shape, dtype)
     return np.zeros(shape, dtype=dtype)
 
-
-def scale(v: Value, factor: float) -> Value:
-    if isinstance(v, Payload):
-        return v
-    v *= v.dtype.type(factor)
-    return v
