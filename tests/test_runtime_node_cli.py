@@ -298,10 +298,20 @@ def test_a_job_started_node_by_node_without_a_launcher(tmp_path):
             procs[name] = subprocess.Popen(cmd, env={**common, **env}, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
-        for name, p in procs.items():
-            code = p.wait(max(1.0, deadline - time.time()))
-            log = (tmp_path / f"{name.replace(':', '_')}.log").read_text()
-            assert code == 0, (name, log[-3000:])
+
+        def log_of(name: str) -> str:
+            return (tmp_path / f"{name.replace(':', '_')}.log").read_text()[-2000:]
+
+        # wait for all together; report the first failure, or who is still running, with
+        # their logs (a node that died early explains why the others wait)
+        while time.time() < deadline and any(p.poll() is None for p in procs.values()):
+            bad = {n: p.returncode for n, p in procs.items() if p.returncode not in (None, 0)}
+            assert not bad, (bad, {n: log_of(n) for n in bad})
+            time.sleep(0.2)
+        running = [n for n, p in procs.items() if p.poll() is None]
+        assert not running, ("still running after 120 s", {n: log_of(n) for n in running})
+        bad = {n: p.returncode for n, p in procs.items() if p.returncode != 0}
+        assert not bad, (bad, {n: log_of(n) for n in bad})
     finally:
         for p in procs.values():
             if p.poll() is None:
