@@ -162,6 +162,7 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     node = _make_node(plan, name, role, transport, services)
     node.heartbeat_interval_s = job.heartbeat_interval_s
     node.heartbeat_timeout_s = job.heartbeat_timeout_s
+    node.register_timeout_s = job.register_timeout_s
     return node
 
 

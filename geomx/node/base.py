@@ -77,6 +77,7 @@ class Node:
         #: Liveness (set from the job's [membership]); 0 = no heartbeats.
         self.heartbeat_interval_s = 0.0
         self.heartbeat_timeout_s = 0.0
+        self.register_timeout_s = 0.0
         self.on(Kind.NODE_FAILED, self._on_node_failed)
 
     # ---------------------------------------------------------------- plumbing

@@ -43,6 +43,7 @@ class Scheduler(Node):
         self.register_timeout_s = register_timeout_s
         self.last_seen: dict[str, float] = {}
         self.dead: str | None = None
+        self.registered = False
         self.on(Kind.REGISTER, self._on_register)
         self.on(Kind.BARRIER, self._on_barrier)
         self.on(Kind.SHUTDOWN, self._on_leave)
@@ -57,6 +58,13 @@ class Scheduler(Node):
         self.last_seen[msg.src] = self.now()
         self.record("register", member=msg.src)
         if len(self._register_requests) == len(self.members):
+            # heartbeats start when members get the book: their clocks start now, not
+            # at each one's registration (a slow starter must not get an early member
+            # declared dead)
+            self.registered = True
+            now = self.now()
+            for m in self.members:
+                self.last_seen[m] = now
             book = dict(self.addresses)
             book[self.name] = self.transport.local_address()
             self.address_book.update(book)
@@ -141,7 +149,7 @@ class Scheduler(Node):
                                               f"{self.register_timeout_s:g} s (missing: "
                                               f"{', '.join(missing)})")
                 return
-            if self.heartbeat_timeout_s > 0:
+            if self.heartbeat_timeout_s > 0 and self.registered:
                 for m in self.members:
                     seen = self.last_seen.get(m)
                     if seen is not None and m not in self._left and \
@@ -159,9 +167,18 @@ class Scheduler(Node):
 
 async def register(node: Node, scheduler: str) -> dict[str, str]:
     """Register ``node`` with ``scheduler``; learn and install the address book."""
-    reply = await node.request(Message(Kind.REGISTER, node.name, scheduler,
-                                       meta={"address": node.transport.local_address(),
-                                             "role": node.role}))
+    timeout_s = None
+    if node.register_timeout_s > 0:
+        # the scheduler gives up on missing members after register_timeout; wait a little
+        # longer for its answer, then fail by name rather than hang
+        timeout_s = node.register_timeout_s + max(node.heartbeat_timeout_s, 10.0)
+    try:
+        reply = await node.request(Message(Kind.REGISTER, node.name, scheduler,
+                                           meta={"address": node.transport.local_address(),
+                                                 "role": node.role}), timeout_s=timeout_s)
+    except asyncio.TimeoutError:
+        raise NodeFailure(f"scheduler {scheduler} did not complete the registration within "
+                          f"{timeout_s:g} s") from None
     book = dict(reply.meta.get("book", {}))
     node.address_book.update(book)
     node.transport.set_address_book(dict(node.address_book))
