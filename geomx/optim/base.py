@@ -117,6 +117,16 @@ class OptimizerBase:
         return f"{type(self).__name__}({options})"
 
     # -- helpers ------------------------------------------------------------------------
+    def _work_and_grad(self, weight: np.ndarray, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The float32 working weight and ``clip(rescale_grad * grad) + wd * w``: the common
+        start of the SGD family's updates (Adam orders weight decay and clipping its own way)."""
+        check_shapes(weight, grad)
+        w = as_float32(weight)
+        g = self._prepared_grad(grad)
+        if self.wd:
+            g += np.float32(self.wd) * w
+        return w, g
+
     def _prepared_grad(self, grad: np.ndarray) -> np.ndarray:
         """A fresh float32 ``clip(rescale_grad * grad)``: never aliases the caller's array."""
         g = np.array(grad, dtype=np.float32, copy=True)

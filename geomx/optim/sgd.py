@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from geomx.optim.base import JSONScalar, OptimizerBase, as_float32, check_option, check_shapes, write_back
+from geomx.optim.base import JSONScalar, OptimizerBase, check_option, write_back
 
 __all__ = ["SGD", "Momentum", "Nesterov"]
 
@@ -29,11 +29,7 @@ class SGD(OptimizerBase):
     def update(
         self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: Any, *, sender: str | None = None
     ) -> None:
-        check_shapes(weight, grad)
-        w = as_float32(weight)
-        step = self._prepared_grad(grad)
-        if self.wd:
-            step += np.float32(self.wd) * w
+        w, step = self._work_and_grad(weight, grad)
         step *= np.float32(self.lr)
         w -= step
         write_back(weight, w)
@@ -57,11 +53,7 @@ class Momentum(OptimizerBase):
     def update(
         self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: np.ndarray, *, sender: str | None = None
     ) -> None:
-        check_shapes(weight, grad)
-        w = as_float32(weight)
-        g = self._prepared_grad(grad)
-        if self.wd:
-            g += np.float32(self.wd) * w
+        w, g = self._work_and_grad(weight, grad)
         state *= np.float32(self.momentum)
         g *= np.float32(self.lr)
         state -= g
@@ -77,11 +69,7 @@ class Nesterov(Momentum):
     def update(
         self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: np.ndarray, *, sender: str | None = None
     ) -> None:
-        check_shapes(weight, grad)
-        w = as_float32(weight)
-        g = self._prepared_grad(grad)
-        if self.wd:
-            g += np.float32(self.wd) * w
+        w, g = self._work_and_grad(weight, grad)
         state *= np.float32(self.momentum)
         state += g
         g += np.float32(self.momentum) * state
