@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 from . import base, cpu_kernels, device
-from .base import ArraySpec, Codec, CodecError, CodecState, Encoded, Tier
-from .identity import DenseCodec
+from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
+from .identity import DenseCodec, WanAboveBound
 
 _MASK64 = (1 << 64) - 1
 #: GeoMX: top_k of the sample is at least 10 (sample = 10 / r when 0.5% of N is too few).
@@ -51,7 +51,7 @@ def index_dtype(num_elements: int) -> np.dtype:
     return np.dtype("<i4") if num_elements <= np.iinfo(np.int32).max else np.dtype("<i8")
 
 
-class BiSparseCodec(Codec):
+class BiSparseCodec(WanAboveBound, Codec):
     name = "bsc"
     stateful = True
     params = ("threshold", "size_lower_bound", "momentum", "seed", "resample", "sample_ratio")
@@ -73,17 +73,7 @@ class BiSparseCodec(Codec):
         self.resample = bool(resample)
         self.sample_ratio = base.check_fraction(self.name, "sample_ratio", sample_ratio, hi_open=False)
 
-    # -- policy -----------------------------------------------------------------
-    def applies_to(self, num_elements: int) -> bool:
-        return int(num_elements) >= self.size_lower_bound
-
-    def codec_for(self, num_elements: int, tier: Tier) -> Codec:
-        """GeoMX: only the LS <-> GS hop is sparsified, and only tensors >= the bound."""
-        base.check_tier(tier)
-        if tier == "wan" and self.applies_to(num_elements):
-            return self
-        return DenseCodec()
-
+    # -- policy: WanAboveBound (only the LS <-> GS hop, only tensors >= the bound) --
     # -- sizes --------------------------------------------------------------------
     def capacity(self, num_elements: int) -> int:
         """K = floor(N * r): the most (value, index) pairs a push carries."""

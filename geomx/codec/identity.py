@@ -56,3 +56,20 @@ class DenseCodec(Codec):
             raise CodecError(f"none: CUDA decode needs out of dtype {dtype}, got {np.dtype(out.dtype)}")
         ck.add_into(arrays[0], out, accumulate)
         return out
+
+
+class WanAboveBound:
+    """Policy of the compressing codecs that GeoMX confines to the WAN (Bi-Sparse, and
+    onebit after it): compress only on the local <-> global server hop and only tensors of
+    at least ``size_lower_bound`` elements; everything else travels dense (§4.1)."""
+
+    size_lower_bound: int
+
+    def applies_to(self, num_elements: int) -> bool:
+        return int(num_elements) >= self.size_lower_bound
+
+    def codec_for(self, num_elements: int, tier: base.Tier) -> Codec:
+        base.check_tier(tier)
+        if tier == "wan" and self.applies_to(num_elements):
+            return self  # type: ignore[return-value]
+        return DenseCodec()

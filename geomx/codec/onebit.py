@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from . import base, cpu_kernels, device
-from .base import ArraySpec, Codec, CodecError, CodecState, Encoded, Tier
-from .identity import DenseCodec
+from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
+from .identity import DenseCodec, WanAboveBound
 
 
-class OneBitCodec(Codec):
+class OneBitCodec(WanAboveBound, Codec):
     name = "onebit"
     stateful = True
     params = ("size_lower_bound",)
@@ -35,15 +35,6 @@ class OneBitCodec(Codec):
         """``size_lower_bound``: tensors with fewer elements travel dense (default 0:
         every tensor is compressed)."""
         self.size_lower_bound = base.check_count(self.name, "size_lower_bound", size_lower_bound)
-
-    def applies_to(self, num_elements: int) -> bool:
-        return int(num_elements) >= self.size_lower_bound
-
-    def codec_for(self, num_elements: int, tier: Tier) -> Codec:
-        base.check_tier(tier)
-        if tier == "wan" and self.applies_to(num_elements):
-            return self
-        return DenseCodec()
 
     def new_state(self, num_elements: int, *, like: Any = None) -> CodecState:
         n = int(num_elements)
