@@ -53,8 +53,8 @@ class LocalServer(Node):
         self.job = job
         self.workers = list(job.workers_of[dc])
         self.slots: dict[int, LocalSlot] = {}
-        self.lan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
-        self.wan = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        # one codec for both hops: it picks per tier and keys its state by tier
+        self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         self.policy: LocalSyncPolicy = make_local_policy(job)
         self.global_stop = False
         self._done = asyncio.Event()
@@ -69,7 +69,7 @@ class LocalServer(Node):
             for d in slot.shape:
                 n *= d
             slot.parts = place(key, n, len(self.job.global_servers), self.job.bigarray_bound,
-                               split=not self.wan.enabled)
+                               split=not self.codec.enabled)
         return slot.parts
 
     # ------------------------------------------------------------------ init
@@ -101,7 +101,7 @@ class LocalServer(Node):
             self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
             return
         try:
-            value = self.lan.decode(msg, like=slot.store)
+            value = self.codec.decode(msg, like=slot.store)
         except ValueError as e:
             self.reply_error(msg, str(e))
             return
@@ -131,7 +131,7 @@ class LocalServer(Node):
         meta_stop = {"stop": True} if stop else {}
 
         async def push_part(part) -> Message:
-            payloads, meta = self.wan.encode_push(key, flat_slice(value, part.lo, part.hi)
+            payloads, meta = self.codec.encode_push(key, flat_slice(value, part.lo, part.hi)
                                                   if len(parts) > 1 else value, tier="wan")
             meta.update(meta_stop)
             return await self.request(Message(Kind.PUSH, self.name,
@@ -170,7 +170,7 @@ class LocalServer(Node):
             if reply.meta.get("stop"):
                 self.global_stop = True
             like = slot.store if len(parts) == 1 else flat_slice(slot.store, part.lo, part.hi)
-            value = self.wan.decode(reply, like=like)
+            value = self.codec.decode(reply, like=like)
             if new is None:
                 new = value
             else:
@@ -202,7 +202,7 @@ class LocalServer(Node):
 
     def _serve_pull(self, msg: Message, slot: LocalSlot) -> None:
         assert slot.store is not None
-        payloads, meta = self.lan.encode_pull(msg.key, slot.store, tier="lan")
+        payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="lan")
         if self.global_stop:
             meta["stop"] = True
         self.post(msg.reply(Kind.PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
