@@ -10,6 +10,7 @@ process with that process's node name.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,8 @@ from geomx.node.local_server import LocalServer
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
-from geomx.node.trainer import TrainSpec, iterations_for_epochs, master_program, train_program
+from geomx.node.trainer import (TrainSpec, initial_params, iterations_for_epochs,
+                                master_program, train_program)
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
@@ -144,6 +146,9 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         for i, w in enumerate(workers_of[d.name]):
             slow = d.worker_slowdown[i] if i < len(d.worker_slowdown) else 1.0
             compute_s[w] = d.compute_s_per_iter * d.heterogeneity * slow
+    if runtime == "real" or m.in_emulator:
+        job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
+                                 else auto_request_timeout_s(s, job, train, compute_s))
     roles = {"gh": "global_scheduler", "mw": "master_worker"}
     roles.update({g: "global_server" for g in global_servers})
     roles.update({v: "local_scheduler" for v in lh.values()})
@@ -152,6 +157,58 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if state_server:
         roles[state_server] = "state_server"
     return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles)
+
+
+#: Floor and safety factor of ``membership.request_timeout = "auto"``.
+AUTO_REQUEST_TIMEOUT_FLOOR_S = 30.0
+AUTO_REQUEST_TIMEOUT_FACTOR = 10.0
+
+
+def _slowest_link_bps(s: Scenario) -> tuple[float, float]:
+    """(lowest sustained rate in bit/s, longest RTT in s) over the scenario's links: WAN
+    capacity in either direction, a trace's floor, the window/RTT cap and, on a lossy link,
+    the Mathis et al. cap the network model applies to reliable channels."""
+    from geomx.sim.trace import CsvTrace
+
+    rate = min(d.lan_bandwidth_bps for d in s.dcs)
+    rtt_max = 4 * max(d.lan_latency_s for d in s.dcs)
+    for w in s.wans:
+        bw = min(w.bandwidth_bps, w.bandwidth_ba_bps or w.bandwidth_bps)
+        if w.trace == "uniform":
+            bw = min(bw, w.trace_low_bps)
+        elif w.trace:
+            bw = min([bw, *(r for r in CsvTrace(w.trace).rates_bps if r > 0)])
+        rtt = 2 * (w.latency_s + w.jitter_s) + 4 * max(d.lan_latency_s for d in s.dcs)
+        rtt_max = max(rtt_max, rtt)
+        if rtt > 0:
+            bw = min(bw, s.network.tcp_window_bytes * 8 / rtt)
+            if w.loss > 0:
+                bw = min(bw, s.network.mss_bytes * 8 * math.sqrt(1.5) / (rtt * math.sqrt(w.loss)))
+        rate = min(rate, bw)
+    return rate, rtt_max
+
+
+def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
+                           compute_s: dict[str, float]) -> float:
+    """``membership.request_timeout = "auto"``: how long a reply may legitimately take.
+
+    A reply can wait for a whole round of the slowest participant: its compute (times the
+    local steps the sync algorithm takes between exchanges) plus moving the model through
+    the slowest link as many times as the busiest server's fan-in, both ways. The timeout
+    is ``AUTO_REQUEST_TIMEOUT_FACTOR`` times that, and never below
+    ``AUTO_REQUEST_TIMEOUT_FLOOR_S`` (process start-up and a loaded machine add seconds
+    that no scenario declares). It is a bound for lost replies, not a performance target.
+    """
+    algo = s.sync.algorithm
+    steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
+             "mixed": s.sync.staleness + 1}.get(algo, 1)
+    compute = max(compute_s.values(), default=0.0) * steps
+    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else         sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    fan_in = max([len(job.party_dcs), job.num_all_workers if job.mode == "flat_ps" else 0,
+                  *(len(v) for v in job.workers_of.values())])
+    rate_bps, rtt_s = _slowest_link_bps(s)
+    transfer = 2 * fan_in * model_bytes * 8 / rate_bps + 4 * rtt_s
+    return max(AUTO_REQUEST_TIMEOUT_FLOOR_S, AUTO_REQUEST_TIMEOUT_FACTOR * (compute + transfer))
 
 
 def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
@@ -163,6 +220,7 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     node.heartbeat_interval_s = job.heartbeat_interval_s
     node.heartbeat_timeout_s = job.heartbeat_timeout_s
     node.register_timeout_s = job.register_timeout_s
+    node.request_timeout_s = job.request_timeout_s
     return node
 
 

@@ -331,12 +331,14 @@ class _Quantity(Kind):
     examples = ""
 
     def __init__(self, parser: Callable[[Any], Any], formatter: Callable[[Any], str],
-                 fmt_bound: Callable[[Any], str], range: _Range, optional: bool = False):
+                 fmt_bound: Callable[[Any], str], range: _Range, optional: bool = False,
+                 auto: bool = False):
         self.parser = parser
         self.formatter = formatter
         self.fmt_bound = fmt_bound
         self.range = range
         self.optional = optional
+        self.auto = auto  # "auto" is allowed and held as None (derived where it is used)
 
     def allowed(self) -> str:
         text = self.examples
@@ -345,6 +347,8 @@ class _Quantity(Kind):
             text += f", {bound}"
         if self.optional:
             text += ', or "" for none'
+        if self.auto:
+            text += ', or "auto"'
         return text
 
     def doc_allowed(self) -> str:
@@ -352,10 +356,14 @@ class _Quantity(Kind):
         parts = [bound] if bound else []
         if self.optional:
             parts.append('`""` = none')
+        if self.auto:
+            parts.append('`"auto"`')
         return ", ".join(parts) or "any"
 
     def parse(self, value: Any, path: str) -> Any:
         if self.optional and value == "":
+            return None
+        if self.auto and value == "auto":
             return None
         try:
             quantity = self.parser(value)
@@ -368,7 +376,7 @@ class _Quantity(Kind):
 
     def emit(self, value: Any) -> Any:
         if value is None:
-            return ""
+            return "auto" if self.auto else ""
         return self.formatter(value)
 
 
@@ -387,9 +395,9 @@ class Duration(_Quantity):
     unit = "s"
     examples = "a duration like '30ms', '250us', '2s', '5min' or a number of seconds"
 
-    def __init__(self, positive: bool = False):
+    def __init__(self, positive: bool = False, auto: bool = False):
         super().__init__(units.parse_seconds, units.format_seconds, units.format_seconds,
-                         _Range(0, None, min_open=positive))
+                         _Range(0, None, min_open=positive), auto=auto)
 
 
 class Fraction(_Quantity):
@@ -794,6 +802,13 @@ class MembershipConfig(_Section):
                                         "A scheduler gives up (naming the missing nodes) if "
                                         "not every node has registered by then (0 = wait "
                                         "forever).", key="register_timeout")
+    request_timeout_s: float | None = setting(
+        Duration(auto=True), "auto",
+        "A request (push, pull, init, command, barrier) that gets no reply for this long fails "
+        "its node with an error naming the peer, instead of hanging. `auto` = 10 x the "
+        "scenario's slowest round (compute, local steps and the model's transfer over the "
+        "slowest link), at least 30 s; 0 = wait forever. Active where heartbeats are.",
+        key="request_timeout")
     in_emulator: bool = setting(Flag(), False,
                                 "Run heartbeats in the emulator too (off by default: they "
                                 "add traffic and hide deadlocks behind endless timers).")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Awaitable, Callable
 
 from geomx.transport import NodeServices, Transport
@@ -78,6 +79,9 @@ class Node:
         self.heartbeat_interval_s = 0.0
         self.heartbeat_timeout_s = 0.0
         self.register_timeout_s = 0.0
+        #: Default bound on a request's reply (0 = none): a lost reply fails the node by
+        #: name instead of hanging it (``[membership] request_timeout``).
+        self.request_timeout_s = 0.0
         self.on(Kind.NODE_FAILED, self._on_node_failed)
 
     # ---------------------------------------------------------------- plumbing
@@ -112,18 +116,34 @@ class Node:
         q.put_nowait(msg)
 
     async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
-        """Send ``msg`` with a fresh request id and wait for its reply."""
+        """Send ``msg`` with a fresh request id and wait for its reply.
+
+        ``timeout_s=None`` applies the node's ``request_timeout_s``: past it the node fails
+        with a :class:`NodeFailure` naming the peer and the request (a reply that cannot
+        come must not hang the job). An explicit ``timeout_s`` raises
+        :class:`asyncio.TimeoutError` to the caller instead; ``math.inf`` waits forever.
+        """
         rid = self._next_request_id
         self._next_request_id += 1
         msg.request_id = rid
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         self.post(msg)
+        bound = timeout_s
+        if bound is None and self.request_timeout_s > 0:
+            bound = self.request_timeout_s
         try:
-            if timeout_s is None:
+            if bound is None or bound == math.inf:
                 reply = await fut
             else:
-                reply = await asyncio.wait_for(fut, timeout_s)
+                try:
+                    reply = await asyncio.wait_for(fut, bound)
+                except asyncio.TimeoutError:
+                    if timeout_s is not None:
+                        raise
+                    what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
+                    raise NodeFailure(f"{self.name}: no reply from {msg.dst} to {what} within "
+                                      f"{bound:g} s (membership.request_timeout)") from None
         finally:
             self._pending.pop(rid, None)
         if reply.kind == Kind.ERROR:
@@ -166,12 +186,17 @@ class Node:
             try:
                 await self.transport.send(msg)
             except (ConnectionError, OSError) as e:
-                # a peer that cannot be reached: drop this message, keep serving; a dead
-                # peer is reported by the membership layer (heartbeats). Any other error
-                # (a message we cannot encode) fails the node with that error.
-                log.warning("%s: could not send %s to %s: %s", self.name, msg.kind.name,
-                            msg.dst, e)
                 self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))
+                if self._stopping or msg.dst in self.gone:
+                    # leaving, or the peer said goodbye: nobody waits for this message
+                    log.info("%s: did not send %s to %s (%s): %s", self.name, msg.kind.name,
+                             msg.dst, "leaving" if self._stopping else "it left", e)
+                    continue
+                # A message that cannot be delivered is never dropped silently: the peer
+                # (or whoever waits on it) would hang. Fail by name; the membership layer
+                # tells the rest of the job.
+                raise NodeFailure(f"{self.name}: could not deliver {msg.kind.name} to "
+                                  f"{msg.dst}: {e}") from None
             finally:
                 self._sending[msg.dst] -= 1
 

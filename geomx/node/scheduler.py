@@ -187,12 +187,14 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
     return book
 
 
-async def barrier(node: Node, scheduler: str, group: str, size: int) -> None:
-    """Wait until ``size`` members have entered barrier ``group`` at ``scheduler``."""
+async def barrier(node: Node, scheduler: str, group: str, size: int, *,
+                  timeout_s: float | None = None) -> None:
+    """Wait until ``size`` members have entered barrier ``group`` at ``scheduler``
+    (``timeout_s`` as in :meth:`Node.request`)."""
     if size <= 1:
         return
     await node.request(Message(Kind.BARRIER, node.name, scheduler,
-                               meta={"group": group, "size": size}))
+                               meta={"group": group, "size": size}), timeout_s=timeout_s)
 
 
 def leave(node: Node, scheduler: str) -> None:

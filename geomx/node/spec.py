@@ -48,6 +48,7 @@ class JobSpec:
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = 0.0
     register_timeout_s: float = 0.0
+    request_timeout_s: float = 0.0             # 0 = requests wait forever
     state_server: str = ""                     # ESync's state server ("" = none)
 
     @property

@@ -9,6 +9,7 @@ DC's workers, the DC's rank-0 worker tells its local server to stop, everyone le
 
 from __future__ import annotations
 
+import math
 from typing import Any, Awaitable, Callable
 
 from geomx.kv import current_node
@@ -46,12 +47,13 @@ class Worker(Node):
             return self.job.local_scheduler_of[self.dc]
         return self.job.global_scheduler
 
-    async def worker_barrier(self, tag: str) -> None:
+    async def worker_barrier(self, tag: str, *, timeout_s: float | None = None) -> None:
         """Barrier over this DC's training workers."""
         if self.is_master:
             return
         group = f"workers:{self.dc}:{tag}"
-        await barrier(self, self._barrier_scheduler(), group, len(self.job.workers_of[self.dc]))
+        await barrier(self, self._barrier_scheduler(), group, len(self.job.workers_of[self.dc]),
+                      timeout_s=timeout_s)
 
     async def main(self) -> None:
         schedulers = self.job.schedulers_of(self.name)
@@ -60,7 +62,9 @@ class Worker(Node):
         current_node.set(self)
         self.result = await self.program(self)
         if not self.is_master:
-            await self.worker_barrier("done")
+            # unbounded: a worker that finished early may wait for a slower one's whole
+            # remaining training (flat PS, asynchronous); liveness is the heartbeats' job
+            await self.worker_barrier("done", timeout_s=math.inf)
             if self.job.mode == "hips":
                 if self.rank == 0:
                     self.post(Message(Kind.SHUTDOWN, self.name,

@@ -140,7 +140,10 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
                              advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
                              secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
                              shaper=build_shaper(s, plan, name) if cfg.shape else None,
-                             connect_timeout_s=cfg.connect_timeout_s)
+                             connect_timeout_s=cfg.connect_timeout_s,
+                             # a peer's address arrives with registration at the latest
+                             address_wait_s=max(cfg.connect_timeout_s,
+                                                s.membership.register_timeout_s))
     await transport.start()
     transport.set_address_book(cfg.book)
     members = MembersOnly(transport, set(plan.nodes))

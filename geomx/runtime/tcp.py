@@ -76,6 +76,8 @@ log = logging.getLogger("geomx.runtime.tcp")
 DEFAULT_SEND_QUEUE_LIMIT_BYTES = 64 * 1024 * 1024
 DEFAULT_RECV_QUEUE_LIMIT_BYTES = 256 * 1024 * 1024
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: How long a send waits for a peer's address to arrive in the address book.
+DEFAULT_ADDRESS_WAIT_S = 60.0
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
@@ -98,6 +100,10 @@ _HANDSHAKE, _OPEN, _CLOSED = 0, 1, 2
 
 class HandshakeRefused(ConnectionError):
     """The peer (or this side) refused the handshake; retrying will not help."""
+
+
+class UnknownPeer(ConnectionError):
+    """No address for the peer arrived within ``address_wait_s``."""
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -363,7 +369,7 @@ class _Outgoing:
     async def _connect(self) -> None:
         tr = self.tr
         loop = asyncio.get_running_loop()
-        host, port = tr._address_of(self.peer)
+        host, port = await tr.address_of(self.peer)
         deadline = loop.time() + tr.connect_timeout_s
         backoff, max_backoff = CONNECT_BACKOFF_S
         attempts = 0
@@ -686,6 +692,7 @@ class TcpTransport:
                  send_queue_limit_bytes: int = DEFAULT_SEND_QUEUE_LIMIT_BYTES,
                  recv_queue_limit_bytes: int = DEFAULT_RECV_QUEUE_LIMIT_BYTES,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 address_wait_s: float = DEFAULT_ADDRESS_WAIT_S,
                  handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
                  udp: bool = True,
                  udp_chunk_bytes: int = DEFAULT_CHUNK_PAYLOAD_BYTES,
@@ -701,6 +708,7 @@ class TcpTransport:
         for label, v in (("send_queue_limit_bytes", send_queue_limit_bytes),
                          ("recv_queue_limit_bytes", recv_queue_limit_bytes),
                          ("connect_timeout_s", connect_timeout_s),
+                         ("address_wait_s", address_wait_s),
                          ("handshake_timeout_s", handshake_timeout_s)):
             if not v > 0:
                 raise ValueError(f"{label} must be > 0, got {v!r}")
@@ -716,6 +724,8 @@ class TcpTransport:
         self.send_queue_limit_bytes = send_queue_limit_bytes
         self.recv_queue_limit_bytes = recv_queue_limit_bytes
         self.connect_timeout_s = connect_timeout_s
+        self.address_wait_s = address_wait_s
+        self._book_event: asyncio.Event | None = None
         self.handshake_timeout_s = handshake_timeout_s
         self.closed = False
         self._use_udp = udp
@@ -745,6 +755,7 @@ class TcpTransport:
             raise RuntimeError(f"{self.name}: transport already started")
         loop = asyncio.get_running_loop()
         self._inbox_event = asyncio.Event()
+        self._book_event = asyncio.Event()
         tries = 20 if (self.port == 0 and self._use_udp) else 1
         last: OSError | None = None
         for _ in range(tries):
@@ -793,14 +804,49 @@ class TcpTransport:
         self._book.update(parsed)
         for peer in parsed:
             self._udp_addrs.pop(peer, None)
+        self._notify_book()
 
-    def _address_of(self, peer: str) -> tuple[str, int]:
+    def _notify_book(self) -> None:
+        """Wake every send waiting in :meth:`address_of` (they re-check the book)."""
+        event = self._book_event
+        if event is not None:
+            self._book_event = asyncio.Event()
+            event.set()
+
+    async def address_of(self, peer: str) -> tuple[str, int]:
+        """``peer``'s address, waiting up to ``address_wait_s`` for it to be announced.
+
+        A peer can talk to us before our own copy of the address book has arrived: the
+        scheduler answers every member's registration at once, and one member may get its
+        answer and send us a request while ours is still in flight. Dropping our reply
+        then would leave that peer waiting forever (the start-up hang of issue 9), so a
+        send to a peer we cannot place yet waits for ``set_address_book`` instead; past
+        the bound it fails with :class:`UnknownPeer`, which names the peer.
+        """
+        addr = self._book.get(peer)
+        if addr is not None:
+            return addr
+        if self._book_event is None or self.closed:
+            raise self._unknown(peer, waited_s=0.0)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         try:
-            return self._book[peer]
-        except KeyError:
-            known = ", ".join(sorted(self._book)) or "none"
-            raise ConnectionError(f"{self.name}: no address for peer {peer!r} "
-                                  f"(address book has: {known})") from None
+            async with asyncio.timeout(self.address_wait_s):
+                while peer not in self._book:
+                    if self.closed:
+                        raise self._unknown(peer, waited_s=loop.time() - t0)
+                    await self._book_event.wait()
+        except TimeoutError:
+            raise self._unknown(peer, waited_s=loop.time() - t0) from None
+        waited = loop.time() - t0
+        if waited > 0.5:
+            log.info("%s: waited %.2f s for the address of %s", self.name, waited, peer)
+        return self._book[peer]
+
+    def _unknown(self, peer: str, *, waited_s: float) -> UnknownPeer:
+        known = ", ".join(sorted(self._book)) or "none"
+        return UnknownPeer(f"{self.name}: no address for peer {peer!r} after waiting "
+                           f"{waited_s:.1f} s (address book has: {known})")
 
     async def close(self, *, flush_timeout_s: float = 5.0) -> None:
         """Flush queued messages (up to ``flush_timeout_s``), then close every socket."""
@@ -833,6 +879,7 @@ class TcpTransport:
             self._udp.close()
         if self._inbox_event is not None:
             self._inbox_event.set()
+        self._notify_book()
         waits = [c.closed for c in conns if not c.closed.done()]
         if waits:
             await asyncio.wait(waits, timeout=1.0)
@@ -892,7 +939,7 @@ class TcpTransport:
                                   f"message to {msg.dst!r} is on channel {msg.channel}")
         addr = self._udp_addrs.get(msg.dst)
         if addr is None:
-            host, port = self._address_of(msg.dst)
+            host, port = await self.address_of(msg.dst)
             infos = await asyncio.get_running_loop().getaddrinfo(
                 host, port, type=socket.SOCK_DGRAM)
             addr = self._udp_addrs[msg.dst] = infos[0][4][:2]
