@@ -290,9 +290,7 @@ class Codec(abc.ABC):
         sets Bi-Sparse's pull capacity. Default: dense (GeoMX compresses pulls only for
         Bi-Sparse; its inherited 2bit codec pulls uncompressed too).
         """
-        from .identity import DenseCodec
-
-        return DenseCodec().encode(key, x)
+        return encode_dense(x)
 
     @abc.abstractmethod
     def encoded_sizes(self, num_elements: int, dtype: Any = "<f4") -> list[ArraySpec]:
@@ -436,3 +434,16 @@ def zeros_like_device(n: int, like: Any) -> Any:
     if like is not None and device.is_cuda_array(like):
         return device.cuda_kernels().zeros(n)
     return np.zeros(n, dtype=np.float32)
+
+
+#: Codec name of dense, uncompressed payloads (the identity codec, ``codec/identity.py``).
+DENSE = "none"
+
+
+def encode_dense(x: Any) -> Encoded:
+    """``x`` dense in its own dtype, as a copy (the caller may reuse its buffer while the
+    message is in flight). The identity codec's encoding, and every codec's default pull
+    reply; it lives here so the base needs no implementation module."""
+    flat, on_dev, dtype, shape = flat_input(x)
+    data = device.cuda_kernels().copy(flat) if on_dev else flat.copy()
+    return Encoded([data], make_meta(DENSE, int(flat.shape[0]), dtype, shape))

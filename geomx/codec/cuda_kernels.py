@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda
 
 from . import bits
-from .device import simulator_enabled
+from .cudasim import simulator_enabled
 
 _SIM = simulator_enabled()
 #: Threads per block; a compile-time constant for the shared-memory scan. Smaller in the

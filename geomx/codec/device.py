@@ -13,17 +13,12 @@ pays for it.
 from __future__ import annotations
 
 import importlib
-import os
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 _cuda_kernels: ModuleType | None = None
-
-
-def simulator_enabled() -> bool:
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
 def _is_simulated_device_array(x: Any) -> bool:

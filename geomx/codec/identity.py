@@ -16,17 +16,11 @@ from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
 
 
 class DenseCodec(Codec):
-    name = "none"
+    name = base.DENSE
     params = ()
 
     def encode(self, key: int, x: Any, state: CodecState | None = None) -> Encoded:
-        flat, on_dev, dtype, shape = base.flat_input(x)
-        n = int(flat.shape[0])
-        if on_dev:
-            data = device.cuda_kernels().copy(flat)
-        else:
-            data = flat.copy()
-        return Encoded([data], base.make_meta(self.name, n, dtype, shape))
+        return base.encode_dense(x)
 
     def encode_pull(self, key: int, x: Any, *, sources: int = 1) -> Encoded:
         return self.encode(key, x)
