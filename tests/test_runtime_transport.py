@@ -273,7 +273,7 @@ def test_lazy_connect_retries_until_peer_starts():
 
 def test_connect_timeout_names_the_peer():
     async def main():
-        a = TcpTransport("a", connect_timeout_s=0.3)
+        a = TcpTransport("a", connect_timeout_s=0.3, address_wait_s=0.3)
         await a.start()
         a.set_address_book({"gs:0": f"127.0.0.1:{_free_port()}"})
         with pytest.raises(ConnectionError, match=r"'gs:0'.*127\.0\.0\.1"):
