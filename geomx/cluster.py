@@ -168,7 +168,7 @@ def _slowest_link_bps(s: Scenario) -> tuple[float, float]:
     """(lowest sustained rate in bit/s, longest RTT in s) over the scenario's links: WAN
     capacity in either direction, a trace's floor, the window/RTT cap and, on a lossy link,
     the Mathis et al. cap the network model applies to reliable channels."""
-    from geomx.sim.trace import CsvTrace
+    from geomx.traces import CsvTrace
 
     rate = min(d.lan_bandwidth_bps for d in s.dcs)
     rtt_max = 4 * max(d.lan_latency_s for d in s.dcs)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geomx.cluster import JobPlan, make_node, plan_job
+from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.JobFailed
 from geomx.metrics.chrome_trace import convert_events_file
 from geomx.metrics.plots import write_run_plots
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
@@ -27,10 +28,6 @@ from geomx.scenario import Scenario, scenario_to_toml
 from geomx.transport import BaseServices
 
 log = logging.getLogger(__name__)
-
-
-class JobFailed(RuntimeError):
-    """A node of the job failed; the message names it."""
 
 
 @dataclass
@@ -88,7 +85,7 @@ def build_network(s: Scenario, plan: JobPlan):
 
 def make_trace(w: Any, *, seed: int, reverse: bool = False):
     """The bandwidth trace of one WAN direction, or None for a constant link."""
-    from geomx.sim.trace import CsvTrace, UniformRandomTrace
+    from geomx.traces import CsvTrace, UniformRandomTrace
 
     if not w.trace:
         return None

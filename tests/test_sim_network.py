@@ -9,7 +9,7 @@ import pytest
 
 from geomx.sim.loop import run_virtual
 from geomx.sim.network import Network, NetworkError
-from geomx.sim.trace import StepTrace, UniformRandomTrace
+from geomx.traces import StepTrace, UniformRandomTrace
 from geomx.sim.transport import SimFabric, SimTransport, TransportClosed
 from geomx.wire import Kind, Message, Payload
 

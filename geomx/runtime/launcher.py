@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, IO
 
 from geomx.cluster import plan_job
+from geomx.errors import JobFailed
 from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
@@ -200,8 +201,6 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
     Without ``remote`` every node runs on this host; with it, over ssh on the hosts of
     ``remote.hostfile``.
     """
-    from geomx.experiment import JobFailed
-
     plan = plan_job(s, "real")
     if s.training.model == "phantom":
         raise ValueError("training.model = 'phantom' has no data to send over real sockets; "

@@ -59,7 +59,7 @@ from typing import Any, Protocol
 
 import networkx as nx
 
-from geomx.sim.trace import BandwidthTrace
+from geomx.traces import BandwidthTrace
 
 __all__ = [
     "Link", "MessageLike", "Network", "NetworkError", "NetworkStats", "UNRELIABLE_BASE",

@@ -1,6 +1,10 @@
 """Piecewise-constant bandwidth traces for emulated links.
 
-Why piecewise constant: the flow model (``network.py``) only has to recompute rates at
+They live below both runtimes, not inside ``geomx/sim``: the emulator's links follow
+them, and ``geomx/cluster.py`` (used by the real runtime too) reads a CSV trace's floor
+to bound request timeouts.
+
+Why piecewise constant: the flow model (``geomx/sim/network.py``) only has to recompute rates at
 the instants a capacity changes, so a trace that tells the network *when* it will next
 change (``next_change_after``) costs one event per step, not one per message. Measured
 WAN bandwidth is usually published the same way (one sample per interval), and the

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from geomx.sim.trace import (
+from geomx.traces import (
     BandwidthTrace, ConstantTrace, CsvTrace, StepTrace, TraceError, UniformRandomTrace,
 )
 
