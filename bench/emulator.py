@@ -24,9 +24,9 @@ from geomx.scenario import load_scenario
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(mode: str, iterations: int, profile: str | None = None) -> dict:
+def run(kind: str, iterations: int, profile: str | None = None) -> dict:
     s = load_scenario(ROOT / "scenarios" / "resnet50_phantom.toml",
-                      [f"run.iterations={iterations}", f"training.mode={mode}",
+                      [f"run.iterations={iterations}", f"topology.kind={kind}",
                        "metrics.events=false", "metrics.trace=false", "metrics.plot=false",
                        "run.progress=false"])
     with tempfile.TemporaryDirectory() as d:
@@ -40,7 +40,7 @@ def run(mode: str, iterations: int, profile: str | None = None) -> dict:
             prof.dump_stats(profile)
         wall = time.perf_counter() - t0
     msgs = summary.extra["messages_delivered"]
-    return {"mode": mode, "wall_s": wall, "emulated_s": summary.emulated_seconds,
+    return {"mode": kind, "wall_s": wall, "emulated_s": summary.emulated_seconds,
             "messages": msgs, "msgs_per_wall_s": msgs / wall,
             "emu_over_wall": summary.emulated_seconds / wall,
             "wan_gb": summary.bytes_wan / 1e9, "lan_gb": summary.bytes_lan / 1e9,
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [run("hips", args.iterations, args.profile)]
     if not args.skip_baseline:
-        rows.append(run("flat_ps", args.iterations))
+        rows.append(run("flat", args.iterations))
     print(f"phantom ResNet-50 (25.6M params, 161 tensors), 4 DCs x 8 workers, FSA, "
           f"{args.iterations} iterations")
     print(f"{'mode':8} {'wall s':>8} {'emulated s':>11} {'messages':>9} {'msg/wall s':>11} "

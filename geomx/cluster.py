@@ -1,7 +1,9 @@
 """From a validated scenario to the nodes of a job (the same plan on both runtimes).
 
-``plan_job`` names every node (see docs/architecture.md, "Naming of nodes"), works out
-who registers where, what each worker computes, and the per-worker compute profile;
+``plan_job`` lays the nodes out with the planner ``[topology] kind`` names
+(:mod:`geomx.topology`: node names, roles, who registers where; see
+docs/architecture.md, "Naming of nodes"), then works out what each worker computes and
+the per-worker compute profile;
 ``make_node`` builds one node object on a given transport and services. The emulator
 calls ``make_node`` for every node in one process; the real runtime calls it once per
 process with that process's node name.
@@ -24,9 +26,10 @@ from geomx.node.trainer import (TrainSpec, initial_params, iterations_for_epochs
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
+from geomx.topology import STATE_SERVER, DCShape, plan_nodes
 
-#: Name of ESync's state server (central DC; only in ESync jobs).
-STATE_SERVER = "ss"
+__all__ = ["STATE_SERVER", "JobPlan", "plan_job", "make_node", "codec_config",
+           "auto_request_timeout_s"]
 
 
 @dataclass
@@ -75,38 +78,25 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     """Name the nodes and describe the job. ``runtime`` ("emu"/"real", default the
     scenario's) only decides whether liveness timers run: in the emulator they are off
     unless ``membership.in_emulator`` (endless timers would hide a deadlock)."""
-    central = next(d for d in s.dcs if d.central)
-    parties = [d for d in s.dcs if not d.central]
-    mode = s.training.mode
-    workers_of = {d.name: [f"w:{d.name}:{i}" for i in range(d.workers)] for d in parties}
-    global_servers = [f"gs:{r}" for r in range(central.global_servers)]
-    dc_of: dict[str, str] = {"gh": central.name, "mw": central.name}
-    for g in global_servers:
-        dc_of[g] = central.name
-    lh, ls = {}, {}
-    if mode == "hips":
-        for d in parties:
-            lh[d.name] = f"lh:{d.name}"
-            ls[d.name] = f"ls:{d.name}"
-            dc_of[lh[d.name]] = d.name
-            dc_of[ls[d.name]] = d.name
-    for d in parties:
-        for w in workers_of[d.name]:
-            dc_of[w] = d.name
-    state_server = STATE_SERVER if needs_state_server(s.sync.algorithm) else ""
-    if state_server:
-        dc_of[state_server] = central.name
+    central = s.central_dc
+    parties = s.party_dcs
+    layout = plan_nodes(s.topology.kind, central.name,
+                        [DCShape(d.name, d.workers) for d in parties],
+                        global_servers=central.global_servers,
+                        state_server=needs_state_server(s.sync.algorithm))
+    workers_of = layout.workers_of
     job = JobSpec(
-        mode=mode, central_dc=central.name, party_dcs=[d.name for d in parties],
-        global_scheduler="gh", global_servers=global_servers, master_worker="mw",
-        local_scheduler_of=lh, local_server_of=ls, workers_of=workers_of, dc_of=dc_of,
+        mode=layout.mode, central_dc=layout.central_dc, party_dcs=list(layout.party_dcs),
+        global_scheduler=layout.global_scheduler, global_servers=list(layout.global_servers),
+        master_worker=layout.master_worker, local_scheduler_of=dict(layout.local_scheduler_of),
+        local_server_of=dict(layout.local_server_of), workers_of=workers_of, dc_of=layout.dc_of,
         bigarray_bound=s.sched.bigarray_bound, seed=s.run.seed,
         sync={"algorithm": s.sync.algorithm, "staleness": s.sync.staleness, "k1": s.sync.k1,
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
         sched={},
-        state_server=state_server,
+        state_server=layout.state_server,
     )
     runtime = runtime or s.run.runtime
     m = s.membership
@@ -149,14 +139,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if runtime == "real" or m.in_emulator:
         job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
                                  else auto_request_timeout_s(s, job, train, compute_s))
-    roles = {"gh": "global_scheduler", "mw": "master_worker"}
-    roles.update({g: "global_server" for g in global_servers})
-    roles.update({v: "local_scheduler" for v in lh.values()})
-    roles.update({v: "local_server" for v in ls.values()})
-    roles.update({w: "worker" for w in job.all_workers})
-    if state_server:
-        roles[state_server] = "state_server"
-    return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles)
+    return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles))
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.

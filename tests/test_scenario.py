@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from geomx import scenario as sc
+from geomx.scenario.command import main as scenario_main
 from geomx.scenario import (
     DCConfig,
     Scenario,
@@ -149,7 +150,7 @@ def test_unknown_key_in_an_array_item_names_the_item():
 def test_unknown_section_suggests_the_closest():
     msg = str(error_of({"trainig": {}}))
     assert "unknown section [trainig]" in msg and "did you mean 'training'" in msg
-    assert "allowed sections: run, network, dc, wan, training, sync, codec, sched, metrics" in msg
+    assert "allowed sections: run, network, dc, wan, topology, training, sync, codec, sched, metrics" in msg
 
 
 @pytest.mark.parametrize("section, key, value, expected", [
@@ -340,11 +341,92 @@ def test_algorithm_and_model_specific_rules():
     real = {"run": {"runtime": "real"}, "training": {"model": "phantom", "phantom_preset": "resnet50"}}
     assert error_of(real).path == "training.model"
     assert error_of({"training": {"model": "cnn", "dataset": "synthetic"}}).path == "training.dataset"
-    err = error_of({"training": {"mode": "flat_ps"}, "sync": {"algorithm": "hfa"}})
+    err = error_of({"topology": {"kind": "flat"}, "sync": {"algorithm": "hfa"}})
     assert err.path == "sync.algorithm" and "'fsa', 'mixed'" in str(err)
-    parse_scenario({"training": {"mode": "flat_ps"}, "sync": {"algorithm": "mixed"}})
+    parse_scenario({"topology": {"kind": "flat"}, "sync": {"algorithm": "mixed"}})
     err = error_of({"training": {"worker_optimizer": "dcasgd"}})
     assert err.path == "training.worker_optimizer" and "'nesterov'" in str(err)
+
+
+# ------------------------------------------------------------------ non-finite numbers
+
+def _linked(**wan):
+    return {"dc": [{"name": "c", "central": True}, {"name": "p"}], "wan": [{"a": "p", "b": "c", **wan}]}
+
+
+@pytest.mark.parametrize("raw, path, allowed", [
+    # Integer
+    ({"run": {"seed": float("inf")}}, "run.seed", "an integer >= 0"),
+    ({"run": {"seed": float("nan")}}, "run.seed", "an integer >= 0"),
+    # Integer with counts ("1e999" is a whole number, just not a finite one)
+    ({"training": {"model": "phantom", "phantom_params": "1e999"}}, "training.phantom_params",
+     "an integer >= 0"),
+    # Real, alone and inside a list
+    ({"training": {"lr": float("inf")}}, "training.lr", "a number > 0"),
+    ({"training": {"lr": float("nan")}}, "training.lr", "a number > 0"),
+    ({"training": {"dirichlet_alpha": float("-inf")}}, "training.dirichlet_alpha", "a number > 0"),
+    ({"dc": [{"name": "c", "central": True}, {"name": "p", "worker_slowdown": [1.0, float("inf")]}],
+      "wan": [{"a": "p", "b": "c"}]}, "dc[1].worker_slowdown[1]", "a number > 0"),
+    # Bandwidth
+    (_linked(bandwidth="1e999Mbps"), "wan[0].bandwidth", "> 0bps"),
+    (_linked(bandwidth=float("inf")), "wan[0].bandwidth", "> 0bps"),
+    (_linked(bandwidth=float("nan")), "wan[0].bandwidth", "> 0bps"),
+    # Duration
+    ({"run": {"max_wall_time": "1e999s"}}, "run.max_wall_time", ">= 0s"),
+    ({"run": {"max_wall_time": float("inf")}}, "run.max_wall_time", ">= 0s"),
+    (_linked(latency=float("nan")), "wan[0].latency", ">= 0s"),
+    # Fraction
+    (_linked(loss=float("nan")), "wan[0].loss", "in [0%, 100%)"),
+    (_linked(loss=float("inf")), "wan[0].loss", "in [0%, 100%)"),
+    ({"codec": {"threshold": float("nan")}}, "codec.threshold", "in (0%, 100%)"),
+    # Size
+    ({"network": {"tcp_window": "1e999MiB"}}, "network.tcp_window", "> 0B"),
+    ({"network": {"tcp_window": float("inf")}}, "network.tcp_window", "> 0B"),
+    ({"network": {"mss": float("nan")}}, "network.mss", "> 0B"),
+])
+def test_non_finite_numbers_are_refused_naming_field_value_and_range(raw, path, allowed):
+    err = error_of(raw)
+    assert err.path == path
+    text = str(err)
+    assert "not a finite number" in text and allowed in text and allowed in err.allowed
+    assert err.value is _value_at(raw, path)  # the value as written (nan != nan, so by identity)
+
+
+def _value_at(raw, path):
+    """The raw value at a field path like ``dc[1].worker_slowdown[1]``."""
+    node = raw
+    for part in path.replace("]", "").replace("[", ".").split("."):
+        node = node[int(part)] if part.isdigit() else node[part]
+    return node
+
+
+def test_non_finite_numbers_are_refused_in_files_and_overrides(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text("[run]\nmax_wall_time = inf\n")
+    with pytest.raises(ScenarioError, match=r"s.toml: run.max_wall_time: inf is not a finite number"):
+        load_scenario(f)
+    f.write_text("[training]\nlr = nan\n")
+    with pytest.raises(ScenarioError, match=r"training.lr: nan is not a finite number; allowed: a number > 0"):
+        load_scenario(f)
+    with pytest.raises(ScenarioError, match=r"sync.esync_epsilon: '1e999s' is not a finite number"):
+        override_scenario(Scenario(), ["sync.esync_epsilon=1e999s"])
+
+
+# ------------------------------------------------------------------ moved keys
+
+def test_training_mode_is_refused_with_where_it_moved():
+    err = error_of({"training": {"mode": "flat_ps"}})
+    assert err.path == "training.mode" and err.value == "flat_ps"
+    assert 'moved to topology.kind' in str(err) and 'kind = "flat" in [topology]' in str(err)
+    with pytest.raises(ScenarioError, match=r'training.mode has moved to topology.kind.*kind = "hips"'):
+        apply_override({}, "training.mode=hips")
+
+
+def test_topology_kind_chooses_the_planner():
+    assert Scenario().topology.kind == "hips"
+    assert parse_scenario({"topology": {"kind": "flat"}}).topology.kind == "flat"
+    err = error_of({"topology": {"kind": "flat_ps"}})
+    assert err.path == "topology.kind" and "did you mean 'flat'" in str(err)
 
 
 # ------------------------------------------------------------------ overrides
@@ -494,7 +576,7 @@ def test_resolved_toml_lists_every_key_with_readable_units():
         tables = data.get(spec.key, []) if spec.array else [data[spec.key]]
         for table in tables:
             assert list(table) == [row.key for row in settings_of(spec.cls)]
-    assert 'bandwidth    = "100Mbps"' in text and 'latency      = "30ms"' in text
+    assert 'bandwidth = "100Mbps"' in text and 'latency = "30ms"' in text
     assert 'tcp_window = "4MiB"' in text and 'bandwidth_ba = ""' in text
     assert scenario_to_dict(Scenario())["wan"][1]["bandwidth"] == "100Mbps"
 
@@ -508,13 +590,13 @@ def test_scenario_objects_built_in_code_round_trip_too():
 
 
 def test_module_entry_point_prints_the_resolved_scenario(capsys, tmp_path):
-    assert sc._main(["--set", "sync.k1=3"]) == 0
+    assert scenario_main(["--set", "sync.k1=3"]) == 0
     assert parse_scenario(tomllib.loads(capsys.readouterr().out)).sync.k1 == 3
-    assert sc._main(["--set", "sync.k1=0"]) == 2
+    assert scenario_main(["--set", "sync.k1=0"]) == 2
     assert "sync.k1" in capsys.readouterr().err
     doc = tmp_path / "doc.md"
     doc.write_text(f"intro\n{sc.DOC_BEGIN}\nSTALE-TEXT\n{sc.DOC_END}\noutro\n")
-    assert sc._main(["--write-docs", str(doc)]) == 0
+    assert scenario_main(["--write-docs", str(doc)]) == 0
     text = doc.read_text()
     assert text.startswith("intro\n") and text.endswith("outro\n") and "STALE-TEXT" not in text
     assert reference_markdown().strip() in text

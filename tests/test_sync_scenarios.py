@@ -113,8 +113,8 @@ def test_unknown_algorithm_names_the_allowed_ones(scenario_of):
 
 
 def test_local_step_algorithms_need_local_servers(scenario_of):
-    with pytest.raises(ScenarioError, match="flat_ps"):
-        scenario_of("hfa.toml", "training.mode=flat_ps")
+    with pytest.raises(ScenarioError, match="topology.kind = 'flat'"):
+        scenario_of("hfa.toml", "topology.kind=flat")
 
 
 def test_esync_epsilon_may_be_zero(scenario_of):

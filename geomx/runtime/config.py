@@ -197,7 +197,7 @@ def interface_ipv4(name: str) -> str:
 def scheduler_names(s: Scenario) -> dict[str, str]:
     """scheduler node name -> DC name, for the schedulers this scenario has."""
     out = {"gh": s.central_dc.name}
-    if s.training.mode == "hips":
+    if s.topology.kind == "hips":
         for d in s.party_dcs:
             out[f"lh:{d.name}"] = d.name
     return out

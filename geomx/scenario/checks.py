@@ -1,0 +1,207 @@
+"""Whole-scenario checks: rules that need more than one section.
+
+Each check takes a parsed :class:`Scenario` and raises :class:`ScenarioError` naming the
+field to change. They run in registration order after every section has parsed (so a
+later check may rely on an earlier one: the fault check relies on exactly one central DC).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
+from geomx.scenario.model import Scenario
+from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
+from geomx.sync.policy import needs_state_server
+from geomx.topology import DCShape, plan_nodes
+
+__all__ = ["SCENARIO_CHECKS", "scenario_check"]
+
+
+SCENARIO_CHECKS: list[Callable[[Scenario], None]] = []
+"""Checks that need more than one section; each raises :class:`ScenarioError`. Other
+modules may append their own (e.g. a [security] section's)."""
+
+
+def scenario_check(fn: Callable[[Scenario], None]) -> Callable[[Scenario], None]:
+    SCENARIO_CHECKS.append(fn)
+    return fn
+
+
+@scenario_check
+def _check_dcs(s: Scenario) -> None:
+    if not s.dcs:
+        raise ScenarioError("no [[dc]] given; allowed: one central DC and at least one party DC", path="dc")
+    seen: dict[str, int] = {}
+    for i, dc in enumerate(s.dcs):
+        if dc.name in seen:
+            raise ScenarioError(f"duplicate DC name {dc.name!r} (also dc[{seen[dc.name]}]); "
+                                f"allowed: unique names", path=f"dc[{i}].name", value=dc.name)
+        seen[dc.name] = i
+    central = [i for i, dc in enumerate(s.dcs) if dc.central]
+    names = quote_list(dc.name for dc in s.dcs)
+    if not central:
+        raise ScenarioError(f"no central DC among {names}; allowed: exactly one DC with central = true",
+                            path="dc", allowed="exactly one DC with central = true")
+    if len(central) > 1:
+        first, second = central[:2]
+        raise ScenarioError(
+            f"two central DCs, {s.dcs[first].name!r} (dc[{first}]) and {s.dcs[second].name!r} "
+            f"(dc[{second}]); allowed: exactly one DC with central = true",
+            path=f"dc[{second}].central", value=True, allowed="exactly one DC with central = true")
+    if not s.party_dcs:
+        raise ScenarioError("only the central DC is given; allowed: at least one non-central DC with workers",
+                            path="dc")
+    for i, dc in enumerate(s.dcs):
+        if dc.central and dc.workers != 0:
+            raise ScenarioError(f"the central DC {dc.name!r} has {dc.workers} workers; allowed: 0 "
+                                f"(workers in the central DC are not supported yet)",
+                                path=f"dc[{i}].workers", value=dc.workers, allowed="0")
+        if not dc.central and dc.workers < 1:
+            raise ScenarioError(f"party DC {dc.name!r} has no workers; allowed: an integer >= 1",
+                                path=f"dc[{i}].workers", value=dc.workers, allowed="an integer >= 1")
+        if not dc.central and dc.global_servers != 1:
+            raise ScenarioError(f"only the central DC hosts global servers; set global_servers on "
+                                f"{s.central_dc.name!r} instead; allowed: 1 (the default) on party DCs",
+                                path=f"dc[{i}].global_servers", value=dc.global_servers, allowed="1")
+
+
+@scenario_check
+def _check_wans(s: Scenario) -> None:
+    names = [dc.name for dc in s.dcs]
+    pairs: dict[frozenset, int] = {}
+    for i, wan in enumerate(s.wans):
+        for end in ("a", "b"):
+            name = getattr(wan, end)
+            if name not in names:
+                raise ScenarioError(
+                    f"unknown DC {name!r}{did_you_mean(name, names)}; allowed: {quote_list(names)}",
+                    path=f"wan[{i}].{end}", value=name, allowed=quote_list(names))
+        pair = frozenset((wan.a, wan.b))
+        if pair in pairs:
+            raise ScenarioError(f"a second link between {wan.a!r} and {wan.b!r} (also wan[{pairs[pair]}]); "
+                                f"allowed: one [[wan]] per pair (use bandwidth_ba for asymmetric links)",
+                                path=f"wan[{i}]")
+        pairs[pair] = i
+        if wan.trace not in ("", "uniform") and not os.path.isfile(wan.trace):
+            raise ScenarioError(f"trace file {wan.trace!r} not found; allowed: \"\", \"uniform\" "
+                                f"or the path of a CSV file of time_s,bandwidth rows",
+                                path=f"wan[{i}].trace", value=wan.trace)
+    # Every DC must reach the central one over WAN links (possibly through other DCs).
+    neighbours: dict[str, set[str]] = {n: set() for n in names}
+    for wan in s.wans:
+        neighbours[wan.a].add(wan.b)
+        neighbours[wan.b].add(wan.a)
+    centre = s.central_dc.name
+    reached, frontier = {centre}, [centre]
+    while frontier:
+        for nxt in neighbours[frontier.pop()] - reached:
+            reached.add(nxt)
+            frontier.append(nxt)
+    cut = [n for n in names if n not in reached]
+    if cut:
+        raise ScenarioError(
+            f"DC {cut[0]!r} is not connected to the central DC {centre!r}; add a [[wan]] with "
+            f"a = {cut[0]!r}, b = {centre!r}; allowed: a WAN graph that joins every DC to the central one",
+            path="wan", value=cut[0])
+
+
+@scenario_check
+def _check_run(s: Scenario) -> None:
+    r = s.run
+    limits = [r.iterations, r.epochs, r.target_accuracy, r.max_wall_time_s]
+    if r.runtime == "emu":
+        limits.append(r.max_emulated_time_s)
+    if not any(limits):
+        raise ScenarioError(
+            "no stop condition: the run would never end; allowed: set one of iterations, epochs, "
+            "target_accuracy, max_wall_time" + (", max_emulated_time" if r.runtime == "emu" else ""),
+            path="run.iterations", value=r.iterations)
+    if r.runtime == "real" and s.training.model == "phantom":
+        raise ScenarioError("the real runtime cannot run phantom models (they have no data); "
+                            f"allowed with runtime = 'real': {quote_list(m for m in MODELS if m != 'phantom')}",
+                            path="training.model", value="phantom")
+
+
+@scenario_check
+def _check_faults(s: Scenario) -> None:
+    if not s.faults:
+        return
+    # The same planner the job is built with names the nodes (geomx.topology), so a
+    # fault can only name a node the job will have.
+    central = s.central_dc
+    nodes = plan_nodes(s.topology.kind, central.name,
+                       [DCShape(d.name, d.workers) for d in s.party_dcs],
+                       global_servers=central.global_servers,
+                       state_server=needs_state_server(s.sync.algorithm)).nodes
+    for i, f in enumerate(s.faults):
+        if f.node not in nodes:
+            raise ScenarioError(f"unknown node {f.node!r}{did_you_mean(f.node, nodes)}; "
+                                f"allowed: {quote_list(nodes)}", path=f"fault[{i}].node",
+                                value=f.node, allowed=quote_list(nodes))
+
+
+@scenario_check
+def _check_membership(s: Scenario) -> None:
+    m = s.membership
+    if m.heartbeat_interval_s > 0 and m.heartbeat_timeout_s <= m.heartbeat_interval_s:
+        raise ScenarioError(
+            f"heartbeat_timeout ({m.heartbeat_timeout_s:g}s) must exceed heartbeat_interval "
+            f"({m.heartbeat_interval_s:g}s); allowed: a timeout of several intervals",
+            path="membership.heartbeat_timeout", value=m.heartbeat_timeout_s)
+
+
+@scenario_check
+def _check_sync(s: Scenario) -> None:
+    if s.topology.kind == "flat" and s.sync.algorithm not in ("fsa", "mixed"):
+        raise ScenarioError(
+            f"{s.sync.algorithm!r} needs local servers, which topology.kind = 'flat' does not have; "
+            "allowed with flat: 'fsa', 'mixed'",
+            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'mixed'")
+    if s.sync.algorithm == "mixed" and s.training.optimizer == "none":
+        # GeoMX hits a check failure mid-run here (geomx-behaviour.md §6, bug 12)
+        allowed = quote_list(o for o in SERVER_OPTIMIZERS if o != "none")
+        raise ScenarioError(
+            "sync.algorithm = 'mixed' applies each DC's push as its own global step and needs a "
+            f"global optimizer, got 'none'; allowed: {allowed}",
+            path="training.optimizer", value="none", allowed=allowed)
+    if s.sync.algorithm in ("hfa", "esync") and s.training.worker_optimizer == "none":
+        allowed = quote_list(o for o in WORKER_OPTIMIZERS if o != "none")
+        raise ScenarioError(
+            f"sync.algorithm = {s.sync.algorithm!r} takes local steps on the workers, which need "
+            f"an optimizer, got 'none'; allowed: {allowed}",
+            path="training.worker_optimizer", value="none", allowed=allowed)
+
+
+
+@scenario_check
+def _check_real(s: Scenario) -> None:
+    r = s.real
+    central_i = next(i for i, d in enumerate(s.dcs) if d.central)
+    central = s.dcs[central_i]
+    if r.global_scheduler and central.scheduler_port:
+        port = int(r.global_scheduler.rpartition(":")[2])
+        if port != central.scheduler_port:
+            raise ScenarioError(
+                f"real.global_scheduler = {r.global_scheduler!r} disagrees with the central DC's "
+                f"scheduler_port = {central.scheduler_port} (the central DC's scheduler is the global "
+                "one); allowed: set only one of them, or the same port",
+                path=f"dc[{central_i}].scheduler_port", value=central.scheduler_port)
+    if r.global_scheduler and not 0 < int(r.global_scheduler.rpartition(":")[2]) < 65536:
+        raise ScenarioError("port out of range; allowed: 'host:port' with a port in 1..65535",
+                            path="real.global_scheduler", value=r.global_scheduler)
+    if r.port_base and r.port_base + len(s.dcs) > 65535:
+        raise ScenarioError(f"port_base + {len(s.dcs)} DCs passes 65535; allowed: a lower port_base",
+                            path="real.port_base", value=r.port_base)
+    seen: dict[tuple[str, int], int] = {}
+    for i, d in enumerate(s.dcs):
+        if not d.scheduler_port:
+            continue
+        key = (d.host, d.scheduler_port)
+        if key in seen:
+            raise ScenarioError(
+                f"port {d.scheduler_port} on host {d.host!r} is also dc[{seen[key]}]'s scheduler port; "
+                "allowed: one scheduler per host and port", path=f"dc[{i}].scheduler_port",
+                value=d.scheduler_port)
+        seen[key] = i

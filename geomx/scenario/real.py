@@ -1,0 +1,70 @@
+"""``[real]`` (where the schedulers listen) and ``[security]`` (who may join): real runtime only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geomx.scenario.kinds import Duration, Flag, Integer, Section, Text, setting
+
+
+#: A host:port address (host: a name, an IPv4 address, or an IPv6 address in brackets).
+_ADDRESS = r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):[0-9]{1,5}"
+_ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+@dataclass(frozen=True)
+class RealConfig(Section):
+    """Real runtime: where the schedulers listen and how nodes reach each other.
+
+    Every node finds its schedulers from these settings (or from the environment, see
+    docs/real-runtime.md), so nodes started separately on different hosts meet without a
+    launcher: the GeoMX/ps-lite rendezvous (geomx-behaviour.md §1.4). The global scheduler
+    listens on `port_base` and DC number i (file order) on `port_base + 1 + i`, which with
+    the default 9092 gives GeoMX's demo ports (global 9092, central 9093, parties 9094, ...).
+    """
+
+    global_scheduler: str = setting(Text(rf"({_ADDRESS})?", "'host:port' or empty"), "",
+                                    "Address of the global scheduler (GeoMX's DMLC_PS_GLOBAL_ROOT_URI/"
+                                    "PORT); \"\" = the central DC's host and scheduler port.")
+    port_base: int = setting(Integer(min=0, max=65535 - 64), 0,
+                             "First rendezvous port (see above). 0 = automatic: free ports when one "
+                             "launcher starts every node on this host (`geomx run`, `geomx launch`), "
+                             "9092 otherwise.")
+    bind_host: str = setting(Text(), "",
+                             "Address every node binds to; \"\" = the address it advertises (its DC's "
+                             "`host`); \"0.0.0.0\" = every interface.")
+    shape: bool = setting(Flag(), True,
+                          "Reproduce the scenario's WAN links with the transport's own shaper (turn "
+                          "off when the DCs really are far apart).")
+    connect_timeout_s: float = setting(Duration(positive=True), "30s",
+                                       "How long a node retries reaching a peer that is not up yet.",
+                                       key="connect_timeout")
+
+
+@dataclass(frozen=True)
+class SecurityConfig(Section):
+    """Who may join the job: a shared-secret handshake and TLS (real runtime only).
+
+    The secret itself never goes in this file: `secret_env` names the environment variable
+    that holds it. Relative certificate paths are read next to the scenario file when they
+    exist there, else from the working directory.
+    """
+
+    secret_env: str = setting(Text(_ENV_NAME, "an environment variable name"), "GEOMX_SECRET",
+                              "Environment variable holding the shared secret (HMAC handshake); "
+                              "unset or empty = no authentication.")
+    require_secret: bool = setting(Flag(), False,
+                                   "Refuse to start a node when the variable named by `secret_env` "
+                                   "is unset or empty.")
+    tls: bool = setting(Flag(), False, "Encrypt every connection with TLS (needs `tls_cert` and `tls_key`).")
+    tls_cert: str = setting(Text(), "", "PEM certificate (chain) each node presents.")
+    tls_key: str = setting(Text(), "", "PEM private key of `tls_cert`.")
+    tls_ca: str = setting(Text(), "",
+                          "PEM CA bundle peers' certificates must chain to; \"\" = the system trust store.")
+    tls_verify_clients: bool = setting(Flag(), False,
+                                       "Mutual TLS: a node also requires a certificate from the nodes that "
+                                       "connect to it (signed by `tls_ca`).")
+    tls_check_hostname: bool = setting(Flag(), True,
+                                       "Check that a peer's certificate names the address it was dialled at.")
+
+

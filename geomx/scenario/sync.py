@@ -1,0 +1,35 @@
+"""``[sync]``: the synchronisation algorithm and its parameters (algorithms.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geomx.scenario.kinds import Choice, Duration, Integer, Real, Section, setting
+
+
+ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
+
+
+@dataclass(frozen=True)
+class SyncConfig(Section):
+    """When servers aggregate and reply: the synchronisation algorithm and its parameters."""
+
+    algorithm: str = setting(Choice(*ALGORITHMS), "fsa",
+                             "`fsa`: fully synchronous; `mixed`: sync in a DC, async across DCs; "
+                             "`hfa`: hierarchical frequency aggregation; `esync`: ESync.")
+    staleness: int = setting(Integer(min=0), 0,
+                             "mixed: a DC more than this many versions ahead of the slowest DC "
+                             "waits for it (0 = unbounded, as in GeoMX).")
+    k1: int = setting(Integer(min=1), 20, "hfa: local steps per local sync.")
+    k2: int = setting(Integer(min=1), 10, "hfa: local syncs per global sync.")
+    dcasgd_lambda: float = setting(Real(min=0), 0.04,
+                                   "Variance-control factor (lambda) of the dcasgd / dcasgd_shared "
+                                   "global optimizers (GeoMX/MXNet default 0.04).")
+    esync_epsilon_s: float = setting(Duration(), "0s",
+                                     "esync: slack of the ready rule -- a worker stops taking local "
+                                     "steps once one more step plus this would end after the slowest "
+                                     "worker's step (the paper uses 0.5s for second-long steps; scale "
+                                     "it with your step times).",
+                                     key="esync_epsilon")
+    esync_max_local_steps: int = setting(Integer(min=1), 64, "esync: upper bound on local steps per round.")
+

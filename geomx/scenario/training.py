@@ -1,0 +1,71 @@
+"""``[training]``: the model, the data and how they are split, and the optimizers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geomx.scenario.errors import ScenarioError, quote_list
+from geomx.scenario.kinds import Choice, Integer, ListOf, Real, Section, Text, setting
+
+
+MODELS = ("softmax", "mlp", "cnn", "phantom")
+IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist")
+SERVER_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "dcasgd", "dcasgd_shared", "none")
+WORKER_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "none")
+
+
+@dataclass(frozen=True)
+class TrainingConfig(Section):
+    """The model, the data and how they are split, and the optimizers."""
+
+    model: str = setting(Choice(*MODELS), "mlp",
+                         "`phantom`: tensors with sizes only (no data), for emulating large models.")
+    hidden: tuple[int, ...] = setting(ListOf(Integer(min=1)), [64], "Hidden layer sizes of the mlp.")
+    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic"), "digits",
+                           "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see synthetic_*).")
+    data_path: str = setting(Text(), "",
+                             "mnist / fashion_mnist: directory with the IDX files, or an .npz file.")
+    partition: str = setting(Choice("iid", "by_class", "dirichlet"), "iid",
+                             "How training data is split across workers.")
+    dirichlet_alpha: float = setting(Real(min=0, min_open=True), 0.5,
+                                     "Concentration for partition = dirichlet (smaller = more skewed).")
+    batch_size: int = setting(Integer(min=1), 32, "Samples per worker per iteration.")
+    lr: float = setting(Real(min=0, min_open=True), 0.01, "Learning rate of the global-server optimizer.")
+    optimizer: str = setting(Choice(*SERVER_OPTIMIZERS), "adam",
+                             "Optimizer run by the global servers (`none`: store the pushed values).")
+    momentum: float = setting(Real(min=0, max=1, max_open=True), 0.9, "Momentum for momentum / nesterov.")
+    weight_decay: float = setting(Real(min=0), 0.0, "L2 weight decay.")
+    worker_optimizer: str = setting(Choice(*WORKER_OPTIMIZERS), "sgd",
+                                    "Optimizer for local steps on workers (HFA, ESync).")
+    worker_lr: float = setting(Real(min=0), 0.0, "Learning rate of local steps; 0 = same as `lr`.")
+    phantom_params: int = setting(Integer(min=0, counts=True), 0,
+                                  "Phantom model: total parameter count, e.g. \"25.6M\".")
+    phantom_layers: tuple[int, ...] = setting(ListOf(Integer(min=1, counts=True)), [],
+                                              "Phantom model: explicit tensor sizes (elements).")
+    phantom_preset: str = setting(Choice("", "resnet50", "vgg16"), "", "Phantom model: tensor sizes of a known network.")
+    synthetic_samples: int = setting(Integer(min=1, counts=True), 4000, "Samples of the synthetic dataset.")
+    synthetic_features: int = setting(Integer(min=1), 32, "Features of the synthetic dataset.")
+    synthetic_classes: int = setting(Integer(min=2), 10, "Classes of the synthetic dataset.")
+
+    @property
+    def effective_worker_lr(self) -> float:
+        """Learning rate for local steps (``worker_lr``, or ``lr`` when 0)."""
+        return self.worker_lr or self.lr
+
+    def _check(self, path: str) -> None:
+        if self.model == "phantom":
+            given = [k for k, v in (("phantom_params", self.phantom_params),
+                                    ("phantom_layers", self.phantom_layers),
+                                    ("phantom_preset", self.phantom_preset)) if v]
+            if len(given) != 1:
+                problem = ("model = 'phantom' needs its tensor sizes" if not given
+                           else f"set only one of them, got {', '.join(given)}")
+                raise ScenarioError(
+                    f"{problem}; allowed: exactly one of phantom_params, phantom_layers, phantom_preset",
+                    path=f"{path}.model", value=self.model,
+                    allowed="exactly one of phantom_params, phantom_layers, phantom_preset")
+        if self.model == "cnn" and self.dataset not in IMAGE_DATASETS:
+            raise ScenarioError(
+                f"model = 'cnn' needs an image dataset, got {self.dataset!r}; allowed: {quote_list(IMAGE_DATASETS)}",
+                path=f"{path}.dataset", value=self.dataset, allowed=quote_list(IMAGE_DATASETS))
+

@@ -1,0 +1,36 @@
+"""Topology planning: which nodes a job has, where they run and whom they register with.
+
+``[topology] kind`` picks a planner from :data:`PLANNERS`; each is a module here that
+implements :class:`~geomx.topology.base.TopologyPlanner` (``hips``: GeoMX's two tiers;
+``flat``: the vanilla parameter server). NETSTORM trees and MLNET will be added as
+further modules. This is a policy package: it takes plain values and imports nothing
+from the scenario, the cluster, the nodes or the runtimes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from geomx.topology import flat, hips
+from geomx.topology.base import (GLOBAL_SCHEDULER, MASTER_WORKER, STATE_SERVER, DCShape,
+                                 NodeLayout, TopologyPlanner)
+
+__all__ = [
+    "GLOBAL_SCHEDULER", "MASTER_WORKER", "STATE_SERVER", "DCShape", "NodeLayout",
+    "TopologyPlanner", "PLANNERS", "KINDS", "plan_nodes",
+]
+
+#: ``[topology] kind`` -> planner.
+PLANNERS: dict[str, TopologyPlanner] = {"hips": hips.plan, "flat": flat.plan}
+KINDS: tuple[str, ...] = tuple(PLANNERS)
+
+
+def plan_nodes(kind: str, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
+               state_server: bool) -> NodeLayout:
+    """The nodes of a job laid out by the planner of ``kind`` (one of :data:`KINDS`)."""
+    try:
+        planner = PLANNERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown topology kind {kind!r}; allowed: "
+                         f"{', '.join(repr(k) for k in KINDS)}") from None
+    return planner(central_dc, parties, global_servers=global_servers, state_server=state_server)

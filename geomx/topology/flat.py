@@ -1,0 +1,22 @@
+"""A flat parameter server: the vanilla MXNet baseline GeoMX is compared against.
+
+No local tier: every worker registers with the global scheduler and pushes its gradients
+across the WAN to the global servers itself (GeoMX's papers' "vanilla PS"). This is the
+topology of ``[topology] kind = "flat"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from geomx.topology.base import DCShape, NodeLayout, assemble_layout
+
+#: The JobSpec mode of this topology's nodes.
+MODE = "flat_ps"
+
+
+def plan(central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
+         state_server: bool) -> NodeLayout:
+    """Workers in the party DCs, servers only in the central DC."""
+    return assemble_layout(MODE, central_dc, parties, global_servers=global_servers,
+                           state_server=state_server, local_tier={})
