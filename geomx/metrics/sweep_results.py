@@ -100,8 +100,8 @@ def plot_sweep(
 
     keys = sweep_keys(table)
     done = [i for i, s in enumerate(table["status"]) if s == "done"]
-    metrics = [m for m in metrics if m in table and not np.all(np.isnan(
-        np.asarray(table[m][done], dtype=float)))] if done else []
+    metrics = [m for m in metrics if m in table and table[m].dtype != object
+               and not np.all(np.isnan(table[m][done].astype(float)))] if done else []
     figs: dict[str, Any] = {}
     if not done or not metrics:
         return figs
@@ -136,7 +136,8 @@ def plot_sweep(
                         stds.append(float(np.std(vals)))
                 if gx:
                     ax.errorbar(gx, means, yerr=stds, marker="o", markersize=3, capsize=3,
-                                linewidth=1, label=_group_label(others, g))
+                                linewidth=1, linestyle="-" if ticks is None else ":",
+                                label=_group_label(others, g))
             ax.set_xlabel(key)
             ax.set_ylabel(_METRIC_LABELS.get(metric, metric))
             if ticks is not None:
