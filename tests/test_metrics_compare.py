@@ -141,3 +141,21 @@ def test_timeline_of_one_iteration(tmp_path):
     (tmp_path / "none.jsonl").write_text("")
     with pytest.raises(ValueError, match="no compute events"):
         build_timeline(tmp_path / "none.jsonl")
+
+
+def test_timeline_of_a_real_run_shows_send_ticks_per_node(tmp_path):
+    evs = []
+    for it, t in ((1, 0.0), (2, 1.0), (3, 2.0)):
+        evs.append({"ev": "compute", "node": "w:a:0", "iteration": it, "t": t + 0.1,
+                    "t_start": t, "dur": 0.1})
+        evs.append({"ev": "send", "node": "w:a:0", "src": "w:a:0", "dst": "ls:a",
+                    "msg": "PUSH", "bytes": 10, "t": t + 0.1})
+        evs.append({"ev": "send", "node": "ls:a", "src": "ls:a", "dst": "gs:0",
+                    "msg": "PUSH", "bytes": 10, "t": t + 0.2})
+    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evs))
+    tl = build_timeline(tmp_path)
+    assert tl.rows["sends by ls:a"] == [(1.2, 1.2, "PUSH")]
+    assert tl.rows["sends by w:a:0"] == [(1.1, 1.1, "PUSH")]
+    fig = plot_timeline(tl)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()][::-1]
+    assert labels == ["sends by ls:a", "sends by w:a:0", "compute w:a:0"]

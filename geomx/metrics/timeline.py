@@ -10,7 +10,9 @@ away from start-up and shutdown).
 Transfers are drawn from `xfer` events (`t`, `dur`, `path`): a message occupies every
 link of its path for its whole transfer time. That is the flow-level view the emulator
 works in (a message is one flow over its path, geomx/sim/network.py), not a per-hop
-packet trace. Run folders of the real runtime carry the same events.
+packet trace. The real runtime records `send` events instead (when a node handed a
+message to its transport; it knows no path or arrival time): those are drawn as ticks
+on one row per sending node, after the link rows.
 
 The events file is streamed twice (first the compute spans to choose the window, then
 the transfers inside it), so memory stays bounded by the transfers of one iteration.
@@ -37,6 +39,8 @@ MSG_COLOURS = {
     "PULL_REPLY": "tab:blue",
 }
 COMPUTE_COLOUR = "tab:green"
+#: Row prefix of the real runtime's send ticks.
+SENDS = "sends by"
 OTHER_COLOUR = "tab:gray"
 
 
@@ -114,6 +118,11 @@ def build_timeline(
         kind = str(ev.get("msg", "?"))
         for link in ev.get("path") or [f"{ev.get('src')}->{ev.get('dst')}"]:
             tl.rows.setdefault(str(link), []).append((max(start, t0), min(end, t1), kind))
+    for ev in _lines_with(path, '"send"'):
+        if ev.get("ev") == "send" and t0 <= float(ev["t"]) < t1:
+            t = float(ev["t"])
+            tl.rows.setdefault(f"{SENDS} {ev.get('src', ev.get('node'))}", []).append(
+                (t, t, str(ev.get("msg", "?"))))
     for worker, by_iter in spans.items():
         for start, end in by_iter.values():
             if start < t1 and end > t0:
@@ -123,10 +132,12 @@ def build_timeline(
 
 
 def _row_order(labels) -> list[str]:
-    wan = sorted(k for k in labels if not k.startswith("compute ") and is_wan_link(k))
-    lan = sorted(k for k in labels if not k.startswith("compute ") and not is_wan_link(k))
+    links = [k for k in labels if not k.startswith(("compute ", SENDS))]
+    wan = sorted(k for k in links if is_wan_link(k))
+    lan = sorted(k for k in links if not is_wan_link(k))
+    sends = sorted(k for k in labels if k.startswith(SENDS))
     compute = sorted(k for k in labels if k.startswith("compute "))
-    return wan + lan + compute
+    return wan + lan + sends + compute
 
 
 def plot_timeline(
@@ -147,8 +158,9 @@ def plot_timeline(
     seen: dict[str, str] = {}
     for y, label in enumerate(reversed(order)):
         by_kind: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        tick = (tl.t1 - tl.t0) * scale * 0.003  # instants (sends) stay visible
         for start, end, kind in tl.rows[label]:
-            by_kind[kind].append(((start - tl.t0) * scale, max((end - start) * scale, 1e-9)))
+            by_kind[kind].append(((start - tl.t0) * scale, max((end - start) * scale, tick)))
         for kind, bars in sorted(by_kind.items()):
             colour = COMPUTE_COLOUR if kind == "compute" else MSG_COLOURS.get(kind, OTHER_COLOUR)
             ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=colour, edgecolors="black",
