@@ -259,7 +259,9 @@ def _run_point(scenario_path: str, overrides: list[str], tmp_parent: str,
     try:
         _limit_kernel_threads(kernel_threads)
         s = load_scenario(scenario_path, [*overrides, "run.progress=false"])
-        result = run_scenario(s, out_dir=tmp_parent, progress=False)
+        # emulator points only: real-runtime runs in parallel would share the cores
+        # they are timed on (and the scenario may say runtime = "real")
+        result = run_scenario(s, runtime="emu", out_dir=tmp_parent, progress=False)
         if os.path.exists(final_dir):
             shutil.rmtree(final_dir)
         os.replace(result.run_dir, final_dir)

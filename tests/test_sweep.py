@@ -9,7 +9,19 @@ import pytest
 from geomx.cli import main
 from geomx.metrics.sweep_results import read_sweep, sweep_keys
 from geomx.scenario import ScenarioError
-from geomx.sweep import GridAxis, SweepError, _run_point, parse_grid, parse_grids, plan_sweep, run_sweep, split_values
+import io
+
+from geomx.sweep import (
+    GridAxis,
+    RunsBar,
+    SweepError,
+    _run_point,
+    parse_grid,
+    parse_grids,
+    plan_sweep,
+    run_sweep,
+    split_values,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
@@ -144,3 +156,17 @@ def test_cli_sweep_bad_grid_is_a_clear_error(capsys):
     assert "--grid codec.type=zip" in err and "'fp16'" in err
     assert main(["sweep", str(QUICKSTART)]) == 2
     assert "nothing to sweep" in capsys.readouterr().err
+
+
+def test_progress_bar_counts_runs_and_sums_up_resumed_ones():
+    out = io.StringIO()
+    bar = RunsBar(4, stream=out)
+    bar.advance("a", resumed=True)
+    bar.advance("b", resumed=True)
+    assert out.getvalue() == ""  # resumed points are not a line each
+    bar.advance("c")
+    bar.advance("d", failed=True)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "3/4 runs (2 resumed, 0 failed)" in lines[0] and lines[0].endswith("| c")
+    assert "4/4 runs (2 resumed, 1 failed)" in lines[1] and lines[1].endswith("| FAILED d")
