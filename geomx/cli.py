@@ -1,8 +1,10 @@
-"""The ``geomx`` command line: run, validate, and the real-runtime entry points.
+"""The ``geomx`` command line: run, validate, sweep, compare, and the real-runtime entry
+points.
 
 ``geomx run SCENARIO`` is the main job: it trains on the scenario's topology in the
 virtual-time WAN emulator (``--runtime emu``, default) or as one process per node over
-real sockets on this host (``--runtime real``), and leaves a run folder.
+real sockets on this host (``--runtime real``), and leaves a run folder. ``geomx sweep``
+and ``geomx compare`` (geomx/cli_analysis.py) run grids of scenarios and compare runs.
 
 Real runtime entry points (docs/real-runtime.md): ``geomx launch SCENARIO`` starts every
 node here (or, with ``--hostfile``, each DC's nodes on its hosts over ssh);
@@ -29,6 +31,8 @@ examples:
   geomx run scenarios/quickstart.toml
   geomx run scenarios/quickstart.toml --set training.lr=0.005 --set wan.0.bandwidth=20Mbps
   geomx run scenarios/quickstart.toml --runtime real
+  geomx sweep scenarios/quickstart.toml --grid codec.type=none,fp16 --seeds 2
+  geomx compare runs/quickstart-20261125-101010 runs/vanilla_ps-20261125-101515
   geomx validate scenarios/vanilla_ps.toml
   geomx launch scenarios/quickstart.toml --hostfile hosts.txt
   geomx node scenarios/quickstart.toml --name w:party-a:0 --global-scheduler 10.0.0.1:9092
@@ -147,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--stdin-config", action="store_true",
                       help="read {'scenario': TOML, 'env': {...}} as the first line of stdin, "
                            "then watch stdin (remote launchers)")
+    from geomx.cli_analysis import add_parsers
+
+    add_parsers(sub, _add_scenario_args)
     return parser
 
 
@@ -158,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command in ("sweep", "compare"):
+        return args.handler(args)
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
     if args.command == "node":

@@ -259,6 +259,14 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
         write_run_plots(run_dir, caps)
 
 
+def _loop_running_here() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def run_scenario(s: Scenario, *, runtime: str | None = None, out_dir: str | os.PathLike | None = None,
                  progress: bool | None = None,
                  inspect: Callable[[list[Any]], None] | None = None) -> RunResult:
@@ -269,7 +277,16 @@ def run_scenario(s: Scenario, *, runtime: str | None = None, out_dir: str | os.P
     run_dir = make_run_dir(out_dir or s.run.out_dir, s.run.name)
     (run_dir / "scenario.toml").write_text(scenario_to_toml(s))
     show = s.run.progress if progress is None else progress
-    if runtime == "emu":
+    if runtime == "emu" and _loop_running_here():
+        # A Jupyter kernel (ipykernel) runs an asyncio loop in this thread, and the
+        # emulator needs a loop of its own: run it in a thread (virtual time, so the
+        # events are the same).
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1, thread_name_prefix="geomx-emulator") as pool:
+            summary = pool.submit(run_emulated, s, run_dir, progress=show,
+                                  inspect=inspect).result()
+    elif runtime == "emu":
         summary = run_emulated(s, run_dir, progress=show, inspect=inspect)
     else:
         from geomx.runtime.launcher import run_real

@@ -41,14 +41,24 @@ def test_unknown_time_axis_is_an_error_naming_the_choices(tmp_path):
         plots.plot_accuracy(run, None, time_axis="seconds")
 
 
-def test_link_utilisation_with_and_without_capacities(tmp_path):
-    per_link = {"wan:a-b": 1_500_000, "lan:a": 5_000_000}
-    fig = plots.plot_link_utilisation(per_link, 6.0, {"wan:a-b": 10e6}, tmp_path / "u.png")
-    assert len(fig.axes) == 2 and _is_png(tmp_path / "u.png")
-    fig = plots.plot_link_utilisation(per_link, 6.0, None, None)
-    assert len(fig.axes) == 1
+def test_link_utilisation_puts_wan_links_first_on_their_own_scale(tmp_path):
+    per_link = {"a->c": 1_500_000, "c->a": 750_000, "w:a:0->sw:a": 5_000_000_000,
+                "sw:a->ls:a": 4_000_000_000}
+    caps = {"a->c": 10e6, "w:a:0->sw:a": 10e9}
+    fig = plots.plot_link_utilisation(per_link, 6.0, caps, tmp_path / "u.png")
+    assert _is_png(tmp_path / "u.png")
+    wan, lan = fig.axes
+    assert wan.get_title(loc="left") == "WAN links (2)" and lan.get_title(loc="left") == "LAN links (2)"
+    assert [t.get_text() for t in wan.get_yticklabels()] == ["c->a", "a->c"]  # busiest on top
+    # each panel is scaled to its own links: the 2 Mbit/s WAN bar spans its axis
+    assert wan.get_xlim()[1] == pytest.approx(2.0 * 1.35)
+    labels = [t.get_text() for t in wan.texts]
+    assert "2 Mbit/s (20%)" in labels and "1 Mbit/s" in labels  # utilisation where known
+    fig = plots.plot_link_utilisation({"w:a:0->sw:a": 1000}, 6.0, None, None)
+    assert len(fig.axes) == 1 and fig.axes[0].get_title(loc="left") == "LAN links (1)"
     with pytest.raises(ValueError, match="duration_s"):
         plots.plot_link_utilisation(per_link, 0, None, None)
+    assert plots.is_wan_link("party-a->central") and not plots.is_wan_link("sw:c->gs:0")
 
 
 def test_compare_runs_overlays_one_line_per_run(tmp_path):

@@ -135,6 +135,34 @@ def plot_bytes(
     return _save(fig, out_png)
 
 
+def is_wan_link(name: str) -> bool:
+    """Whether a link name from `bytes_per_link` is a WAN link.
+
+    Host links attach a node to its DC's switch (`host->sw:DC`, `sw:DC->host`, see
+    geomx/sim/network.py); every other link joins two DCs (`a->b`). So a link is LAN
+    exactly when one of its ends is a switch.
+    """
+    return not any(end.startswith("sw:") for end in name.split("->"))
+
+
+def _utilisation_panel(ax, links: Sequence[str], mbps: Sequence[float],
+                       capacities_bps: Mapping[str, float], duration_s: float,
+                       bytes_per_link: Mapping[str, int], color: str, label: str) -> None:
+    ax.barh(links, mbps, color=color)
+    top = max(mbps + [0.0]) or 1.0
+    for y, (link, rate) in enumerate(zip(links, mbps)):
+        cap = capacities_bps.get(link)
+        text = f"{rate:.3g} Mbit/s"
+        if cap:
+            text += f" ({100.0 * bytes_per_link[link] * 8 / duration_s / float(cap):.3g}%)"
+        ax.text(rate + top * 0.01, y, text, va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.35)  # room for the labels
+    ax.set_xlabel("mean throughput (Mbit/s)")
+    ax.set_title(label, loc="left", fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def plot_link_utilisation(
     bytes_per_link: Mapping[str, int],
     duration_s: float,
@@ -143,32 +171,33 @@ def plot_link_utilisation(
     top: int = 30,
     title: str | None = None,
 ) -> Figure:
-    """Mean throughput of each link over `duration_s` (left) and, for links whose
-    capacity is known, mean utilisation in percent (right). Shows the `top` busiest
-    links."""
+    """Mean throughput of each link over `duration_s`, WAN links first.
+
+    WAN and LAN links get separate panels, each on its own scale: on one axis the
+    10 Gbit/s LAN links flatten the 100 Mbit/s WAN bars (the links the study is about)
+    to nothing. Each bar is labelled with its rate and, when the capacity is known,
+    its mean utilisation in percent. At most `top` links per panel (the busiest).
+    """
     if not duration_s > 0:
         raise ValueError(f"duration_s must be > 0, got {duration_s!r}")
     capacities_bps = capacities_bps or {}
-    links = sorted(bytes_per_link, key=lambda k: (-bytes_per_link[k], k))[:top]
-    links.reverse()  # busiest at the top of a horizontal bar chart
-    mbps = [bytes_per_link[k] * 8 / duration_s / 1e6 for k in links]
-    with_cap = [k for k in links if capacities_bps.get(k)]
-    height = max(2.5, 0.3 * len(links) + 1.2)
-    fig = _new_figure(10.0 if with_cap else 7.0, height)
-    ax = fig.add_subplot(1, 2 if with_cap else 1, 1)
-    ax.barh(links, mbps, color="tab:purple")
-    ax.set_xlabel("mean throughput (Mbit/s)")
-    ax.grid(True, axis="x", alpha=0.3)
-    if with_cap:
-        util = [
-            100.0 * bytes_per_link[k] * 8 / duration_s / float(capacities_bps[k])
-            for k in with_cap
-        ]
-        ax_u = fig.add_subplot(1, 2, 2)
-        ax_u.barh(with_cap, util, color="tab:cyan")
-        ax_u.axvline(100.0, color="black", linewidth=0.8, linestyle=":")
-        ax_u.set_xlabel("mean utilisation (% of capacity)")
-        ax_u.grid(True, axis="x", alpha=0.3)
+    groups = []
+    for label, wan, color in (("WAN links", True, "tab:orange"), ("LAN links", False, "tab:green")):
+        links = [k for k in bytes_per_link if is_wan_link(k) == wan]
+        links = sorted(links, key=lambda k: (-bytes_per_link[k], k))[:top]
+        if links:
+            links.reverse()  # busiest at the top of a horizontal bar chart
+            groups.append((label, links, color))
+    if not groups:
+        groups.append(("links", [], "tab:purple"))
+    heights = [max(1.0, 0.28 * len(links) + 0.6) for _, links, _ in groups]
+    fig = _new_figure(8.0, sum(heights) + 0.8)
+    spec = fig.add_gridspec(len(groups), 1, height_ratios=heights)
+    for i, (label, links, color) in enumerate(groups):
+        ax = fig.add_subplot(spec[i, 0])
+        mbps = [bytes_per_link[k] * 8 / duration_s / 1e6 for k in links]
+        _utilisation_panel(ax, links, mbps, capacities_bps, duration_s, bytes_per_link,
+                           color, f"{label} ({len(links)})")
     fig.suptitle(title or f"link utilisation over {duration_s:.4g} s")
     fig.tight_layout()
     return _save(fig, out_png)
@@ -205,8 +234,9 @@ def write_run_plots(
     run_dir: str | os.PathLike,
     capacities_bps: Mapping[str, float] | None = None,
 ) -> list[Path]:
-    """Write the standard plots of a run folder (accuracy.png, bytes.png and, when the
-    summary has per-link bytes and a duration, link_utilisation.png); returns paths."""
+    """Write the standard plots of a run folder (accuracy.png, bytes.png; when the
+    summary has per-link bytes and a duration, link_utilisation.png; when events.jsonl
+    has compute spans, timeline.png of one iteration); returns the paths."""
     run = load_run(run_dir)
     written: list[Path] = []
     if run.progress:
@@ -220,4 +250,14 @@ def write_run_plots(
             out = run.path / "link_utilisation.png"
             plot_link_utilisation(s.bytes_per_link, duration, capacities_bps, out)
             written.append(out)
+    if run.events_path.exists():
+        from geomx.metrics.timeline import build_timeline, plot_timeline
+
+        try:
+            timeline = build_timeline(run.events_path)
+        except ValueError:  # no compute spans recorded: nothing to draw
+            timeline = None
+        if timeline is not None:
+            plot_timeline(timeline, run.path / "timeline.png")
+            written.append(run.path / "timeline.png")
     return written

@@ -1,0 +1,400 @@
+"""`geomx sweep`: a scenario over the cartesian product of overrides x seeds.
+
+Why a runner of its own instead of a shell loop over `geomx run --set`: emulator runs
+are independent single-process jobs, so they parallelise over cores (`jobs` processes);
+a sweep is long, so it must survive an interruption (a finished point is never rerun);
+and the result must be one table (`sweep.csv`, see geomx/metrics/sweep_results.py)
+plus default plots, not a folder of folders to grep.
+
+Layout of a sweep folder::
+
+    sweep.json      the grid, seeds and base overrides (what was asked)
+    sweep.csv       one row per point: index, run, status, swept values, seed, summary scalars
+    sweep_<key>.png each metric against each swept key (mean +- std over seeds)
+    runs/<point>/   the run folder of each point (the same as `geomx run` leaves)
+
+A point's folder name is readable (`bandwidth=20Mbps_type=fp16_seed=42`) plus a hash
+of the point's fully resolved scenario, so resuming reuses a run only when it was made
+from exactly the same scenario: editing the scenario file, the base `--set`s or the
+code's defaults gives new folders instead of silently mixing old results in. A run is
+written to `.tmp/` and renamed into `runs/` when it has finished, so a folder in
+`runs/` with a summary.json is a finished point.
+
+Grid values are checked exactly like `--set` (the same parser and validation); an
+error names the `--grid` entry, the field, the value and what is allowed, before
+anything runs. Processes are started with "spawn": sweeps are also started from
+Jupyter kernels, whose threads make `fork` unsafe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import IO, Any
+
+from geomx.metrics.summary import SUMMARY_FILE
+from geomx.metrics.sweep_results import (
+    LEAD_COLUMNS,
+    SWEEP_CSV,
+    SWEEP_MANIFEST,
+    plot_sweep,
+    summary_scalars,
+)
+from geomx.metrics.table import Table
+from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
+
+RUNS_DIR = "runs"
+TMP_DIR = ".tmp"
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run (bad --grid syntax, no points); says what to write."""
+
+
+@dataclass(frozen=True)
+class GridAxis:
+    """One `--grid KEY=V1,V2,...`: a scenario path and the values it takes.
+
+    KEY may join several paths with `+` (`wan.0.bandwidth+wan.1.bandwidth`): each value
+    is set on all of them, e.g. to change every WAN link of a topology together.
+    """
+
+    key: str
+    values: tuple[str, ...]
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.key.split("+"))
+
+    def assignments(self, value: str) -> list[str]:
+        return [f"{path}={value}" for path in self.paths]
+
+
+def split_values(text: str) -> list[str]:
+    """Split on commas outside brackets and quotes: `[64],[64,32]` is two values."""
+    out: list[str] = []
+    depth = 0
+    quote = ""
+    cur = []
+    for ch in text:
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return out
+
+
+def parse_grid(spec: str) -> GridAxis:
+    """`KEY=V1,V2,...` -> GridAxis. Raises SweepError naming the entry."""
+    key, sep, rest = spec.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise SweepError(f"--grid {spec!r}: expected KEY=V1,V2,..., e.g. "
+                         f"wan.0.bandwidth=20Mbps,100Mbps or codec.type=none,fp16")
+    values = split_values(rest)
+    if any(v == "" for v in values):
+        raise SweepError(f"--grid {spec!r}: empty value; give one or more values separated "
+                         f"by commas")
+    if len(set(values)) != len(values):
+        raise SweepError(f"--grid {spec!r}: a value appears twice")
+    if any(not p.strip() for p in key.split("+")):
+        raise SweepError(f"--grid {spec!r}: empty path in {key!r}; join paths with '+', e.g. "
+                         f"wan.0.bandwidth+wan.1.bandwidth=20Mbps,100Mbps")
+    return GridAxis(key, tuple(values))
+
+
+def parse_grids(specs: Sequence[str]) -> list[GridAxis]:
+    axes = [parse_grid(s) for s in specs]
+    keys = [a.key for a in axes]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise SweepError(f"--grid {k}: the key is given twice; put all its values in one --grid")
+    return axes
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of the sweep: grid values (key, value text) and a seed."""
+
+    index: int
+    values: tuple[tuple[str, str], ...]
+    seed: int
+    folder: str
+
+    def overrides(self, base: Sequence[str] = ()) -> list[str]:
+        grid = [f"{path.strip()}={v}" for k, v in self.values for path in k.split("+")]
+        return [*base, *grid, f"run.seed={self.seed}"]
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values) + f" seed={self.seed}"
+
+
+def _slug(point_values: Sequence[tuple[str, str]], seed: int) -> str:
+    parts = [f"{k.split('+')[0].rsplit('.', 1)[-1]}={v}" for k, v in point_values]
+    parts.append(f"seed={seed}")
+    text = "_".join(parts)
+    safe = "".join(c if c.isalnum() or c in "=.-+" else "_" for c in text)
+    return safe[:80]
+
+
+def _reraise_as_grid(exc: ScenarioError, source: str) -> ScenarioError:
+    return ScenarioError(exc.problem, path=exc.path, value=exc.value, allowed=exc.allowed,
+                         source=source)
+
+
+def plan_sweep(
+    scenario_path: str | os.PathLike,
+    axes: Sequence[GridAxis],
+    seeds: int = 1,
+    base_overrides: Sequence[str] = (),
+) -> list[SweepPoint]:
+    """Every point of the grid x seeds, each validated like `geomx run --set` would.
+
+    Seeds are the scenario's `run.seed`, +1, ... (`seeds` of them). Raises
+    ScenarioError (naming the `--grid` entry) or SweepError before anything runs.
+    """
+    if seeds < 1:
+        raise SweepError(f"--seeds {seeds}: allowed: an integer >= 1")
+    base = load_scenario(scenario_path, base_overrides)
+    for axis in axes:
+        for value in axis.values:
+            try:
+                load_scenario(scenario_path, [*base_overrides, *axis.assignments(value)])
+            except ScenarioError as exc:
+                raise _reraise_as_grid(exc, f"--grid {axis.key}={value}") from None
+    seed_list = [base.run.seed + i for i in range(seeds)]
+    points: list[SweepPoint] = []
+    combos = list(product(*[[(a.key, v) for v in a.values] for a in axes]))
+    for combo in combos:
+        for seed in seed_list:
+            p = SweepPoint(len(points), tuple(combo), seed, "")
+            try:
+                s = load_scenario(scenario_path, p.overrides(base_overrides))
+            except ScenarioError as exc:
+                raise _reraise_as_grid(exc, f"--grid point {p.label}") from None
+            digest = hashlib.sha256(scenario_to_toml(s).encode()).hexdigest()[:10]
+            points.append(SweepPoint(p.index, p.values, seed,
+                                     f"{_slug(p.values, seed)}-{digest}"))
+    return points
+
+
+class RunsBar:
+    """A progress bar over runs on stderr (a line per run when not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True, stream: IO[str] | None = None) -> None:
+        self.total = total
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = time.monotonic()
+        self.done = self.failed = self.resumed = 0
+        self._ran = 0
+
+    def advance(self, label: str, failed: bool = False, resumed: bool = False) -> None:
+        self.done += 1
+        self.failed += failed
+        self.resumed += resumed
+        self._ran += not resumed
+        if not self.enabled or (resumed and self.done < self.total):
+            return  # resumed points are summed up in the next line drawn
+        elapsed = time.monotonic() - self.start
+        left = self.total - self.done
+        eta = f", ~{elapsed / self._ran * left:.0f} s left" if self._ran and left else ""
+        width = 24
+        filled = int(width * self.done / max(self.total, 1))
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} runs "
+                f"({self.resumed} resumed, {self.failed} failed) {elapsed:.1f} s{eta} | "
+                f"{'FAILED ' if failed else ''}{label}")
+        if self.is_tty:
+            self.stream.write("\r\x1b[2K" + line)
+            if self.done == self.total:
+                self.stream.write("\n")
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _limit_kernel_threads(threads: int | None) -> None:
+    """Give this process's Numba kernels `threads` threads.
+
+    J sweep processes on C cores with C kernel threads each oversubscribe the CPU: the
+    codecs' `parallel=True` kernels then wait for descheduled threads on every small
+    tensor (measured: a quickstart fp16 run on a loaded 2-core machine took 13 s of wall
+    time with 2 Numba threads and 0.6 s with 1). Each process gets its share instead.
+    """
+    if threads is None:
+        return
+    import numba
+
+    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+
+
+def _run_point(scenario_path: str, overrides: list[str], tmp_parent: str,
+               final_dir: str, kernel_threads: int | None = None) -> dict[str, Any]:
+    """Run one point (in a worker process or here) and move its folder into place."""
+    from geomx.experiment import run_scenario
+
+    try:
+        _limit_kernel_threads(kernel_threads)
+        s = load_scenario(scenario_path, [*overrides, "run.progress=false"])
+        # emulator points only: real-runtime runs in parallel would share the cores
+        # they are timed on (and the scenario may say runtime = "real")
+        result = run_scenario(s, runtime="emu", out_dir=tmp_parent, progress=False)
+        if os.path.exists(final_dir):
+            shutil.rmtree(final_dir)
+        os.replace(result.run_dir, final_dir)
+        with open(os.path.join(final_dir, SUMMARY_FILE), encoding="utf-8") as fh:
+            return {"status": "done", "summary": json.load(fh)}
+    except Exception as exc:  # a failed point is reported in its row, the sweep goes on
+        return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+
+@dataclass
+class SweepResult:
+    """A finished (or partly failed) sweep."""
+
+    path: Path
+    table: Table
+    ran: int = 0
+    resumed: int = 0
+    failed: int = 0
+    plots: list[Path] = field(default_factory=list)
+
+
+def _row(point: SweepPoint, axes: Sequence[GridAxis], outcome: dict[str, Any]) -> dict[str, Any]:
+    from geomx.metrics.table import parse_cell
+
+    row: dict[str, Any] = {"index": point.index, "run": f"{RUNS_DIR}/{point.folder}",
+                           "status": outcome["status"]}
+    values = dict(point.values)
+    for axis in axes:
+        row[axis.key] = parse_cell(values[axis.key])
+    row["seed"] = point.seed
+    if outcome["status"] == "done":
+        row.update(summary_scalars(outcome["summary"]))
+    else:
+        row["error"] = outcome.get("error", "")
+    return row
+
+
+def _write_csv(path: Path, points: Sequence[SweepPoint], axes: Sequence[GridAxis],
+               outcomes: dict[int, dict[str, Any]]) -> Table:
+    rows = [_row(p, axes, outcomes[p.index]) for p in points if p.index in outcomes]
+    names = [*LEAD_COLUMNS, *(a.key for a in axes), "seed"]
+    for row in rows:
+        names.extend(k for k in row if k not in names)
+    table = Table.from_rows(rows, names)
+    tmp = path.with_suffix(".csv.tmp")
+    table.to_csv(tmp)
+    os.replace(tmp, path)
+    return table
+
+
+def default_sweep_dir(scenario_path: str | os.PathLike, base_overrides: Sequence[str] = ()) -> Path:
+    """`<run.out_dir>/sweep-<run.name>`: the same folder each time, so a rerun resumes."""
+    s = load_scenario(scenario_path, base_overrides)
+    return Path(s.run.out_dir) / f"sweep-{s.run.name}"
+
+
+def run_sweep(
+    scenario_path: str | os.PathLike,
+    axes: Sequence[GridAxis],
+    seeds: int = 1,
+    *,
+    jobs: int | None = None,
+    out: str | os.PathLike | None = None,
+    base_overrides: Sequence[str] = (),
+    progress: bool = True,
+    plots: bool = True,
+) -> SweepResult:
+    """Plan, run (skipping finished points) and tabulate a sweep; see the module
+    docstring. `jobs` processes (default: the core count; 1 runs here, in order)."""
+    scenario_path = os.fspath(scenario_path)
+    points = plan_sweep(scenario_path, axes, seeds, base_overrides)
+    jobs = jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise SweepError(f"--jobs {jobs}: allowed: an integer >= 1")
+    sweep_dir = Path(out) if out is not None else default_sweep_dir(scenario_path, base_overrides)
+    runs_dir = sweep_dir / RUNS_DIR
+    tmp_dir = sweep_dir / TMP_DIR
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp_dir, ignore_errors=True)  # leftovers of an interrupted sweep
+    tmp_dir.mkdir()
+    manifest = {"scenario": scenario_path, "grid": {a.key: list(a.values) for a in axes},
+                "seeds": sorted({p.seed for p in points}), "set": list(base_overrides),
+                "points": len(points)}
+    (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+    bar = RunsBar(len(points), enabled=progress)
+    outcomes: dict[int, dict[str, Any]] = {}
+    pending: list[SweepPoint] = []
+    for p in points:
+        summary_path = runs_dir / p.folder / SUMMARY_FILE
+        if summary_path.exists():
+            outcomes[p.index] = {"status": "done", "resumed": True,
+                                 "summary": json.loads(summary_path.read_text())}
+            bar.advance(p.label, resumed=True)
+        else:
+            pending.append(p)
+    csv_path = sweep_dir / SWEEP_CSV
+
+    def finish(p: SweepPoint, outcome: dict[str, Any]) -> None:
+        outcomes[p.index] = outcome
+        bar.advance(p.label, failed=outcome["status"] != "done")
+        _write_csv(csv_path, points, axes, outcomes)
+
+    cores = os.cpu_count() or 1
+    workers = min(jobs, len(pending)) or 1
+
+    def args(p: SweepPoint) -> tuple:
+        return (scenario_path, p.overrides(base_overrides), str(tmp_dir / f"p{p.index}"),
+                str(runs_dir / p.folder), None if workers == 1 else max(1, cores // workers))
+
+    if workers == 1:
+        for p in pending:
+            finish(p, _run_point(*args(p)))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = {pool.submit(_run_point, *args(p)): p for p in pending}
+            try:
+                remaining = set(futures)
+                while remaining:
+                    finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        finish(futures[fut], fut.result())
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    table = _write_csv(csv_path, points, axes, outcomes)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    result = SweepResult(sweep_dir, table,
+                         ran=len(pending),
+                         resumed=len(points) - len(pending),
+                         failed=sum(o["status"] != "done" for o in outcomes.values()))
+    if plots:
+        for name in plot_sweep(table, sweep_dir):
+            result.plots.append(sweep_dir / name)
+    return result
