@@ -9,6 +9,7 @@ process with that process's node name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any
 
 from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
+from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
@@ -35,6 +37,7 @@ class JobPlan:
     train: TrainSpec
     compute_s: dict[str, float]     # worker -> emulated compute seconds per iteration
     roles: dict[str, str]           # node -> role
+    compute_scale: dict[str, float] = dataclasses.field(default_factory=dict)  # heterogeneity x slowdown
 
     @property
     def nodes(self) -> list[str]:
@@ -45,6 +48,8 @@ def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | Non
     if name == "none":
         return None
     cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+    if s.training.global_grad_scale == "sum":
+        cfg["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
     if name in ("momentum", "nesterov"):
         cfg["momentum"] = s.training.momentum
     if name.startswith("dcasgd"):
@@ -137,15 +142,17 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         max_wall_s=s.run.max_wall_time_s,
         phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
-        sync=dict(job.sync),
+        sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
     )
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
+    compute_scale: dict[str, float] = {}
     for d in parties:
         for i, w in enumerate(workers_of[d.name]):
             slow = d.worker_slowdown[i] if i < len(d.worker_slowdown) else 1.0
             compute_s[w] = d.compute_s_per_iter * d.heterogeneity * slow
+            compute_scale[w] = d.heterogeneity * slow
     if runtime == "real" or m.in_emulator:
         job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
                                  else auto_request_timeout_s(s, job, train, compute_s))
@@ -156,7 +163,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     roles.update({w: "worker" for w in job.all_workers})
     if state_server:
         roles[state_server] = "state_server"
-    return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles)
+    return JobPlan(job=job, train=train, compute_s=compute_s, roles=roles,
+                   compute_scale=compute_scale)
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.
@@ -237,10 +245,16 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
         return StateServer(name, dc, transport, services, job)
     if role == "local_server":
         return LocalServer(name, dc, transport, services, job)
+    user = plan.train.program
     if role == "master_worker":
-        return Worker(name, dc, transport, services, job,
-                      functools.partial(master_program, spec=plan.train), is_master=True)
+        program = (functools.partial(run_user_program, spec=plan.train, program=user,
+                                     args=plan.train.program_args) if user
+                   else functools.partial(master_program, spec=plan.train))
+        return Worker(name, dc, transport, services, job, program, is_master=True)
     rank = job.workers_of[dc].index(name)
-    return Worker(name, dc, transport, services, job,
-                  functools.partial(train_program, spec=plan.train), rank=rank,
+    program = (functools.partial(run_user_program, spec=plan.train, program=user,
+                                 args=plan.train.program_args,
+                                 compute_scale=plan.compute_scale.get(name, 1.0)) if user
+               else functools.partial(train_program, spec=plan.train))
+    return Worker(name, dc, transport, services, job, program, rank=rank,
                   compute_s_per_iter=plan.compute_s[name])

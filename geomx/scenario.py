@@ -703,6 +703,18 @@ class TrainingConfig(_Section):
     synthetic_samples: int = setting(Integer(min=1, counts=True), 4000, "Samples of the synthetic dataset.")
     synthetic_features: int = setting(Integer(min=1), 32, "Features of the synthetic dataset.")
     synthetic_classes: int = setting(Integer(min=2), 10, "Classes of the synthetic dataset.")
+    program: str = setting(Text(), "",
+                           "Your own training program run on every worker and the master worker: "
+                           "`path/to/train.py` (relative to the scenario file), `train.py:fn` or "
+                           "`package.module:fn`; it defines `async def main(kv, ctx)`. Empty: the "
+                           "built-in trainer.")
+    program_args: tuple[str, ...] = setting(ListOf(Text()), [],
+                                            "Arguments for the program (`ctx.args`), as on a command "
+                                            "line: `geomx run S --program p.py -- --lr 0.1`.")
+    global_grad_scale: str = setting(Choice("mean", "sum"), "mean",
+                                     "What the global optimizer gets: `mean`: the workers' summed "
+                                     "gradients / num_all_workers; `sum`: GeoMX's sum of the "
+                                     "workers' mean gradients (rescale_grad = 1).")
 
     @property
     def effective_worker_lr(self) -> float:
@@ -1026,6 +1038,17 @@ def _resolve_relative(path_text: str, base_dir: Path | None) -> str:
     return str(candidate.resolve()) if candidate.exists() else path_text
 
 
+def _resolve_program(spec: str, base_dir: Path | None) -> str:
+    """``train.py[:fn]`` next to the scenario file becomes an absolute path (node processes
+    read the resolved scenario from the run folder); module names stay as they are."""
+    where, sep, fn = spec.rpartition(":")
+    if not sep or not fn.isidentifier():
+        where, sep, fn = spec, "", ""
+    if not where.endswith(".py"):
+        return spec
+    return _resolve_relative(where, base_dir) + (sep + fn if sep else "")
+
+
 def parse_scenario(raw: Mapping[str, Any], source: str = "<string>") -> Scenario:
     """Validate a scenario given as a dict (the shape ``tomllib`` returns).
 
@@ -1086,7 +1109,8 @@ def _resolve_paths(s: Scenario, base_dir: Path | None) -> Scenario:
         return s
     wans = tuple(w if w.trace in ("", "uniform")
                  else dataclasses.replace(w, trace=_resolve_relative(w.trace, base_dir)) for w in s.wans)
-    training = dataclasses.replace(s.training, data_path=_resolve_relative(s.training.data_path, base_dir))
+    training = dataclasses.replace(s.training, data_path=_resolve_relative(s.training.data_path, base_dir),
+                                   program=_resolve_program(s.training.program, base_dir))
     sec = s.security
     security = dataclasses.replace(sec, tls_cert=_resolve_relative(sec.tls_cert, base_dir),
                                    tls_key=_resolve_relative(sec.tls_key, base_dir),

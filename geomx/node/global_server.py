@@ -93,15 +93,26 @@ class GlobalServer(Node):
             from geomx.optim import optimizer_from_config
 
             self.optimizer = optimizer_from_config(dict(msg.meta["config"]))
-            self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
+            if "rescale_grad" not in msg.meta["config"]:  # explicit (1.0 = GeoMX's sum) wins
+                self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
             self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
             self.record("command", cmd=cmd)
+            if self.rank == 0 and self.job.mode == "hips":
+                # GeoMX: global server 0 forwards it to every local server; acknowledged
+                # once they all have it, so the master's await covers every tier
+                self.spawn(self._forward_command(msg))
+                return
         else:
             self.reply_error(msg, f"unknown command {cmd!r}; allowed: set_optimizer, "
                                   "set_gradient_compression")
             return
+        self.post(msg.reply(Kind.COMMAND_ACK))
+
+    async def _forward_command(self, msg: Message) -> None:
+        await asyncio.gather(*(self.request(Message(Kind.COMMAND, self.name, ls, meta=dict(msg.meta)))
+                               for ls in self.job.local_server_of.values()))
         self.post(msg.reply(Kind.COMMAND_ACK))
 
     def _on_stop(self, msg: Message) -> None:
