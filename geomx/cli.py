@@ -55,6 +55,31 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "wan.0.bandwidth=20Mbps (repeatable)")
 
 
+def _add_program_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--program", default=None, metavar="PROGRAM",
+                   help="your training program (train.py, train.py:fn or module:fn) with "
+                        "`async def main(kv, ctx)`, instead of [training] program; arguments "
+                        "after `--` become ctx.args")
+
+
+def _with_program(scenario, program: str | None, args: list[str] | None):
+    """``--program`` / ``-- args``: the scenario's [training] program and program_args."""
+    import dataclasses
+    import os
+
+    t = scenario.training
+    if program:
+        where, sep, fn = program.rpartition(":")
+        if not sep or not fn.isidentifier():
+            where, sep, fn = program, "", ""
+        if where.endswith(".py"):
+            where = os.path.abspath(where)  # a command-line path is relative to here
+        t = dataclasses.replace(t, program=where + (sep + fn if sep else ""))
+    if args is not None:
+        t = dataclasses.replace(t, program_args=tuple(args))
+    return dataclasses.replace(scenario, training=t)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geomx", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="parent folder of the run folder "
                                                  "(default: the scenario's run.out_dir)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_program_args(run)
 
     val = sub.add_parser("validate", help="check a scenario and print it fully resolved")
     _add_scenario_args(val)
@@ -91,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ssh command for --hostfile (default: ssh), e.g. 'ssh -p 2222'")
     launch.add_argument("--out", default=None, help="parent folder of the run folder")
     launch.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_program_args(launch)
 
     node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "
                                        "point for ssh, Slurm, Kubernetes)",
@@ -152,6 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program_args: list[str] | None = None
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if "--" in argv and command in ("run", "launch"):
+        cut = argv.index("--")
+        argv, program_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -178,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"geomx: scenario file not found: {e.filename or args.scenario}", file=sys.stderr)
         return 2
+    if getattr(args, "program", None) or program_args is not None:
+        scenario = _with_program(scenario, getattr(args, "program", None), program_args)
     if args.command == "validate":
         sys.stdout.write(scenario_to_toml(scenario))
         print(f"# OK: {args.scenario} is valid", file=sys.stderr)
