@@ -98,7 +98,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     for d in parties:
         for w in workers_of[d.name]:
             dc_of[w] = d.name
-    state_server = STATE_SERVER if needs_state_server(s.sync.algorithm) else ""
+    algorithm = s.sync.resolved_algorithm
+    state_server = STATE_SERVER if needs_state_server(algorithm) else ""
     if state_server:
         dc_of[state_server] = central.name
     job = JobSpec(
@@ -106,7 +107,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         global_scheduler="gh", global_servers=global_servers, master_worker="mw",
         local_scheduler_of=lh, local_server_of=ls, workers_of=workers_of, dc_of=dc_of,
         bigarray_bound=s.sched.bigarray_bound, seed=s.run.seed,
-        sync={"algorithm": s.sync.algorithm, "staleness": s.sync.staleness, "k1": s.sync.k1,
+        sync={"algorithm": algorithm, "auto": s.sync.algorithm == "auto",
+              "staleness": s.sync.staleness, "k1": s.sync.k1,
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
@@ -134,7 +136,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         dirichlet_alpha=t.dirichlet_alpha, batch_size=t.batch_size,
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
-                          if uses_global_optimizer(s.sync.algorithm) else None),
+                          if uses_global_optimizer(algorithm) else None),
         worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
@@ -207,7 +209,7 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     ``AUTO_REQUEST_TIMEOUT_FLOOR_S`` (process start-up and a loaded machine add seconds
     that no scenario declares). It is a bound for lost replies, not a performance target.
     """
-    algo = s.sync.algorithm
+    algo = s.sync.resolved_algorithm
     steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps

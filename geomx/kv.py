@@ -48,8 +48,8 @@ def create(name: str = "dist_sync") -> "KVStore":
     """Create the store of the worker running this code (GeoMX's ``mx.kv.create``).
 
     ``dist_sync`` selects fully synchronous training (FSA); ``dist_async`` asynchronous
-    aggregation across DCs (MixedSync) — what the scenario's ``[sync]`` says wins if the
-    two disagree, and a warning event is recorded.
+    aggregation across DCs (MixedSync) when the scenario's ``[sync] algorithm`` is ``auto``
+    (the default); a scenario that chose another algorithm explicitly is an error.
     """
     lname = name.lower()
     if lname not in KV_TYPES:
@@ -85,7 +85,10 @@ class KVStore:
         self._fence: asyncio.Task[Any] | None = None
         self._string_keys: dict[int, str] = {}
         self._barrier_count = 0
-        check_kvstore_type(type_, job.sync)
+        if check_kvstore_type(type_, job.sync) and node.is_master:
+            # GeoMX sends the sync mode when the store is created: before any init
+            self._fenced(functools.partial(self._command, {"cmd": "set_sync",
+                                                           "algorithm": "mixed"}))
         stores = getattr(node, "kv_stores", None)
         if stores is None:
             stores = node.kv_stores = []
@@ -469,19 +472,23 @@ class _OptimizerNamespace:
 optimizer = _OptimizerNamespace()
 
 
-def check_kvstore_type(type_: str, sync: dict[str, Any]) -> None:
-    """``dist_async`` means MixedSync across DCs; a scenario that chose a synchronous
-    algorithm explicitly conflicts with it (and ``dist_sync`` with ``mixed``): an error,
-    not a warning in the event log."""
+def check_kvstore_type(type_: str, sync: dict[str, Any]) -> bool:
+    """``dist_async`` means MixedSync across DCs (GeoMX); True when the job must switch to
+    it (``[sync] algorithm = "auto"``). A scenario that chose a synchronous algorithm
+    explicitly conflicts with it (and ``dist_sync`` with ``mixed``): an error, not a
+    warning in the event log."""
     if type_ == "local":
-        return
+        return False
     algo = sync.get("algorithm", "fsa")
     wants_async = "async" in type_
+    if sync.get("auto"):
+        return wants_async
     if wants_async != (algo == "mixed"):
         fix = ("set [sync] algorithm = \"mixed\"" if wants_async
                else "create the store with geomx.kv.create(\"dist_async\")")
         raise KVStoreError(f"kvstore type {type_!r} conflicts with the scenario's [sync] "
                            f"algorithm = {algo!r}; {fix}")
+    return False
 
 
 def _payload(v: Any) -> Payload:

@@ -746,9 +746,16 @@ _ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
 class SyncConfig(_Section):
     """When servers aggregate and reply: the synchronisation algorithm and its parameters."""
 
-    algorithm: str = setting(Choice(*_ALGORITHMS), "fsa",
+    algorithm: str = setting(Choice("auto", *_ALGORITHMS), "auto",
                              "`fsa`: fully synchronous; `mixed`: sync in a DC, async across DCs; "
-                             "`hfa`: hierarchical frequency aggregation; `esync`: ESync.")
+                             "`hfa`: hierarchical frequency aggregation; `esync`: ESync; `auto`: "
+                             "as GeoMX, the training program's kvstore type decides (`fsa`, or "
+                             "`mixed` when it creates a `dist_async` store).")
+
+    @property
+    def resolved_algorithm(self) -> str:
+        """The algorithm the job starts with (``auto`` starts as ``fsa``)."""
+        return "fsa" if self.algorithm == "auto" else self.algorithm
     staleness: int = setting(Integer(min=0), 0,
                              "mixed: a DC more than this many versions ahead of the slowest DC "
                              "waits for it (0 = unbounded, as in GeoMX).")
@@ -1251,7 +1258,7 @@ def _check_membership(s: Scenario) -> None:
 
 @scenario_check
 def _check_sync(s: Scenario) -> None:
-    if s.training.mode == "flat_ps" and s.sync.algorithm not in ("fsa", "mixed"):
+    if s.training.mode == "flat_ps" and s.sync.algorithm not in ("auto", "fsa", "mixed"):
         raise ScenarioError(
             f"{s.sync.algorithm!r} needs local servers, which training.mode = 'flat_ps' does not have; "
             "allowed with flat_ps: 'fsa', 'mixed'",

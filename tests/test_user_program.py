@@ -163,6 +163,14 @@ def test_geomx_api_as_geomx_users_write_it(tmp_path, runtime):
     assert r.summary.final_accuracy == 1.0
 
 
+def test_dist_async_selects_mixed_sync_when_the_scenario_leaves_it_open(tmp_path):
+    r = run_scenario(example(tmp_path, "cnn", "run.iterations=10", 'training.program_args=["-ms"]'))
+    switched = sorted(e["node"] for e in iter_events(r.run_dir / "events.jsonl")
+                      if e["ev"] == "command" and e.get("cmd") == "set_sync")
+    assert switched == ["gs:0", "ls:party-a", "ls:party-b"]
+    assert r.summary.final_accuracy > 0.5
+
+
 def test_dist_async_conflicting_with_the_scenario_is_an_error(tmp_path):
     p = _program(tmp_path, """
         import geomx.kv

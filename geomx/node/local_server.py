@@ -70,10 +70,25 @@ class LocalServer(Node):
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
         """GeoMX's global server forwards ``set_gradient_compression`` to every local
-        server; this one installs it and hands it to its workers with their next reply."""
-        if msg.src not in self.job.global_servers or msg.meta.get("cmd") != "set_gradient_compression":
-            self.reply_error(msg, "local servers take only set_gradient_compression, from a "
-                                  "global server")
+        server; this one installs it and hands it to its workers with their next reply.
+        ``set_sync`` (a ``dist_async`` store under ``[sync] algorithm = "auto"``) switches
+        this server to MixedSync's local policy."""
+        cmd = msg.meta.get("cmd")
+        if msg.src not in self.job.global_servers or cmd not in ("set_gradient_compression",
+                                                                   "set_sync"):
+            self.reply_error(msg, "local servers take only set_gradient_compression and "
+                                  "set_sync, from a global server")
+            return
+        if cmd == "set_sync":
+            from geomx.node.global_server import switch_sync
+
+            problem = switch_sync(self, msg.meta.get("algorithm"))
+            if problem:
+                self.reply_error(msg, problem)
+                return
+            self.policy = make_local_policy(self.job)
+            self.record("command", cmd=cmd, algorithm=self.job.sync["algorithm"])
+            self.post(msg.reply(Kind.COMMAND_ACK))
             return
         config = dict(msg.meta["config"])
         self.codec = LinkCodec(config, num_dcs=len(self.job.party_dcs))
