@@ -119,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_program_args(launch)
 
+    col = sub.add_parser("collect", help="merge the node files of a by-hand launch into a run "
+                                         "folder (summary.json, progress.csv, plots)",
+                         description="After nodes started one by one with `geomx node --run-dir "
+                                     "RUN_DIR` have finished: merge RUN_DIR/nodes/* into the same "
+                                     "run folder `geomx launch` leaves.")
+    col.add_argument("run_dir", metavar="RUN_DIR")
+    col.add_argument("--scenario", default=None,
+                     help="the job's scenario (default: RUN_DIR/scenario.toml)")
+
     node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "
                                        "point for ssh, Slurm, Kubernetes)",
                           description="Run one node of a scenario in this process over real "
@@ -193,6 +202,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
+    if args.command == "collect":
+        from geomx.runtime.collect import CollectError, collect_run
+
+        try:
+            summary = collect_run(args.run_dir, args.scenario)
+        except (CollectError, ScenarioError, FileNotFoundError) as e:
+            print(f"geomx collect: {e}", file=sys.stderr)
+            return 2
+        acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.4f}"
+        print(f"run folder: {args.run_dir}")
+        print(f"final accuracy {acc} after {summary.iterations} iterations, "
+              f"WAN {summary.bytes_wan / 1e6:.2f} MB, LAN {summary.bytes_lan / 1e6:.2f} MB")
+        missing = (summary.extra or {}).get("missing_nodes")
+        if missing:
+            print(f"warning: no result from {', '.join(missing)}", file=sys.stderr)
+        return 0
     if args.command == "node":
         from geomx.runtime.node_main import node_main
 
