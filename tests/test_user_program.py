@@ -206,3 +206,22 @@ def test_cli_program_and_args(tmp_path, capsys):
                "--set", "run.iterations=2", "--program", str(p), "--", "--acc", "0.25"])
     assert rc == 0
     assert "final accuracy 0.2500" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name,iterations", [("cnn_bsc", 10), ("cnn_fp16", 10), ("cnn_mpq", 10),
+                                             ("cnn_hfa", 20)])
+def test_geomx_example_programs_over_real_sockets(tmp_path, name, iterations):
+    overrides = (f"run.iterations={iterations}", "run.eval_every=10")
+    emu = run_scenario(example(tmp_path, name, *overrides))
+    real = run_scenario(example(tmp_path, name, *overrides), runtime="real")
+    assert real.summary.iterations == iterations
+    assert real.summary.final_accuracy == pytest.approx(emu.summary.final_accuracy, abs=0.02)
+
+
+@pytest.mark.parametrize("runtime", ["emu", "real"])
+def test_pytorch_example(tmp_path, runtime):
+    pytest.importorskip("torch")
+    r = run_scenario(example(tmp_path, "cnn_torch", "run.iterations=20", "run.eval_every=10"),
+                     runtime=runtime)
+    assert r.summary.iterations == 20
+    assert r.summary.final_accuracy > 0.5
