@@ -228,8 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             args.scenario = args.scenario_pos
         return node_main(args)
+    import os
+
+    from geomx.runtime.geomx_switches import SwitchError, switch_overrides
+
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        # GeoMX's switches in the environment, as `geomx node` reads them, below --set
+        env_sets = [o for o, _ in switch_overrides(os.environ)]
+        scenario = load_scenario(args.scenario, [*env_sets, *args.overrides])
+    except SwitchError as e:
+        print(f"geomx: {e}", file=sys.stderr)
+        return 2
     except ScenarioError as e:
         print(f"geomx: {e}", file=sys.stderr)
         return 2

@@ -225,3 +225,35 @@ def test_pytorch_example(tmp_path, runtime):
                      runtime=runtime)
     assert r.summary.iterations == 20
     assert r.summary.final_accuracy > 0.5
+
+
+def test_geomx_environment_switches_map_to_scenario_fields_or_are_refused(tmp_path, monkeypatch,
+                                                                          capsys):
+    from geomx.runtime.config import ConfigError, NodeArgs, resolve_node_config
+
+    scenario = str(EXAMPLES / "cnn.toml")
+    env = {"MXNET_KVSTORE_USE_HFA": "1", "MXNET_KVSTORE_HFA_K1": "4",
+           "MXNET_KVSTORE_HFA_K2": "3", "MXNET_KVSTORE_BIGARRAY_BOUND": "5000",
+           "MXNET_KVSTORE_SIZE_LOWER_BOUND": "1000"}
+    cfg = resolve_node_config(NodeArgs(scenario=scenario, name="w:party-a:0"), env)
+    s = cfg.scenario
+    assert (s.sync.algorithm, s.sync.k1, s.sync.k2) == ("hfa", 4, 3)
+    assert s.sched.bigarray_bound == 5000 and s.codec.size_lower_bound == 1000
+    for var, value, field in (("PS_RESEND", "1", "membership.request_timeout"),
+                              ("PS_DROP_MSG", "10", "loss"),
+                              ("MXNET_KVSTORE_USE_HFA", "yes please", "allowed: 0 or 1"),
+                              ("MXNET_KVSTORE_HFA_K1", "0", r"allowed: an integer in \[1")):
+        with pytest.raises(ConfigError, match=field):
+            resolve_node_config(NodeArgs(scenario=scenario, name="w:party-a:0"), {var: value})
+    # geomx run reads the same table, so the emulator runs what `geomx node` would
+    from geomx.cli import main
+
+    p = _program(tmp_path, """
+        async def main(kv, ctx):
+            if not kv.is_master_worker:
+                ctx.report(1, accuracy=1.0 if ctx.sync["algorithm"] == "hfa" else 0.0)
+    """)
+    monkeypatch.setenv("MXNET_KVSTORE_USE_HFA", "1")
+    assert main(["run", scenario, "--quiet", "--out", str(tmp_path / "runs"), "--set",
+                 "run.iterations=1", "--program", str(p)]) == 0
+    assert "final accuracy 1.0000" in capsys.readouterr().out
