@@ -147,6 +147,8 @@ class KVStore:
     def _key(self, key: Any) -> int:
         """An int key as is; a string key (GeoMX allows them) as a stable int that every
         node derives the same way."""
+        if type(key) is int and 0 <= key < STRING_KEY_BASE:
+            return key
         if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
             k = int(key)
             if not 0 <= k < STRING_KEY_BASE:
@@ -189,17 +191,23 @@ class KVStore:
         return np.array(value, copy=True)
 
     def _ordered(self, coro_fn: Any, *, after: list[asyncio.Task[Any] | None]) -> asyncio.Task[Any]:
-        waits = [t for t in after if t is not None]
+        """Run ``coro_fn()`` as a node-owned task (cancelled when the node stops; a failure
+        stops the node with the error) once the tasks in ``after`` have finished."""
+        waits = []
+        for t in after:
+            if t is not None and not t.done():
+                waits.append(t)
+        if not waits:
+            return self._node.spawn(coro_fn())
 
         async def run() -> Any:
             for t in waits:
-                if not t.done():
-                    await asyncio.wait([t])
-                if not t.cancelled() and t.exception() is not None:
-                    raise KVStoreError(f"an earlier kvstore call failed: {t.exception()}")
+                try:
+                    await t  # (the node stops on its failure anyway; this call then fails too)
+                except Exception as e:
+                    raise KVStoreError(f"an earlier kvstore call failed: {e}") from e
             return await coro_fn()
 
-        # owned by the node: cancelled when it stops, a failure stops it with the error
         return self._node.spawn(run())
 
     def _fenced(self, coro_fn: Any) -> asyncio.Task[Any]:
