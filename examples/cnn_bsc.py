@@ -21,14 +21,20 @@ async def main(kv, ctx):
     p.add_argument("-bcr", "--bisparse-compression-ratio", type=float, default=0.01)
     p.add_argument("--size-lower-bound", type=int, default=1000,
                    help="GeoMX's MXNET_KVSTORE_SIZE_LOWER_BOUND (its scripts set 1000)")
+    p.add_argument("--type", default="bsc",
+                   help="codec to set (geomx also takes fp16, bf16, mpq, onebit this way)")
     p.add_argument("--scenario-codec", action="store_true",
                    help="leave compression to the scenario's [codec]")
     args = p.parse_args(ctx.args)
     if not 0 < args.bisparse_compression_ratio < 1:
         raise ValueError("--bisparse-compression-ratio must be in (0, 1)")
     if kv.is_master_worker and not args.scenario_codec:
-        kv.set_gradient_compression({"type": "bsc", "threshold": args.bisparse_compression_ratio,
-                                     "size_lower_bound": args.size_lower_bound})
+        if args.type in ("bsc", "mpq"):
+            kv.set_gradient_compression({"type": args.type,
+                                         "threshold": args.bisparse_compression_ratio,
+                                         "size_lower_bound": args.size_lower_bound})
+        else:
+            kv.set_gradient_compression({"type": args.type})
     model = ctx.build_model()
     params = model.params
     await init_and_pull(kv, params)

@@ -101,6 +101,31 @@ def test_bsc_set_by_the_master_equals_the_scenario_codec(tmp_path):
     assert a.bytes_wan == data_a + cmd_a and cmd_b == 0  # + the command and its forwarding
 
 
+def test_fp16_set_by_the_master_reaches_every_tier(tmp_path):
+    """FP16 set with kv.set_gradient_compression is applied on both tiers (workers learn it
+    from their local server's first reply): the bytes of every value equal [codec] fp16's."""
+    geomx_way = run_scenario(example(tmp_path, "cnn_bsc", "run.iterations=10",
+                                     'training.program_args=["--type", "fp16"]'))
+    scenario_way = run_scenario(example(tmp_path, "cnn_bsc", "run.iterations=10", "codec.type=fp16",
+                                        'training.program_args=["--scenario-codec"]'))
+
+    def value_bytes(run_dir):
+        out = {}
+        for e in iter_events(run_dir / "events.jsonl"):
+            if e["ev"] == "xfer" and e["msg"] in ("PUSH", "PULL_REPLY", "INIT"):
+                out[e["msg"]] = out.get(e["msg"], 0) + e["bytes"]
+        return out
+
+    a, b = value_bytes(geomx_way.run_dir), value_bytes(scenario_way.run_dir)
+    # the first pull reply to each worker also carries the codec's name (a few dozen bytes)
+    assert a["PUSH"] == b["PUSH"] and a["INIT"] == b["INIT"]
+    assert 0 <= a["PULL_REPLY"] - b["PULL_REPLY"] <= 4 * 10 * 60
+    assert geomx_way.summary.final_accuracy == scenario_way.summary.final_accuracy
+    dense = run_scenario(example(tmp_path, "cnn_bsc", "run.iterations=10",
+                                 'training.program_args=["--scenario-codec"]'))
+    assert a["PUSH"] < 0.6 * value_bytes(dense.run_dir)["PUSH"]
+
+
 def _program(tmp_path, body: str) -> Path:
     path = tmp_path / "prog.py"
     path.write_text(textwrap.dedent(body))
@@ -125,6 +150,8 @@ def test_program_errors_name_the_program_and_the_node(tmp_path):
     """)
     with pytest.raises(JobFailed, match=r"prog.py' raised on node w:party-a:0: ValueError: boom"):
         _run_program(tmp_path, p)
+    with pytest.raises(JobFailed, match=r"cnn.py' exited on node mw with status 2 .*--bogus"):
+        _run_program(tmp_path, EXAMPLES / "cnn.py", 'training.program_args=["--bogus"]')
 
 
 GEOMX_API = """

@@ -301,6 +301,9 @@ async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: li
             await store.waitall()
     except (asyncio.CancelledError, NodeFailure, NodeStopped, ProgramError):
         raise
+    except SystemExit as e:  # argparse on bad ctx.args, or an explicit sys.exit
+        raise ProgramError(f"training program {program!r} exited on node {node.name} with "
+                           f"status {e.code!r} (bad program arguments {ctx.args}?)") from e
     except Exception as e:
         raise ProgramError(f"training program {program!r} raised on node {node.name}: "
                            f"{type(e).__name__}: {e}") from e
