@@ -59,6 +59,31 @@ def _add_scenario_args(p: argparse.ArgumentParser) -> None:
                         "wan.0.bandwidth=20Mbps (repeatable)")
 
 
+def _add_program_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--program", default=None, metavar="PROGRAM",
+                   help="your training program (train.py, train.py:fn or module:fn) with "
+                        "`async def main(kv, ctx)`, instead of [training] program; arguments "
+                        "after `--` become ctx.args")
+
+
+def _with_program(scenario, program: str | None, args: list[str] | None):
+    """``--program`` / ``-- args``: the scenario's [training] program and program_args."""
+    import dataclasses
+    import os
+
+    t = scenario.training
+    if program:
+        where, sep, fn = program.rpartition(":")
+        if not sep or not fn.isidentifier():
+            where, sep, fn = program, "", ""
+        if where.endswith(".py"):
+            where = os.path.abspath(where)  # a command-line path is relative to here
+        t = dataclasses.replace(t, program=where + (sep + fn if sep else ""))
+    if args is not None:
+        t = dataclasses.replace(t, program_args=tuple(args))
+    return dataclasses.replace(scenario, training=t)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="geomx", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="parent folder of the run folder "
                                                  "(default: the scenario's run.out_dir)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_program_args(run)
 
     val = sub.add_parser("validate", help="check a scenario and print it fully resolved")
     _add_scenario_args(val)
@@ -95,6 +121,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ssh command for --hostfile (default: ssh), e.g. 'ssh -p 2222'")
     launch.add_argument("--out", default=None, help="parent folder of the run folder")
     launch.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_program_args(launch)
+
+    col = sub.add_parser("collect", help="merge the node files of a by-hand launch into a run "
+                                         "folder (summary.json, progress.csv, plots)",
+                         description="After nodes started one by one with `geomx node --run-dir "
+                                     "RUN_DIR` have finished: merge RUN_DIR/nodes/* into the same "
+                                     "run folder `geomx launch` leaves.")
+    col.add_argument("run_dir", metavar="RUN_DIR")
+    col.add_argument("--scenario", default=None,
+                     help="the job's scenario (default: RUN_DIR/scenario.toml)")
 
     node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "
                                        "point for ssh, Slurm, Kubernetes)",
@@ -159,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program_args: list[str] | None = None
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if "--" in argv and command in ("run", "launch"):
+        cut = argv.index("--")
+        argv, program_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -169,6 +211,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
+    if args.command == "collect":
+        from geomx.runtime.collect import CollectError, collect_run
+
+        try:
+            summary = collect_run(args.run_dir, args.scenario)
+        except (CollectError, ScenarioError, FileNotFoundError) as e:
+            print(f"geomx collect: {e}", file=sys.stderr)
+            return 2
+        acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.4f}"
+        print(f"run folder: {args.run_dir}")
+        print(f"final accuracy {acc} after {summary.iterations} iterations, "
+              f"WAN {summary.bytes_wan / 1e6:.2f} MB, LAN {summary.bytes_lan / 1e6:.2f} MB")
+        missing = (summary.extra or {}).get("missing_nodes")
+        if missing:
+            print(f"warning: no result from {', '.join(missing)}", file=sys.stderr)
+        return 0
     if args.command == "node":
         from geomx.runtime.node_main import node_main
 
@@ -179,14 +237,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 2
             args.scenario = args.scenario_pos
         return node_main(args)
+    import os
+
+    from geomx.runtime.geomx_switches import SwitchError, switch_overrides
+
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        # GeoMX's switches in the environment, as `geomx node` reads them, below --set
+        env_sets = [o for o, _ in switch_overrides(os.environ)]
+        scenario = load_scenario(args.scenario, [*env_sets, *args.overrides])
+    except SwitchError as e:
+        print(f"geomx: {e}", file=sys.stderr)
+        return 2
     except ScenarioError as e:
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
         print(f"geomx: scenario file not found: {e.filename or args.scenario}", file=sys.stderr)
         return 2
+    if getattr(args, "program", None) or program_args is not None:
+        scenario = _with_program(scenario, getattr(args, "program", None), program_args)
     if args.command == "validate":
         sys.stdout.write(scenario_to_toml(scenario))
         print(f"# OK: {args.scenario} is valid", file=sys.stderr)

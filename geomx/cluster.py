@@ -11,6 +11,7 @@ process with that process's node name.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
+from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
@@ -38,6 +40,7 @@ class JobPlan:
     train: TrainSpec
     compute_s: dict[str, float]     # worker -> emulated compute seconds per iteration
     roles: dict[str, str]           # node -> role
+    compute_scale: dict[str, float] = dataclasses.field(default_factory=dict)  # heterogeneity x slowdown
 
     @property
     def nodes(self) -> list[str]:
@@ -48,6 +51,8 @@ def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | Non
     if name == "none":
         return None
     cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+    if s.training.global_grad_scale == "sum":
+        cfg["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
     if name in ("momentum", "nesterov"):
         cfg["momentum"] = s.training.momentum
     if name.startswith("dcasgd"):
@@ -80,10 +85,11 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     unless ``membership.in_emulator`` (endless timers would hide a deadlock)."""
     central = s.central_dc
     parties = s.party_dcs
+    algorithm = s.sync.resolved_algorithm
     layout = plan_nodes(s.topology.kind, central.name,
                         [DCShape(d.name, d.workers) for d in parties],
                         global_servers=central.global_servers,
-                        state_server=needs_state_server(s.sync.algorithm))
+                        state_server=needs_state_server(algorithm))
     workers_of = layout.workers_of
     job = JobSpec(
         mode=layout.mode, central_dc=layout.central_dc, party_dcs=list(layout.party_dcs),
@@ -91,7 +97,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         master_worker=layout.master_worker, local_scheduler_of=dict(layout.local_scheduler_of),
         local_server_of=dict(layout.local_server_of), workers_of=workers_of, dc_of=layout.dc_of,
         bigarray_bound=s.sched.bigarray_bound, seed=s.run.seed,
-        sync={"algorithm": s.sync.algorithm, "staleness": s.sync.staleness, "k1": s.sync.k1,
+        sync={"algorithm": algorithm, "auto": s.sync.algorithm == "auto",
+              "staleness": s.sync.staleness, "k1": s.sync.k1,
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
@@ -119,7 +126,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         dirichlet_alpha=t.dirichlet_alpha, batch_size=t.batch_size,
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
-                          if uses_global_optimizer(s.sync.algorithm) else None),
+                          if uses_global_optimizer(algorithm) else None),
         worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
@@ -127,19 +134,22 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         max_wall_s=s.run.max_wall_time_s,
         phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
-        sync=dict(job.sync),
+        sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
     )
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
+    compute_scale: dict[str, float] = {}
     for d in parties:
         for i, w in enumerate(workers_of[d.name]):
             slow = d.worker_slowdown[i] if i < len(d.worker_slowdown) else 1.0
             compute_s[w] = d.compute_s_per_iter * d.heterogeneity * slow
+            compute_scale[w] = d.heterogeneity * slow
     if runtime == "real" or m.in_emulator:
         job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
                                  else auto_request_timeout_s(s, job, train, compute_s))
-    return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles))
+    return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles),
+                   compute_scale=compute_scale)
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.
@@ -182,7 +192,7 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     ``AUTO_REQUEST_TIMEOUT_FLOOR_S`` (process start-up and a loaded machine add seconds
     that no scenario declares). It is a bound for lost replies, not a performance target.
     """
-    algo = s.sync.algorithm
+    algo = s.sync.resolved_algorithm
     steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps
@@ -220,10 +230,16 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
         return StateServer(name, dc, transport, services, job)
     if role == "local_server":
         return LocalServer(name, dc, transport, services, job)
+    user = plan.train.program
     if role == "master_worker":
-        return Worker(name, dc, transport, services, job,
-                      functools.partial(master_program, spec=plan.train), is_master=True)
+        program = (functools.partial(run_user_program, spec=plan.train, program=user,
+                                     args=plan.train.program_args) if user
+                   else functools.partial(master_program, spec=plan.train))
+        return Worker(name, dc, transport, services, job, program, is_master=True)
     rank = job.workers_of[dc].index(name)
-    return Worker(name, dc, transport, services, job,
-                  functools.partial(train_program, spec=plan.train), rank=rank,
+    program = (functools.partial(run_user_program, spec=plan.train, program=user,
+                                 args=plan.train.program_args,
+                                 compute_scale=plan.compute_scale.get(name, 1.0)) if user
+               else functools.partial(train_program, spec=plan.train))
+    return Worker(name, dc, transport, services, job, program, rank=rank,
                   compute_s_per_iter=plan.compute_s[name])

@@ -321,3 +321,14 @@ def test_a_job_started_node_by_node_without_a_launcher(tmp_path):
     assert len(results) == 11
     evaluator = results["w_party-a_0.result.json"]
     assert evaluator["iterations"] == 15 and evaluator["result"]["accuracy"] > 0.3
+    # `geomx collect` merges the nodes' files into the run folder `geomx launch` leaves
+    from geomx.cli import main as cli_main
+
+    assert cli_main(["collect", str(run_dir), "--scenario", str(scenario)]) == 0
+    for name in ("scenario.toml", "events.jsonl", "progress.csv", "summary.json", "trace.json",
+                 "accuracy.png"):
+        assert (run_dir / name).exists(), name
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == 15
+    assert summary["final_accuracy"] == pytest.approx(evaluator["result"]["accuracy"], rel=1e-6)
+    assert summary["bytes_wan"] > 0

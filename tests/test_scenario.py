@@ -65,7 +65,7 @@ def test_empty_scenario_is_the_default_scenario_with_every_default_filled():
     assert (wan.bandwidth_bps, wan.bandwidth_ba_bps, wan.latency_s, wan.loss, wan.jitter_s) == (1e8, None, 0.03, 0.0, 0.0)
     assert (wan.trace, wan.trace_low_bps, wan.trace_high_bps, wan.trace_period_s) == ("", 20e6, 155e6, 180.0)
     assert s.training.model == "mlp" and s.training.hidden == (64,) and s.training.optimizer == "adam"
-    assert s.sync.algorithm == "fsa" and s.sync.esync_epsilon_s == 0.0
+    assert s.sync.algorithm == "auto" and s.sync.resolved_algorithm == "fsa" and s.sync.esync_epsilon_s == 0.0
     assert s.codec.type == "none" and s.codec.threshold == 0.01 and s.codec.size_lower_bound == 200_000
     assert s.sched.bigarray_bound == 1_000_000
     assert s.metrics.events and s.metrics.trace and s.metrics.plot

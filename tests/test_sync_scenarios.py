@@ -17,7 +17,7 @@ SCENARIOS = {"quickstart.toml": "fsa", "mixed.toml": "mixed", "mixed_dcasgd.toml
 @pytest.mark.parametrize("name,algorithm", sorted(SCENARIOS.items()))
 def test_scenarios_load(scenario_of, name, algorithm):
     s = scenario_of(name)
-    assert s.sync.algorithm == algorithm
+    assert s.sync.resolved_algorithm == algorithm
     plan = plan_job(s)
     assert (STATE_SERVER in plan.nodes) == (algorithm == "esync")
 

@@ -19,6 +19,7 @@ changes nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,22 @@ class Slot:
     waiting_pulls: list[Message] = field(default_factory=list)
     opt_state: Any = None
     contributors: set[str] = field(default_factory=set)
+
+
+def switch_sync(node: Any, algorithm: Any) -> str:
+    """``kv.create("dist_async")`` under ``[sync] algorithm = "auto"``: the node's job now
+    runs MixedSync. Returns the problem, or "" when switched. Only before any key exists
+    (GeoMX sends its sync mode at kvstore creation, before ``init``)."""
+    if algorithm != "mixed":
+        return f"set_sync: algorithm {algorithm!r}; allowed: 'mixed'"
+    if not node.job.sync.get("auto"):
+        return (f"set_sync: the scenario chose [sync] algorithm = "
+                f"{node.job.sync.get('algorithm')!r} explicitly")
+    if node.slots:
+        return "set_sync: keys are already initialised; create the kvstore before kv.init"
+    node.job = dataclasses.replace(node.job, sync={**node.job.sync, "algorithm": algorithm,
+                                                   "auto": False})
+    return ""
 
 
 class GlobalServer(Node):
@@ -93,15 +110,38 @@ class GlobalServer(Node):
             from geomx.optim import optimizer_from_config
 
             self.optimizer = optimizer_from_config(dict(msg.meta["config"]))
-            self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
+            if "rescale_grad" not in msg.meta["config"]:  # explicit (1.0 = GeoMX's sum) wins
+                self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
             self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
             self.record("command", cmd=cmd)
+            if self.rank == 0 and self.job.mode == "hips":
+                # GeoMX: global server 0 forwards it to every local server; acknowledged
+                # once they all have it, so the master's await covers every tier
+                self.spawn(self._forward_command(msg))
+                return
+        elif cmd == "set_sync":
+            problem = switch_sync(self, msg.meta.get("algorithm"))
+            if problem:
+                self.reply_error(msg, problem)
+                return
+            self.policy = make_global_policy(self.job)
+            self.record("command", cmd=cmd, algorithm=self.job.sync["algorithm"])
+            if self.rank == 0 and self.job.mode == "hips":
+                self.spawn(self._forward_command(msg))
+                return
         else:
             self.reply_error(msg, f"unknown command {cmd!r}; allowed: set_optimizer, "
-                                  "set_gradient_compression")
+                                  "set_gradient_compression, set_sync")
             return
+        self.post(msg.reply(Kind.COMMAND_ACK))
+
+    async def _forward_command(self, msg: Message) -> None:
+        """GeoMX's global server 0 passes the master's configuration on to every local
+        server; the master's acknowledgement waits for theirs."""
+        await asyncio.gather(*(self.request(Message(Kind.COMMAND, self.name, ls, meta=dict(msg.meta)))
+                               for ls in self.job.local_server_of.values()))
         self.post(msg.reply(Kind.COMMAND_ACK))
 
     def _on_stop(self, msg: Message) -> None:

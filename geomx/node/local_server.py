@@ -43,6 +43,7 @@ class LocalSlot:
     waiting_pulls: list[Message] = field(default_factory=list)
     stop_requested: bool = False
     parts: list[Any] | None = None
+    early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
 
 
 class LocalServer(Node):
@@ -62,6 +63,45 @@ class LocalServer(Node):
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
         self.on(Kind.SHUTDOWN, self._on_stop)
+        self.on(Kind.COMMAND, self._on_command)
+        self._commanded_codec: dict[str, Any] | None = None
+        self._codec_told: set[str] = set()
+
+    # ------------------------------------------------------------------ commands
+    def _on_command(self, msg: Message) -> None:
+        """GeoMX's global server forwards ``set_gradient_compression`` to every local
+        server; this one installs it and hands it to its workers with their next reply.
+        ``set_sync`` (a ``dist_async`` store under ``[sync] algorithm = "auto"``) switches
+        this server to MixedSync's local policy."""
+        cmd = msg.meta.get("cmd")
+        if msg.src not in self.job.global_servers or cmd not in ("set_gradient_compression",
+                                                                   "set_sync"):
+            self.reply_error(msg, "local servers take only set_gradient_compression and "
+                                  "set_sync, from a global server")
+            return
+        if cmd == "set_sync":
+            from geomx.node.global_server import switch_sync
+
+            problem = switch_sync(self, msg.meta.get("algorithm"))
+            if problem:
+                self.reply_error(msg, problem)
+                return
+            self.policy = make_local_policy(self.job)
+            self.record("command", cmd=cmd, algorithm=self.job.sync["algorithm"])
+            self.post(msg.reply(Kind.COMMAND_ACK))
+            return
+        config = dict(msg.meta["config"])
+        self.codec = LinkCodec(config, num_dcs=len(self.job.party_dcs))
+        self._commanded_codec = config
+        self._codec_told.clear()
+        self.record("command", cmd="set_gradient_compression")
+        self.post(msg.reply(Kind.COMMAND_ACK))
+
+    def _tell_codec(self, worker: str, meta: dict[str, Any]) -> dict[str, Any]:
+        if self._commanded_codec is not None and worker not in self._codec_told:
+            self._codec_told.add(worker)
+            meta["codec_config"] = self._commanded_codec
+        return meta
 
     def _parts(self, key: int, slot: LocalSlot):
         if slot.parts is None:
@@ -79,20 +119,24 @@ class LocalServer(Node):
             return
         p = msg.payloads[0]
         if msg.key in self.slots:
-            self.post(msg.reply(Kind.INIT_ACK))
+            self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
             return
         slot = LocalSlot(shape=p.shape, dtype=p.dtype, phantom=p.is_phantom)
         slot.store = from_payload(p)
         self.slots[msg.key] = slot
-        self.post(msg.reply(Kind.INIT_ACK))
+        self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
         self.spawn(self._initialise(msg.key, slot))
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
         slot = self.slots.get(msg.key)
+        if slot is not None and not slot.initialized and msg.src in self.workers:
+            # GeoMX: init then push without a pull; the push waits for the global value
+            slot.early_pushes.append(msg)
+            return
         if slot is None or not slot.initialized:
-            # (kv.init's barrier and the first pull keep honest workers from getting here)
-            self.reply_error(msg, f"key {msg.key} is not initialised yet (pull it first)")
+            # (kv.init's barrier keeps honest workers from getting here)
+            self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
         if msg.src not in self.workers:
             self.reply_error(msg, f"{msg.src} is not a worker of {self.dc}")
@@ -149,7 +193,8 @@ class LocalServer(Node):
         """Acknowledge the parked worker pushes of a finished round."""
         reply_meta = {"stop": True} if self.global_stop else {}
         for req in waiting:
-            self.post(req.reply(Kind.PUSH_ACK, version=slot.round, meta=reply_meta))
+            self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
+                                meta=self._tell_codec(req.src, dict(reply_meta))))
 
     async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
         """The current global value of ``key``, reassembled from its parts (``initial``:
@@ -187,6 +232,9 @@ class LocalServer(Node):
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
             self._serve_pull(pull, slot)
+        early, slot.early_pushes = slot.early_pushes, []
+        for push in early:
+            self._on_push(push)
 
     # ------------------------------------------------------------------ pull
     def _on_pull(self, msg: Message) -> None:
@@ -205,6 +253,7 @@ class LocalServer(Node):
         payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="lan")
         if self.global_stop:
             meta["stop"] = True
+        self._tell_codec(msg.src, meta)
         self.post(msg.reply(Kind.PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
 
     # ------------------------------------------------------------------ lifecycle

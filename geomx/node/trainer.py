@@ -60,6 +60,8 @@ class TrainSpec:
     evaluator: str = ""
     seed: int = 0
     sync: dict[str, Any] = field(default_factory=dict)
+    program: str = ""                                  # "" = the built-in loop (train_program)
+    program_args: list[str] = field(default_factory=list)
 
     @property
     def phantom(self) -> bool:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geomx.runtime.geomx_switches import SwitchError, switch_overrides
 from geomx.scenario import (Scenario, ScenarioError, apply_override, parse_scenario,
                             scenario_to_dict)
 
@@ -422,6 +423,10 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     overrides: list[tuple[str, str]] = []
     overrides += _dmlc_count_overrides(env, s, role, name, args.dc)
     overrides += _ps_lite_overrides(env)
+    try:
+        overrides += switch_overrides(env)  # MXNET_KVSTORE_USE_HFA, ... (geomx_switches.py)
+    except SwitchError as e:
+        raise ConfigError(str(e)) from None
     overrides += [(o, f"--set {o}") for o in args.overrides]
     if overrides:
         s = r.apply_overrides(overrides)

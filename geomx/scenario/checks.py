@@ -134,7 +134,7 @@ def _check_faults(s: Scenario) -> None:
     nodes = plan_nodes(s.topology.kind, central.name,
                        [DCShape(d.name, d.workers) for d in s.party_dcs],
                        global_servers=central.global_servers,
-                       state_server=needs_state_server(s.sync.algorithm)).nodes
+                       state_server=needs_state_server(s.sync.resolved_algorithm)).nodes
     for i, f in enumerate(s.faults):
         if f.node not in nodes:
             raise ScenarioError(f"unknown node {f.node!r}{did_you_mean(f.node, nodes)}; "
@@ -154,7 +154,7 @@ def _check_membership(s: Scenario) -> None:
 
 @scenario_check
 def _check_sync(s: Scenario) -> None:
-    if s.topology.kind == "flat" and s.sync.algorithm not in ("fsa", "mixed"):
+    if s.topology.kind == "flat" and s.sync.algorithm not in ("auto", "fsa", "mixed"):
         raise ScenarioError(
             f"{s.sync.algorithm!r} needs local servers, which topology.kind = 'flat' does not have; "
             "allowed with flat: 'fsa', 'mixed'",

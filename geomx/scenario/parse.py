@@ -112,12 +112,24 @@ def _parse(raw: Mapping[str, Any], source: str) -> Scenario:
     return scenario
 
 
+def _resolve_program(spec: str, base_dir: Path | None) -> str:
+    """``train.py[:fn]`` next to the scenario file becomes an absolute path (node processes
+    read the resolved scenario from the run folder); module names stay as they are."""
+    where, sep, fn = spec.rpartition(":")
+    if not sep or not fn.isidentifier():
+        where, sep, fn = spec, "", ""
+    if not where.endswith(".py"):
+        return spec
+    return _resolve_relative(where, base_dir) + (sep + fn if sep else "")
+
+
 def _resolve_paths(s: Scenario, base_dir: Path | None) -> Scenario:
     if base_dir is None:
         return s
     wans = tuple(w if w.trace in ("", "uniform")
                  else dataclasses.replace(w, trace=_resolve_relative(w.trace, base_dir)) for w in s.wans)
-    training = dataclasses.replace(s.training, data_path=_resolve_relative(s.training.data_path, base_dir))
+    training = dataclasses.replace(s.training, data_path=_resolve_relative(s.training.data_path, base_dir),
+                                   program=_resolve_program(s.training.program, base_dir))
     sec = s.security
     security = dataclasses.replace(sec, tls_cert=_resolve_relative(sec.tls_cert, base_dir),
                                    tls_key=_resolve_relative(sec.tls_key, base_dir),

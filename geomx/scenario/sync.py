@@ -14,9 +14,11 @@ ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
 class SyncConfig(Section):
     """When servers aggregate and reply: the synchronisation algorithm and its parameters."""
 
-    algorithm: str = setting(Choice(*ALGORITHMS), "fsa",
+    algorithm: str = setting(Choice("auto", *ALGORITHMS), "auto",
                              "`fsa`: fully synchronous; `mixed`: sync in a DC, async across DCs; "
-                             "`hfa`: hierarchical frequency aggregation; `esync`: ESync.")
+                             "`hfa`: hierarchical frequency aggregation; `esync`: ESync; `auto`: "
+                             "as GeoMX, the training program's kvstore type decides (`fsa`, or "
+                             "`mixed` when it creates a `dist_async` store).")
     staleness: int = setting(Integer(min=0), 0,
                              "mixed: a DC more than this many versions ahead of the slowest DC "
                              "waits for it (0 = unbounded, as in GeoMX).")
@@ -33,3 +35,7 @@ class SyncConfig(Section):
                                      key="esync_epsilon")
     esync_max_local_steps: int = setting(Integer(min=1), 64, "esync: upper bound on local steps per round.")
 
+    @property
+    def resolved_algorithm(self) -> str:
+        """The algorithm the job starts with (``auto`` starts as ``fsa``)."""
+        return "fsa" if self.algorithm == "auto" else self.algorithm

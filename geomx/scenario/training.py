@@ -46,6 +46,18 @@ class TrainingConfig(Section):
     synthetic_samples: int = setting(Integer(min=1, counts=True), 4000, "Samples of the synthetic dataset.")
     synthetic_features: int = setting(Integer(min=1), 32, "Features of the synthetic dataset.")
     synthetic_classes: int = setting(Integer(min=2), 10, "Classes of the synthetic dataset.")
+    program: str = setting(Text(), "",
+                           "Your own training program run on every worker and the master worker: "
+                           "`path/to/train.py` (relative to the scenario file), `train.py:fn` or "
+                           "`package.module:fn`; it defines `async def main(kv, ctx)`. Empty: the "
+                           "built-in trainer.")
+    program_args: tuple[str, ...] = setting(ListOf(Text()), [],
+                                            "Arguments for the program (`ctx.args`), as on a command "
+                                            "line: `geomx run S --program p.py -- --lr 0.1`.")
+    global_grad_scale: str = setting(Choice("mean", "sum"), "mean",
+                                     "What the global optimizer gets: `mean`: the workers' summed "
+                                     "gradients / num_all_workers; `sum`: GeoMX's sum of the "
+                                     "workers' mean gradients (rescale_grad = 1).")
 
     @property
     def effective_worker_lr(self) -> float:

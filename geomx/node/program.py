@@ -1,0 +1,316 @@
+"""The user's own training program: ``async def main(kv, ctx)`` run on every worker.
+
+GeoMX users bring a training script (``examples/cnn.py``) that every worker and the master
+worker run, told who they are on the command line (``--data-slice-idx``) and through
+``DMLC_*`` variables. geomx runs such a program the way Flower runs a ``ClientApp``: the
+scenario names it (``[training] program = "train.py"`` or ``"package.module:function"``)
+and the worker node calls it with a kvstore and a :class:`ProgramContext`, in the emulator,
+over real sockets and in per-host ``geomx node`` launches alike (the node is built by
+``cluster.make_node`` in all three).
+
+The context is what the built-in trainer (``geomx/node/trainer.py``) gets from the node,
+made public: identity (global worker index and count, DC, rank), data helpers, compute
+charged like the built-in trainer's (``await ctx.compute("per_iter")``: the scenario's
+``compute_per_iter`` times the DC's heterogeneity and the worker's slowdown; the real
+runtime sleeps what the maths did not take), and ``ctx.report(...)`` whose rows become
+``progress.csv``, the plots, the progress bar, ``target_accuracy`` stopping and
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import time
+import zlib
+from typing import Any, Callable, Iterator
+
+import geomx.kv
+from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
+                                worker_indices)
+from geomx.sync.policy import kvstore_type
+
+
+class ProgramError(RuntimeError):
+    """The training program could not be loaded, or it raised; names program and node."""
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    """``"train.py"`` / ``"train.py:fn"`` / ``"pkg.mod"`` / ``"pkg.mod:fn"`` -> (where, fn)."""
+    where, sep, fn = spec.rpartition(":")
+    if not sep or os.sep in fn or fn.endswith(".py") or not fn.isidentifier():
+        return spec, "main"
+    return where, fn
+
+
+@functools.lru_cache(maxsize=16)
+def load_program(spec: str) -> Callable[..., Any]:
+    """The coroutine function named by ``spec`` (a ``.py`` file or an importable module,
+    optionally ``:function``, default ``main``). Raises :class:`ProgramError`."""
+    where, fn = _split_spec(spec)
+    if where.endswith(".py") or os.sep in where:
+        if not os.path.isfile(where):
+            raise ProgramError(f"training program {spec!r}: no such file {where!r} "
+                               f"(a relative path is taken next to the scenario file)")
+        folder = os.path.dirname(os.path.abspath(where))
+        if folder not in sys.path:  # like `python train.py`: its folder's modules import
+            sys.path.insert(0, folder)
+        mod_name = f"geomx_user_program_{zlib.crc32(os.path.abspath(where).encode()):08x}"
+        mspec = importlib.util.spec_from_file_location(mod_name, where)
+        if mspec is None or mspec.loader is None:
+            raise ProgramError(f"training program {spec!r}: cannot load {where!r} as Python")
+        module = importlib.util.module_from_spec(mspec)
+        sys.modules[mod_name] = module
+        try:
+            mspec.loader.exec_module(module)
+        except Exception as e:
+            sys.modules.pop(mod_name, None)
+            raise ProgramError(f"training program {spec!r} failed to import: "
+                               f"{type(e).__name__}: {e}") from e
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as e:
+            raise ProgramError(f"training program {spec!r}: cannot import module {where!r}: "
+                               f"{type(e).__name__}: {e}") from e
+    func = getattr(module, fn, None)
+    if func is None:
+        raise ProgramError(f"training program {spec!r} has no function {fn!r}; write "
+                           f"`async def {fn}(kv, ctx):`")
+    if not inspect.iscoroutinefunction(func):
+        raise ProgramError(f"training program {spec!r}: {fn} must be an `async def` "
+                           f"(it awaits the kvstore)")
+    return func
+
+
+class ProgramContext:
+    """What a training program knows about its place in the job (GeoMX passes the same on
+    its command line and in ``DMLC_*``) and how it charges compute and reports metrics."""
+
+    def __init__(self, node: Any, spec: TrainSpec, args: list[str], compute_scale: float):
+        self._node = node
+        self._spec = spec
+        self.args: list[str] = list(args)
+        self._compute_scale = compute_scale
+        self._cpu_mark = time.process_time()
+        self._last_report: dict[str, Any] = {}
+        self._stop_reason = ""
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def node_name(self) -> str:
+        return self._node.name
+
+    @property
+    def is_master(self) -> bool:
+        """The master worker: configures the global tier, publishes the initial model."""
+        return bool(self._node.is_master)
+
+    @property
+    def dc(self) -> str:
+        return self._node.dc
+
+    @property
+    def rank(self) -> int:
+        """Rank inside the DC (``kv.rank``)."""
+        return int(self._node.rank)
+
+    @property
+    def num_all_workers(self) -> int:
+        return int(self._node.job.num_all_workers)
+
+    @property
+    def worker_index(self) -> int:
+        """This worker's global index, GeoMX's ``--data-slice-idx`` (-1 on the master)."""
+        if self.is_master:
+            return -1
+        return self._node.job.all_workers.index(self._node.name)
+
+    @property
+    def seed(self) -> int:
+        return int(self._spec.seed)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self._spec.batch_size)
+
+    @property
+    def lr(self) -> float:
+        """The scenario's global learning rate (``training.lr``)."""
+        cfg = self._spec.global_optimizer or self._spec.worker_optimizer
+        return float(cfg.get("lr", 0.01))
+
+    @property
+    def max_iterations(self) -> int:
+        """``[run] iterations`` (or ``epochs`` converted); 0 = no limit."""
+        return int(self._spec.iterations)
+
+    @property
+    def eval_every(self) -> int:
+        """``[run] eval_every``: how often the evaluator should ``report`` accuracy."""
+        return max(1, int(self._spec.eval_every))
+
+    @property
+    def is_evaluator(self) -> bool:
+        """This worker's reports make ``progress.csv`` and the summary (the job's first
+        worker); others may report too, their rows stay in ``events.jsonl``."""
+        return self._node.name == self._spec.evaluator
+
+    @property
+    def kvstore_type(self) -> str:
+        """The kvstore type the scenario's ``[sync] algorithm`` means."""
+        return kvstore_type(self._spec.sync.get("algorithm", "fsa"))
+
+    @property
+    def sync(self) -> dict[str, Any]:
+        """The scenario's sync settings (``algorithm``, ``k1``, ``k2``, ...)."""
+        return dict(self._spec.sync)
+
+    # ------------------------------------------------------------------ data
+    def dataset(self) -> Any:
+        """The scenario's dataset (``x_train``, ``y_train``, ``x_test``, ``y_test``...)."""
+        return load_data(self._spec)
+
+    def partition(self) -> Any:
+        """Indices of this worker's share of the training set (``[training] partition``)."""
+        if self.is_master:
+            raise ProgramError(f"{self._node.name}: the master worker has no data partition")
+        return worker_indices(self._spec, self.worker_index, self.num_all_workers)
+
+    def batches(self, batch_size: int | None = None) -> BatchStream:
+        """Endless minibatches of this worker's partition, reshuffled every epoch (seeded)."""
+        return BatchStream(self.partition(), batch_size or self._spec.batch_size,
+                           self._node.services.rng(f"batches:{self._node.name}"))
+
+    def build_model(self) -> Any:
+        """The scenario's numpy model (``[training] model``), identical on every node."""
+        return build_model(self._spec)
+
+    # ------------------------------------------------------------------ time
+    def now(self) -> float:
+        """Job time: emulated seconds in the emulator, wall seconds over sockets."""
+        return self._node.now()
+
+    def iterations(self) -> Iterator[int]:
+        """1, 2, ... until ``[run] iterations``, a stop (``target_accuracy``, a time limit,
+        another worker's stop) or the program breaks out. Sets the node's iteration counter,
+        which the summary counts."""
+        it = 0
+        while True:
+            if self.max_iterations > 0 and it >= self.max_iterations:
+                self._stop_reason = self._stop_reason or "iteration limit"
+                return
+            if self.stop_requested:
+                self._stop_reason = "stop requested (target accuracy or time limit)"
+                return
+            it += 1
+            self._node.iteration = it
+            yield it
+
+    @property
+    def stop_requested(self) -> bool:
+        """Some worker asked the job to stop and the global tier told us."""
+        return bool(getattr(self._node, "stop_seen", False))
+
+    def request_stop(self) -> None:
+        """Ask the whole job to stop (carried on this worker's next pushes)."""
+        self._node.stop_wanted = True
+
+    async def compute(self, seconds: float | str = "per_iter", *,
+                      measured_s: float | None = None) -> None:
+        """Charge compute time like the built-in trainer.
+
+        ``"per_iter"`` charges the scenario's ``compute_per_iter`` for this worker (the DC's
+        heterogeneity and the worker's slowdown included); a number of seconds is scaled
+        by the same heterogeneity and slowdown. In the emulator that much virtual time
+        passes; over sockets the node sleeps what the maths did not already take
+        (``measured_s``, default: this process's CPU time since the previous call).
+        """
+        node = self._node
+        if isinstance(seconds, str):
+            if seconds != "per_iter":
+                raise ProgramError(f"ctx.compute({seconds!r}): allowed: a number of seconds "
+                                   "or 'per_iter'")
+            declared = float(node.compute_s_per_iter)
+        else:
+            declared = float(seconds) * self._compute_scale
+            if declared < 0:
+                raise ProgramError(f"ctx.compute({seconds!r}): seconds must be >= 0")
+        cpu = time.process_time()
+        measured = (cpu - self._cpu_mark) if measured_s is None else float(measured_s)
+        t0 = node.now()
+        await node.services.compute(declared, max(0.0, measured))
+        node.record("compute", t_start=t0, dur=node.now() - t0, iteration=node.iteration)
+        self._cpu_mark = time.process_time()
+        if self._spec.max_emulated_s > 0 and node.now() >= self._spec.max_emulated_s:
+            self.request_stop()
+        if self._spec.max_wall_s > 0 and node.services.wall_elapsed_s() >= self._spec.max_wall_s:
+            self.request_stop()
+
+    # ------------------------------------------------------------------ metrics
+    def report(self, iteration: int | None = None, *, loss: float | None = None,
+               accuracy: float | None = None, **extra: Any) -> None:
+        """Record a metrics row (an ``eval`` event). The evaluator's rows (the first worker
+        of the job) make ``progress.csv``, the plots, the progress bar and the summary's
+        final accuracy; reaching ``[run] target_accuracy`` asks the job to stop."""
+        node = self._node
+        it = int(node.iteration if iteration is None else iteration)
+        if iteration is not None:
+            node.iteration = max(int(node.iteration), it)
+        row: dict[str, Any] = {"iteration": it,
+                               "loss": None if loss is None else float(loss),
+                               "accuracy": None if accuracy is None else float(accuracy)}
+        for k, v in extra.items():
+            row[k] = v.item() if hasattr(v, "item") else v
+        node.record("eval", **row)
+        self._last_report = row
+        target = self._spec.target_accuracy
+        if target > 0 and accuracy is not None and accuracy >= target:
+            self.request_stop()
+
+    def result(self) -> dict[str, Any]:
+        reason = self._stop_reason or ("stop requested (target accuracy or time limit)"
+                                       if self.stop_requested else "program returned")
+        return {"iterations": int(self._node.iteration), "stop_reason": reason,
+                **self._last_report}
+
+
+async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: list[str],
+                           compute_scale: float = 1.0) -> dict[str, Any]:
+    """Run ``program`` on ``node`` (a worker or the master worker); errors name both."""
+    from geomx.node.base import NodeFailure, NodeStopped
+
+    try:
+        func = load_program(program)
+    except ProgramError as e:
+        raise ProgramError(f"{node.name}: {e}") from e
+    ctx = ProgramContext(node, spec, args, compute_scale)
+    params = inspect.signature(func).parameters
+    try:
+        if len(params) >= 2:
+            kv = geomx.kv.create(ctx.kvstore_type)
+            returned = await func(kv, ctx)
+        else:
+            returned = await func(ctx)
+        for store in getattr(node, "kv_stores", ()):
+            await store.waitall()
+    except (asyncio.CancelledError, NodeFailure, NodeStopped, ProgramError):
+        raise
+    except SystemExit as e:  # argparse on bad ctx.args, or an explicit sys.exit
+        raise ProgramError(f"training program {program!r} exited on node {node.name} with "
+                           f"status {e.code!r} (bad program arguments {ctx.args}?)") from e
+    except Exception as e:
+        raise ProgramError(f"training program {program!r} raised on node {node.name}: "
+                           f"{type(e).__name__}: {e}") from e
+    result = ctx.result()
+    if isinstance(returned, dict):
+        result.update({k: v for k, v in returned.items() if isinstance(k, str)})
+    if not node.is_master:
+        node.record("worker_done", iterations=result["iterations"],
+                    stop_reason=result["stop_reason"])
+    return result

@@ -1,0 +1,114 @@
+"""GeoMX's feature switches in the environment, mapped onto scenario fields or refused.
+
+GeoMX turns features on with environment variables read by each process
+(geomx-behaviour.md §5: ``MXNET_KVSTORE_USE_HFA``, ``MXNET_KVSTORE_HFA_K1``/``_K2``,
+``MXNET_KVSTORE_BIGARRAY_BOUND``, ...); geomx keeps the job's set-up in the scenario.
+Accepting such a variable silently is the worst outcome (a ``cnn_hfa.py`` job with
+``MXNET_KVSTORE_USE_HFA=1`` ran FSA with a summing server and its model doubled every
+sync), so every switch in :data:`SWITCHES` either becomes the ``--set`` override of the
+field it means, or is refused with an error that names the field to use instead.
+
+One row per variable; ``geomx node`` (``runtime/config.py``) and ``geomx run``/``launch``
+(``cli.py``, so the emulator runs what the processes would) apply the same table.
+P3, DGT and TSEngine switches are added by their schedulers' modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+class SwitchError(ValueError):
+    """A GeoMX switch with a value geomx cannot honour; names the scenario field to use."""
+
+
+@dataclass(frozen=True)
+class Switch:
+    """``var`` -> scenario override(s) from its value, or a refusal."""
+
+    var: str
+    field: str                                   # the scenario field it means
+    to_overrides: Callable[[str], list[str]]     # raises SwitchError on a bad value
+    doc: str
+
+
+def _int(var: str, lo: int, hi: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            n = int(value.strip())
+        except ValueError:
+            raise SwitchError(f"{var}={value!r}: expected an integer in [{lo}, {hi}]") from None
+        if not lo <= n <= hi:
+            raise SwitchError(f"{var}={value!r}: allowed: an integer in [{lo}, {hi}]")
+        return n
+    return parse
+
+
+def _flag(var: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("", "0", "false", "no", "off"):
+        return False
+    raise SwitchError(f"{var}={value!r}: allowed: 0 or 1")
+
+
+def _use_hfa(value: str) -> list[str]:
+    return ["sync.algorithm=hfa"] if _flag("MXNET_KVSTORE_USE_HFA", value) else []
+
+
+def _to_field(var: str, field: str, lo: int, hi: int) -> Callable[[str], list[str]]:
+    parse = _int(var, lo, hi)
+    return lambda value: [f"{field}={parse(value)}"]
+
+
+def _refuse_unless_off(var: str, field: str, why: str) -> Callable[[str], list[str]]:
+    def check(value: str) -> list[str]:
+        if value.strip() in ("", "0"):
+            return []
+        raise SwitchError(f"{var}={value!r}: {why}; set the scenario's {field} instead")
+    return check
+
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch("MXNET_KVSTORE_USE_HFA", "sync.algorithm", _use_hfa,
+           "1: HFA (`sync.algorithm = \"hfa\"`); 0: as the scenario says"),
+    Switch("MXNET_KVSTORE_HFA_K1", "sync.k1",
+           _to_field("MXNET_KVSTORE_HFA_K1", "sync.k1", 1, 10**6), "HFA local steps per local sync"),
+    Switch("MXNET_KVSTORE_HFA_K2", "sync.k2",
+           _to_field("MXNET_KVSTORE_HFA_K2", "sync.k2", 1, 10**6), "HFA local syncs per global sync"),
+    Switch("MXNET_KVSTORE_BIGARRAY_BOUND", "sched.bigarray_bound",
+           _to_field("MXNET_KVSTORE_BIGARRAY_BOUND", "sched.bigarray_bound", 1, 2**62),
+           "elements above which a tensor is split across global servers"),
+    Switch("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound",
+           _to_field("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound", 0, 2**62),
+           "smallest tensor Bi-Sparse / MPQ compress"),
+    Switch("PS_RESEND", "membership.request_timeout",
+           _refuse_unless_off("PS_RESEND", "membership.request_timeout",
+                              "geomx sends over TCP, which does not lose messages; a request "
+                              "whose reply never comes fails its node by name after"),
+           "refused when on"),
+    Switch("PS_RESEND_TIMEOUT", "membership.request_timeout",
+           _refuse_unless_off("PS_RESEND_TIMEOUT", "membership.request_timeout",
+                              "there is no resend timer (TCP is reliable); the bound on a "
+                              "reply is"),
+           "refused when set"),
+    Switch("PS_DROP_MSG", "wan.N.loss",
+           _refuse_unless_off("PS_DROP_MSG", "[[wan]] loss",
+                              "dropping received messages on purpose is not supported; "
+                              "packet loss is modelled per link by"),
+           "refused when set"),
+)
+
+
+def switch_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """``(override, "env VAR")`` pairs for the switches set in ``env``; SwitchError on a
+    value that cannot be honoured."""
+    out: list[tuple[str, str]] = []
+    for sw in SWITCHES:
+        value = env.get(sw.var)
+        if value is None:
+            continue
+        out += [(o, f"env {sw.var}") for o in sw.to_overrides(value)]
+    return out
