@@ -663,6 +663,10 @@ class WanConfig(_Section):
 
 
 _MODELS = ("softmax", "mlp", "cnn", "phantom")
+DGT_MODES = ("off", "udp", "tcp", "quant")
+DGT_MIN_BLOCK_BYTES = 64
+#: a block is one datagram message; 1 MiB keeps a lost UDP block a small loss
+DGT_MAX_BLOCK_BYTES = 1 << 20
 _IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist")
 _SERVER_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "dcasgd", "dcasgd_shared", "none")
 _WORKER_OPTIMIZERS = ("sgd", "momentum", "nesterov", "adam", "none")
@@ -771,11 +775,45 @@ class CodecConfig(_Section):
 class SchedConfig(_Section):
     """In which order and over which path transfers leave.
 
-    (P3, TSEngine, DGT and NETSTORM will add their settings here when they are built; until
+    (P3, TSEngine and NETSTORM will add their settings here when they are built; until
     then a scenario that names them is refused as an unknown key.)"""
 
     bigarray_bound: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Tensors with more elements are split across the global servers.")
+    # DGT (geomx/sched/dgt.py; GeoMX's ENABLE_DGT, DMLC_K, ... -- geomx-behaviour.md §4.4)
+    dgt: str = setting(Choice(*DGT_MODES), "off",
+                       "Differential gradient transmission of local -> global server pushes: "
+                       "`udp`: low-contribution blocks on unreliable datagram channels "
+                       "(GeoMX ENABLE_DGT=1); `tcp`: on deprioritised reliable channels (2); "
+                       "`quant`: deprioritised and 4-bit quantised with error feedback (3).")
+    dgt_block_bytes: int = setting(Size(), 4096,
+                                   "DGT block size in bytes of the sent values (GeoMX DGT_BLOCK_SIZE).",
+                                   key="dgt_block_size")
+    dgt_k: float = setting(Fraction(percent=False), 0.5,
+                           "DGT: fraction of blocks (by contribution) sent on the reliable, highest-"
+                           "priority channel 0 (GeoMX DMLC_K; its scripts use 0.8).")
+    dgt_k_min: float = setting(Fraction(percent=False), 0.2,
+                               "DGT adaptive K: lower bound of K (DMLC_K_MIN).")
+    dgt_adaptive_k: bool = setting(Flag(), True,
+                                   "DGT: K_t = max(k_min, k * loss_t / loss_0) from the workers' "
+                                   "training loss (ADAPTIVE_K_FLAG; GeoMX parses it but never uses it).")
+    dgt_channels: int = setting(Integer(min=1, max=7), 3,
+                                "DGT: low-priority channels C the rest of the blocks are banded over "
+                                "(DMLC_UDP_CHANNEL_NUM).")
+    dgt_alpha: float = setting(Fraction(percent=False), 0.3,
+                               "DGT: weight of the old value in the per-block contribution EWMA "
+                               "(DGT_CONTRIBUTION_ALPHA).")
+
+    def _check(self, path: str) -> None:
+        if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:
+            raise ScenarioError(
+                f"block size {self.dgt_block_bytes} B is out of range; allowed: "
+                f"{DGT_MIN_BLOCK_BYTES} .. {DGT_MAX_BLOCK_BYTES} bytes",
+                path=f"{path}.dgt_block_size", value=self.dgt_block_bytes)
+        if self.dgt_k_min > self.dgt_k:
+            raise ScenarioError(
+                f"dgt_k_min = {self.dgt_k_min:g} is above dgt_k = {self.dgt_k:g}; allowed: "
+                "dgt_k_min <= dgt_k", path=f"{path}.dgt_k_min", value=self.dgt_k_min)
 
 
 @dataclass(frozen=True)
@@ -1246,6 +1284,31 @@ def _check_sync(s: Scenario) -> None:
             f"an optimizer, got 'none'; allowed: {allowed}",
             path="training.worker_optimizer", value="none", allowed=allowed)
 
+
+
+@scenario_check
+def _check_dgt(s: Scenario) -> None:
+    if s.sched.dgt == "off":
+        return
+    if s.training.mode == "flat_ps":
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} acts on local -> global server pushes, which "
+            "training.mode = 'flat_ps' does not have; allowed with flat_ps: 'off'",
+            path="sched.dgt", value=s.sched.dgt, allowed="'off'")
+    if s.training.model == "phantom":
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} ranks blocks by their gradient values, which a phantom "
+            "model does not have; allowed with DGT: a real model", path="training.model",
+            value="phantom", allowed="'softmax', 'mlp', 'cnn'")
+    if s.codec.type not in DGT_CODECS:
+        # a sparse or 1-bit payload has no fixed-size blocks to rank and drop
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} cuts dense values into blocks and does not compose "
+            f"with codec.type = {s.codec.type!r}; allowed with DGT: {_quote_list(DGT_CODECS)}",
+            path="codec.type", value=s.codec.type, allowed=_quote_list(DGT_CODECS))
+
+
+DGT_CODECS = ("none", "fp16", "bf16")
 
 
 @scenario_check
