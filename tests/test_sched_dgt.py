@@ -316,3 +316,26 @@ def test_scenario_refuses_what_does_not_compose(scenario_of, override, field):
     with pytest.raises(ScenarioError) as e:
         scenario_of("dgt.toml", *override)
     assert field in str(e.value)
+
+
+def test_geomx_dgt_environment_maps_onto_sched_keys():
+    from pathlib import Path
+
+    from geomx.runtime.config import ConfigError, NodeArgs, resolve_node_config
+
+    qs = str(Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.toml")
+    env = {"ENABLE_DGT": "1", "DMLC_K": "0.8", "DMLC_K_MIN": "0.3", "ADAPTIVE_K_FLAG": "0",
+           "DMLC_UDP_CHANNEL_NUM": "7", "DGT_BLOCK_SIZE": "8192", "DGT_CONTRIBUTION_ALPHA": "0.5"}
+    c = resolve_node_config(NodeArgs(scenario=qs, name="ls:party-a"), env, now=1000.0)
+    q = c.scenario.sched
+    assert (q.dgt, q.dgt_k, q.dgt_k_min, q.dgt_adaptive_k, q.dgt_channels, q.dgt_block_bytes,
+            q.dgt_alpha) == ("udp", 0.8, 0.3, False, 7, 8192, 0.5)
+    for mode, name in (("0", "off"), ("2", "tcp"), ("3", "quant")):
+        c = resolve_node_config(NodeArgs(scenario=qs, name="gs:0"), {"ENABLE_DGT": mode},
+                                now=1000.0)
+        assert c.scenario.sched.dgt == name
+    with pytest.raises(ConfigError, match="ENABLE_DGT='4'"):
+        resolve_node_config(NodeArgs(scenario=qs, name="gs:0"), {"ENABLE_DGT": "4"}, now=1000.0)
+    with pytest.raises(ConfigError, match="DMLC_UDP_CHANNEL_NUM.*dgt_channels"):
+        resolve_node_config(NodeArgs(scenario=qs, name="gs:0"), {"DMLC_UDP_CHANNEL_NUM": "9"},
+                            now=1000.0)
