@@ -46,3 +46,49 @@ def test_tcp_mode_over_sockets_delivers_every_band_block(scenario_of):
     for b in d["bands"]:
         assert b["dropped"] == 0 or b["band"] > 0  # channel 0 never loses a block
         assert b["on_time"] + b["late"] + b["dropped"] == b["sent_blocks"]
+
+
+def test_udp_bands_are_marked_below_best_effort_without_iptables():
+    """DGT's bands leave with ToS CS1 (band 1) / LE (bands 2..), set per datagram."""
+    import asyncio
+    import socket
+
+    import numpy as np
+
+    from geomx.runtime.framing import RejectLog
+    from geomx.runtime.udp import TOS_CS1, TOS_LE, UdpEndpoint, tos_of_channel
+    from geomx.wire import Kind, Message, Payload
+
+    assert [tos_of_channel(c) for c in (0, 8, 9, 10, 15)] == [0, 0, TOS_CS1, TOS_LE, TOS_LE]
+
+    async def run():
+        got: list[Message] = []
+        rx = UdpEndpoint("b", on_message=lambda m, n: got.append(m), rejects=RejectLog("b"))
+        tx = UdpEndpoint("a", on_message=lambda m, n: None, rejects=RejectLog("a"))
+        port = await rx.start("127.0.0.1", 0)
+        await tx.start("127.0.0.1", 0)
+        sock = tx._transport.get_extra_info("socket")
+        seen = []
+        try:
+            for ch in (9, 10, 8):
+                msg = Message(Kind.PUSH, "a", "b", channel=ch,
+                              payloads=[Payload.of(np.ones(2000, np.float32))])  # 6 datagrams
+                await tx.send(msg, ("127.0.0.1", port))
+                seen.append(sock.getsockopt(socket.IPPROTO_IP, socket.IP_TOS))
+            for _ in range(100):
+                if len(got) == 3:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            tx.close()
+            rx.close()
+        return seen, got, tx.stats()
+
+    seen, got, stats = asyncio.run(run())
+    assert [m.channel for m in got] == [9, 10, 8]
+    if stats["tos_refused"]:
+        # an OS that refuses the marking: datagrams still go, unmarked, and it is counted
+        assert seen == [0, 0, 0]
+    else:
+        assert seen == [TOS_CS1, TOS_LE, 0]
+        assert stats["tos_marked"] == 12
