@@ -339,3 +339,13 @@ def test_geomx_dgt_environment_maps_onto_sched_keys():
     with pytest.raises(ConfigError, match="DMLC_UDP_CHANNEL_NUM.*dgt_channels"):
         resolve_node_config(NodeArgs(scenario=qs, name="gs:0"), {"DMLC_UDP_CHANNEL_NUM": "9"},
                             now=1000.0)
+
+
+def test_trace_has_a_track_per_channel(scenario_of):
+    r = run_scenario(scenario_of("dgt.toml", "run.target_accuracy=0", "metrics.plot=false",
+                                 "run.iterations=3", "sched.dgt=udp"))
+    trace = json.loads((r.run_dir / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"]
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert {"ls:party-a xfer", "ls:party-a xfer ch9", "ls:party-a xfer ch10",
+            "ls:party-a xfer ch11"} <= names
