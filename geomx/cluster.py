@@ -79,6 +79,14 @@ def codec_config(s: Scenario) -> dict[str, Any]:
     return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}}
 
 
+def dgt_config(s: Scenario) -> dict[str, Any]:
+    """The scenario's DGT settings for ``geomx.sched.dgt.DgtSettings`` (plain dict)."""
+    q = s.sched
+    return {"mode": q.dgt, "block_bytes": q.dgt_block_bytes, "k": q.dgt_k, "k_min": q.dgt_k_min,
+            "adaptive_k": q.dgt_adaptive_k, "channels": q.dgt_channels, "alpha": q.dgt_alpha,
+            "codec": s.codec.type}
+
+
 def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     """Name the nodes and describe the job. ``runtime`` ("emu"/"real", default the
     scenario's) only decides whether liveness timers run: in the emulator they are off
@@ -102,7 +110,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
-        sched={},
+        sched={"dgt": dgt_config(s)},
         state_server=layout.state_server,
     )
     runtime = runtime or s.run.runtime

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from geomx.cluster import JobPlan, make_node, plan_job
 from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.JobFailed
+from geomx.metrics.channel_tally import DgtTally
 from geomx.metrics.chrome_trace import convert_events_file
 from geomx.metrics.plots import write_run_plots
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
@@ -200,6 +201,8 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
             bar.on_event(ev)
 
     recorder.add_listener(on_event)
+    dgt_tally = DgtTally()
+    recorder.add_listener(dgt_tally.on_event)
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
     fabric = SimFabric(network)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
@@ -241,6 +244,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
                "final_eval": final,
                "emulated_over_wall": emulated_s / wall_s if wall_s > 0 else None,
                "link_capacity_bps": {k: l.capacity_bps for k, l in network.links.items()},
+               **({"dgt": dgt_tally.as_dict()} if dgt_tally.seen else {}),
                },
     )
     if final.get("accuracy") is not None:

@@ -93,6 +93,10 @@ class KVStore:
         if stores is None:
             stores = node.kv_stores = []
         stores.append(self)
+        self._loss: float | None = None
+        dgt = job.sched.get("dgt") or {}
+        # only a job whose local servers adapt DGT's K pays the bytes of carrying the loss
+        self._carry_loss = dgt.get("mode", "off") != "off" and bool(dgt.get("adaptive_k"))
 
     # ------------------------------------------------------------------ identity
     @property
@@ -280,7 +284,9 @@ class KVStore:
             await prev
         node = self._node
         parts = self._parts(key)
-        meta = {"stop": True} if getattr(node, "stop_wanted", False) else {}
+        meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
+        if self._loss is not None and self._carry_loss:
+            meta["loss"] = self._loss  # DGT's adaptive K at the local server
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
@@ -375,6 +381,11 @@ class KVStore:
     async def _barrier_now(self) -> None:
         self._barrier_count += 1
         await self._node.worker_barrier(f"kv{self._barrier_count}")
+
+    def report_loss(self, loss: float) -> None:
+        """This worker's current training loss, carried with its next pushes (DGT's
+        adaptive K reads it; GeoMX's scripts write it to ``/tmp/loss<id>.csv``)."""
+        self._loss = float(loss)
 
     def request_stop(self) -> None:
         """Ask the whole job to stop: carried on this worker's next pushes to the global tier."""

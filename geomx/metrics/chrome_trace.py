@@ -14,7 +14,9 @@ Why lanes: the trace viewers require complete events on one thread to nest prope
 but a parameter server has many transfers in flight at once, which overlap without
 nesting and would be dropped or drawn wrongly. Spans of each (node, kind) are therefore
 packed greedily into as many lanes (extra threads, "w:a:0 xfer 2", ...) as needed for
-no two spans in a lane to overlap. A lane remembers only its earliest start and latest
+no two spans in a lane to overlap. Events on a channel other than 0 (DGT's
+low-priority bands, heartbeats on 7) get tracks of their own, "ls:a xfer ch9", so the
+channels of one sender can be read apart. A lane remembers only its earliest start and latest
 end, so the conversion streams in constant memory per lane and works for events in any
 order.
 
@@ -128,14 +130,24 @@ def chrome_trace_events(
         args = {k: v for k, v in event.items() if k not in _NOT_ARGS}
         name = kind if "msg" not in event else f"{kind} {event['msg']}"
         dur = event.get("dur")
+        channel = event.get("channel")
+        # a track per channel (DGT's bands, heartbeats): channel 0 stays on the node's own
+        lane_kind = (f"{kind} ch{channel}" if isinstance(channel, int)
+                     and not isinstance(channel, bool) and channel > 0 else kind)
         if isinstance(dur, (int, float)) and not isinstance(dur, bool):
             start = event.get("t_start")
             start_s = float(start) if isinstance(start, (int, float)) else t - float(dur)
             ts = _us(start_s)
             dur_us = max(0.0, _us(float(dur)))
-            pid, tid = tracks.lane(node, kind, ts, ts + dur_us)
+            pid, tid = tracks.lane(node, lane_kind, ts, ts + dur_us)
             out = {
                 "ph": "X", "name": name, "cat": kind, "ts": ts, "dur": dur_us,
+                "pid": pid, "tid": tid, "args": args,
+            }  # fmt: skip
+        elif lane_kind != kind:
+            pid, tid = tracks.lane(node, lane_kind, _us(t), _us(t))
+            out = {
+                "ph": "i", "s": "t", "name": name, "cat": kind, "ts": _us(t),
                 "pid": pid, "tid": tid, "args": args,
             }  # fmt: skip
         else:

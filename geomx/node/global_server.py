@@ -29,6 +29,7 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, from_payload, is_phantom
+from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
 from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
 from geomx.wire import Kind, Message
 
@@ -82,6 +83,9 @@ class GlobalServer(Node):
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         self.policy: GlobalSyncPolicy = make_global_policy(job)
         self.stop_requested = False
+        dgt = DgtSettings.from_dict(job.sched.get("dgt"))
+        #: DGT reassembly of local servers' block pushes (None = DGT off)
+        self.dgt: DgtReceiver | None = DgtReceiver(dgt) if dgt.enabled else None
         self._stopped_by: set[str] = set()
         self._done = asyncio.Event()
         if job.mode == "flat_ps":
@@ -199,7 +203,14 @@ class GlobalServer(Node):
         if slot is None:
             return
         try:
-            value = self.codec.decode(msg, like=slot.store)
+            if DGT_META in msg.meta:
+                if self.dgt is None:
+                    raise ValueError("a DGT block, but sched.dgt is off in this job")
+                value = self.dgt.receive(self, msg, slot.store)
+                if value is None:
+                    return  # a block: the end block completes the push
+            else:
+                value = self.codec.decode(msg, like=slot.store)
         except ValueError as e:
             self.reply_error(msg, str(e))
             return
@@ -262,5 +273,7 @@ class GlobalServer(Node):
     async def main(self) -> None:
         await register(self, self.job.global_scheduler)
         await self._done.wait()
+        if self.dgt is not None:
+            self.dgt.record_totals(self)
         self.record("server_done", versions=sum(s.version for s in self.slots.values()))
         leave(self, self.job.global_scheduler)

@@ -23,6 +23,7 @@ from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
+from geomx.sched.dgt import DgtSender, DgtSettings
 from geomx.sched.placement import place
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
 from geomx.wire import Kind, Message
@@ -58,6 +59,9 @@ class LocalServer(Node):
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         self.policy: LocalSyncPolicy = make_local_policy(job)
         self.global_stop = False
+        dgt = DgtSettings.from_dict(job.sched.get("dgt"))
+        #: DGT of the pushes to the global servers (None = plain pushes)
+        self.dgt: DgtSender | None = DgtSender(dgt) if dgt.enabled else None
         self._done = asyncio.Event()
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -150,6 +154,8 @@ class LocalServer(Node):
             self.reply_error(msg, str(e))
             return
         slot.contributors.add(msg.src)
+        if self.dgt is not None:
+            self.dgt.note_loss(msg.src, msg.meta.get("loss"))  # adaptive K
         if slot.merged is None:
             slot.merged = value  # decode() returned a fresh array: take it, no copy
         else:
@@ -175,8 +181,11 @@ class LocalServer(Node):
         meta_stop = {"stop": True} if stop else {}
 
         async def push_part(part) -> Message:
-            payloads, meta = self.codec.encode_push(key, flat_slice(value, part.lo, part.hi)
-                                                  if len(parts) > 1 else value, tier="wan")
+            v = flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
+            if self.dgt is not None:
+                return await self.dgt.push(self, self.job.global_servers[part.server], key,
+                                           part.index, slot.round, v, meta_stop)
+            payloads, meta = self.codec.encode_push(key, v, tier="wan")
             meta.update(meta_stop)
             return await self.request(Message(Kind.PUSH, self.name,
                                               self.job.global_servers[part.server], key=key,
@@ -267,6 +276,8 @@ class LocalServer(Node):
         await self._done.wait()
         for gs in self.job.global_servers:
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
+        if self.dgt is not None:
+            self.dgt.record_totals(self)
         self.record("server_done", rounds=sum(s.round for s in self.slots.values()))
         leave(self, self.job.global_scheduler)
         leave(self, self.job.local_scheduler_of[self.dc])

@@ -189,6 +189,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             idx = stream.next()
             loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
             losses.append(float(loss))
+            kv.report_loss(loss)
         else:
             grads = params
         measured = time.perf_counter() - t0

@@ -13,7 +13,9 @@ shows the table), so a surprising value can be traced to its source.
 GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): a process started with GeoMX's
 environment -- ``DMLC_ROLE``, ``DMLC_ROLE_GLOBAL``, ``DMLC_ROLE_MASTER_WORKER``,
 ``DMLC_PS_ROOT_URI/PORT``, ``DMLC_PS_GLOBAL_ROOT_URI/PORT``, ``DMLC_NUM_*``,
-``DMLC_NODE_HOST``, ``DMLC_INTERFACE``, ``PORT``, ``PS_HEARTBEAT_*`` -- is mapped onto a
+``DMLC_NODE_HOST``, ``DMLC_INTERFACE``, ``PORT``, ``PS_HEARTBEAT_*``, DGT's ``ENABLE_DGT``,
+``DMLC_K``, ``DMLC_K_MIN``, ``ADAPTIVE_K_FLAG``, ``DMLC_UDP_CHANNEL_NUM``, ``DGT_BLOCK_SIZE``,
+``DGT_CONTRIBUTION_ALPHA`` (table ``DGT_ENV``) -- is mapped onto a
 geomx node name and scenario. Two differences, on purpose: geomx names nodes from the
 scenario, so a worker or global server needs its rank up front (``--rank`` /
 ``GEOMX_RANK``; ps-lite assigns ranks at registration in an effectively random order),
@@ -331,7 +333,8 @@ class _Resolver:
         try:
             return parse_scenario(raw, source=self._source)
         except ScenarioError as e:
-            raise ConfigError(str(e)) from None
+            src = self._overridden.get(e.path)  # a value from the environment: name it
+            raise ConfigError(f"{src}: {e}" if src else str(e)) from None
 
     def apply_overrides(self, overrides: list[tuple[str, str]]) -> Scenario:
         """``(assignment, source)`` pairs, applied in order (later wins)."""
@@ -427,6 +430,7 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
         overrides += switch_overrides(env)  # MXNET_KVSTORE_USE_HFA, ... (geomx_switches.py)
     except SwitchError as e:
         raise ConfigError(str(e)) from None
+    overrides += _dgt_overrides(env)
     overrides += [(o, f"--set {o}") for o in args.overrides]
     if overrides:
         s = r.apply_overrides(overrides)
@@ -594,6 +598,39 @@ def _ps_lite_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
             except ValueError:
                 raise ConfigError(f"{var}={v!r}: expected seconds (a number)") from None
             out.append((f"membership.{key}={seconds!r}", f"env {var}"))
+    return out
+
+
+#: GeoMX's DGT switches (geomx-behaviour.md §4.4) -> ``[sched]`` keys; the scenario
+#: validates the values (an error names the variable and the field).
+DGT_ENV = (
+    ("ENABLE_DGT", "dgt"),
+    ("DMLC_K", "dgt_k"),
+    ("DMLC_K_MIN", "dgt_k_min"),
+    ("ADAPTIVE_K_FLAG", "dgt_adaptive_k"),
+    ("DMLC_UDP_CHANNEL_NUM", "dgt_channels"),
+    ("DGT_BLOCK_SIZE", "dgt_block_size"),
+    ("DGT_CONTRIBUTION_ALPHA", "dgt_alpha"),
+)
+#: ENABLE_DGT's values: 1 UDP channels, 2 prioritised TCP, 3 TCP + 4-bit quantisation
+DGT_MODE_OF_ENV = {"0": "off", "1": "udp", "2": "tcp", "3": "quant"}
+
+
+def _dgt_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    out = []
+    for var, key in DGT_ENV:
+        v = _env(env, var)
+        if v is None:
+            continue
+        if var == "ENABLE_DGT":
+            if v not in DGT_MODE_OF_ENV:
+                raise ConfigError(f"ENABLE_DGT={v!r}; allowed: 0 (off), 1 (udp), 2 (tcp), "
+                                  "3 (quant)")
+            v = f'"{DGT_MODE_OF_ENV[v]}"'
+        elif var == "ADAPTIVE_K_FLAG":
+            b = _bool_env(env, var)
+            v = "true" if b else "false"
+        out.append((f"sched.{key}={v}", f"env {var}"))
     return out
 
 

@@ -30,6 +30,7 @@ from typing import Any, IO
 
 from geomx.cluster import plan_job
 from geomx.errors import JobFailed
+from geomx.metrics.channel_tally import DgtTally
 from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
@@ -363,9 +364,11 @@ def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
     # progress.csv: evaluator's evals, with job-wide cumulative bytes at each eval time
     sends: list[tuple[float, int, bool]] = []
     evals: list[dict[str, Any]] = []
+    dgt_tally = DgtTally()
     if (run_dir / "events.jsonl").exists():
         dc = plan.job.dc_of
         for ev in iter_events(run_dir / "events.jsonl"):
+            dgt_tally.on_event(ev)
             if ev["ev"] == "send":
                 sends.append((ev["t"], int(ev.get("bytes", 0)),
                               dc.get(ev.get("src"), "?") != dc.get(ev.get("dst"), "?")))
@@ -392,7 +395,8 @@ def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
                             target_accuracy=s.run.target_accuracy or None,
                             extra={"final_eval": final, "processes": len(results),
                                    "transport": {n: r["transport"] for n, r in results.items()
-                                                 if "transport" in r}})
+                                                 if "transport" in r},
+                                   **({"dgt": dgt_tally.as_dict()} if dgt_tally.seen else {})})
     if final.get("accuracy") is not None:
         summary.final_accuracy = final["accuracy"]
         summary.final_loss = final.get("loss")

@@ -62,6 +62,24 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
 
 
+#: IP ToS byte of the unreliable channels' datagrams (DGT's low-priority bands). GeoMX
+#: marks band i with DSCP (C - i) * 8 through iptables (geomx-behaviour.md §4.4), above
+#: best effort; here TCP (channel 0, DGT's important blocks) stays unmarked best effort, so
+#: the bands go *below* it: band 1 CS1 ("low-priority data", RFC 4594), bands 2.. LE
+#: ("lower effort", RFC 8622). Set per datagram with setsockopt(IP_TOS / IPV6_TCLASS), no
+#: iptables; where the OS refuses, datagrams go unmarked and ``tos_refused`` counts it.
+TOS_CS1 = 0x20
+TOS_LE = 0x04
+
+
+def tos_of_channel(channel: int) -> int:
+    """ToS byte for an unreliable channel (0 = unmarked)."""
+    band = channel - wire.UNRELIABLE_BASE
+    if band <= 0:
+        return 0
+    return TOS_CS1 if band == 1 else TOS_LE
+
+
 class DatagramError(ValueError):
     def __init__(self, reason: str, category: str):
         super().__init__(reason)
@@ -262,6 +280,10 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         self.datagrams_lost_by_shaper = 0
         self.send_errors = 0
         self.closed = False
+        self._tos = 0                 # the socket's current ToS byte
+        self._tos_level: tuple[int, int] | None = None
+        self.tos_marked = 0           # datagrams written with a non-zero ToS
+        self.tos_refused = 0          # setsockopt refusals (then marking stops)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
@@ -275,6 +297,8 @@ class UdpEndpoint(asyncio.DatagramProtocol):
             except OSError:  # pragma: no cover - capped or refused by the kernel
                 pass
         self.port = transport.get_extra_info("sockname")[1]
+        self._tos_level = ((socket.IPPROTO_IPV6, socket.IPV6_TCLASS)
+                           if sock.family == socket.AF_INET6 else (socket.IPPROTO_IP, socket.IP_TOS))
         period = max(0.01, self.reassembler.timeout_s / 4)
         self._sweeper = loop.create_task(self._sweep(period), name=f"{self.node}:udp-sweeper")
         return self.port
@@ -326,7 +350,9 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         if line is None:
             transport = self._transport
 
-            def write(dgram: object, _addr: tuple = addr) -> None:
+            def write(piece: object, _addr: tuple = addr) -> None:
+                tos, dgram = piece  # type: ignore[misc]
+                self._mark(tos)
                 transport.sendto(dgram, _addr)  # type: ignore[union-attr]
 
             line = self._lines[addr] = DelayLine(write, name=f"{self.node}:udp-delay")
@@ -352,8 +378,10 @@ class UdpEndpoint(asyncio.DatagramProtocol):
         self.datagrams_sent += len(dgrams)
         self.bytes_sent += total
         transport = self._transport
+        tos = tos_of_channel(msg.channel)
         if link is None:
             for d in dgrams:
+                self._mark(tos)
                 transport.sendto(d, addr)
             while (transport.get_write_buffer_size() > WRITE_HIGH_WATER_BYTES
                    and not transport.is_closing()):
@@ -367,11 +395,32 @@ class UdpEndpoint(asyncio.DatagramProtocol):
             if link.lose():
                 self.datagrams_lost_by_shaper += 1
             else:
-                line.put(t_done + delay, d, len(d))
+                line.put(t_done + delay, (tos, d), len(d))
             ahead = t_done - now
             if ahead > PACING_LEAD_S:
                 await asyncio.sleep(ahead - PACING_LEAD_S)
         return total
+
+    def _mark(self, tos: int) -> None:
+        """Set the socket's ToS before a datagram leaves (same thread, no interleaving; a
+        datagram the kernel cannot take at once is queued by asyncio and may leave with a
+        later ToS)."""
+        if tos == self._tos or self._tos_level is None or self._transport is None:
+            if tos:
+                self.tos_marked += 1
+            return
+        sock = self._transport.get_extra_info("socket")
+        try:
+            sock.setsockopt(*self._tos_level, tos)
+        except OSError as e:
+            self.tos_refused += 1
+            self._tos_level = None  # do not retry for every datagram
+            log.info("%s: the OS refused ToS 0x%02x on UDP (%s); datagrams go unmarked",
+                     self.node, tos, e)
+            return
+        self._tos = tos
+        if tos:
+            self.tos_marked += 1
 
     def stats(self) -> dict[str, int]:
         r = self.reassembler.stats
@@ -386,4 +435,6 @@ class UdpEndpoint(asyncio.DatagramProtocol):
             "duplicate_chunks": r.duplicates,
             "rejected_datagrams": r.rejected,
             "pending_messages": len(self.reassembler.pending),
+            "tos_marked": self.tos_marked,
+            "tos_refused": self.tos_refused,
         }

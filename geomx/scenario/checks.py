@@ -12,6 +12,7 @@ from typing import Callable
 
 from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.model import Scenario
+from geomx.scenario.sched import DGT_CODECS
 from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
 from geomx.sync.policy import needs_state_server
 from geomx.topology import DCShape, plan_nodes
@@ -172,6 +173,28 @@ def _check_sync(s: Scenario) -> None:
             f"sync.algorithm = {s.sync.algorithm!r} takes local steps on the workers, which need "
             f"an optimizer, got 'none'; allowed: {allowed}",
             path="training.worker_optimizer", value="none", allowed=allowed)
+
+
+@scenario_check
+def _check_dgt(s: Scenario) -> None:
+    if s.sched.dgt == "off":
+        return
+    if s.topology.kind == "flat":
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} acts on local -> global server pushes, which "
+            "topology.kind = 'flat' does not have; allowed with flat: 'off'",
+            path="sched.dgt", value=s.sched.dgt, allowed="'off'")
+    if s.training.model == "phantom":
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} ranks blocks by their gradient values, which a phantom "
+            "model does not have; allowed with DGT: a real model", path="training.model",
+            value="phantom", allowed="'softmax', 'mlp', 'cnn'")
+    if s.codec.type not in DGT_CODECS:
+        # a sparse or 1-bit payload has no fixed-size blocks to rank and drop
+        raise ScenarioError(
+            f"sched.dgt = {s.sched.dgt!r} cuts dense values into blocks and does not compose "
+            f"with codec.type = {s.codec.type!r}; allowed with DGT: {quote_list(DGT_CODECS)}",
+            path="codec.type", value=s.codec.type, allowed=quote_list(DGT_CODECS))
 
 
 

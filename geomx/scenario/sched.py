@@ -4,16 +4,58 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geomx.scenario.kinds import Integer, Section, setting
+from geomx.scenario.errors import ScenarioError
+from geomx.scenario.kinds import Choice, Flag, Fraction, Integer, Section, Size, setting
+
+
+DGT_MODES = ("off", "udp", "tcp", "quant")
+DGT_MIN_BLOCK_BYTES = 64
+#: a block is one datagram message; 1 MiB keeps a lost UDP block a small loss
+DGT_MAX_BLOCK_BYTES = 1 << 20
+#: codecs whose payload has fixed-size dense blocks DGT can rank and drop
+DGT_CODECS = ("none", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
 class SchedConfig(Section):
     """In which order and over which path transfers leave.
 
-    (P3, TSEngine, DGT and NETSTORM will add their settings here when they are built; until
-    then a scenario that names them is refused as an unknown key.)"""
+    (TSEngine will add its settings here when it is built; until then a scenario that
+    names it is refused as an unknown key.)"""
 
     bigarray_bound: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Tensors with more elements are split across the global servers.")
+    # DGT (geomx/sched/dgt.py; GeoMX's ENABLE_DGT, DMLC_K, ... -- geomx-behaviour.md §4.4)
+    dgt: str = setting(Choice(*DGT_MODES), "off",
+                       "Differential gradient transmission of local -> global server pushes: "
+                       "`udp`: low-contribution blocks on unreliable datagram channels "
+                       "(GeoMX ENABLE_DGT=1); `tcp`: on deprioritised reliable channels (2); "
+                       "`quant`: deprioritised and 4-bit quantised with error feedback (3).")
+    dgt_block_bytes: int = setting(Size(), 4096,
+                                   "DGT block size in bytes of the sent values (GeoMX DGT_BLOCK_SIZE).",
+                                   key="dgt_block_size")
+    dgt_k: float = setting(Fraction(percent=False), 0.5,
+                           "DGT: fraction of blocks (by contribution) sent on the reliable, highest-"
+                           "priority channel 0 (GeoMX DMLC_K; its scripts use 0.8).")
+    dgt_k_min: float = setting(Fraction(percent=False), 0.2,
+                               "DGT adaptive K: lower bound of K (DMLC_K_MIN).")
+    dgt_adaptive_k: bool = setting(Flag(), True,
+                                   "DGT: K_t = max(k_min, k * loss_t / loss_0) from the workers' "
+                                   "training loss (ADAPTIVE_K_FLAG; GeoMX parses it but never uses it).")
+    dgt_channels: int = setting(Integer(min=1, max=7), 3,
+                                "DGT: low-priority channels C the rest of the blocks are banded over "
+                                "(DMLC_UDP_CHANNEL_NUM).")
+    dgt_alpha: float = setting(Fraction(percent=False), 0.3,
+                               "DGT: weight of the old value in the per-block contribution EWMA "
+                               "(DGT_CONTRIBUTION_ALPHA).")
 
+    def _check(self, path: str) -> None:
+        if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:
+            raise ScenarioError(
+                f"block size {self.dgt_block_bytes} B is out of range; allowed: "
+                f"{DGT_MIN_BLOCK_BYTES} .. {DGT_MAX_BLOCK_BYTES} bytes",
+                path=f"{path}.dgt_block_size", value=self.dgt_block_bytes)
+        if self.dgt_k_min > self.dgt_k:
+            raise ScenarioError(
+                f"dgt_k_min = {self.dgt_k_min:g} is above dgt_k = {self.dgt_k:g}; allowed: "
+                "dgt_k_min <= dgt_k", path=f"{path}.dgt_k_min", value=self.dgt_k_min)

@@ -1,0 +1,391 @@
+"""DGT: differential gradient transmission of local -> global server pushes.
+
+Follows the DGT paper (Zhou et al., FGCS 2021) as GeoMX wires it in (algorithms.md §3,
+geomx-behaviour.md §4.4): a pushed tensor (one key, or this global server's part of a
+split key) is cut into blocks of ``block_bytes`` of sent values; each block's
+*contribution* is an EWMA of its mean absolute value across rounds; blocks that never
+contributed are not sent; the rest are ranked, the top ``K`` fraction goes on channel 0
+(reliable, highest priority), the remainder in ``C`` equal bands on low-priority
+channels 1..C, and the last block (the *end block*) always on channel 0. The receiver
+buffers blocks and assembles the tensor when the end block arrives: missing blocks are
+zeros, a block that arrives after its round was assembled is added into the next
+round's same block (applied once, one round late, never silently lost: counted).
+
+Transports (``mode``): ``udp`` -- bands on unreliable datagram channels
+``UNRELIABLE_BASE + band`` (UDP in the real runtime, dropped with the path's loss in the
+emulator); ``tcp`` -- bands on reliable channels ``band`` (lower priority classes);
+``quant`` -- like ``tcp`` with the band blocks 4-bit quantised with error feedback
+(:mod:`geomx.sched.dgt_quant`).
+
+What we do that GeoMX does not (its bugs, §4.4 and §4.7): adaptive K
+``K_t = max(k_min, k * loss_t / loss_0)`` from the loss the workers report with their
+pushes (GeoMX parses the flag and ignores it); under MultiGPS each global server gets
+only its part (GeoMX resends the whole key to every server); mode 3 packs nibbles
+correctly; the send order is GeoMX's strict "important queue first": channel-0 blocks,
+then the end block, then the bands, so the end block never waits behind a band.
+
+Node code calls :class:`DgtSender` (local server) and :class:`DgtReceiver` (global
+server); neither knows which runtime it runs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from geomx.sched.dgt_quant import dequantise4, quantise4
+from geomx.wire import UNRELIABLE_BASE, Kind, Message, Payload
+
+#: Message meta key of a DGT block: ``[seq, n_blocks, block_elements]``.
+DGT_META = "dgt"
+#: Sender round of a block (late detection).
+ROUND_META = "dgt_r"
+#: End block only: blocks sent this round per band ``[band 0, band 1, ..., band C]``.
+SENT_META = "dgt_sent"
+#: A 4-bit quantised block (payloads: packed codes, [lo, hi]).
+QUANT_META = "dgt_q4"
+
+MODES = ("off", "udp", "tcp", "quant")
+HALF_CODECS = ("fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class DgtSettings:
+    """The job's DGT parameters (from the scenario's ``[sched] dgt*`` keys)."""
+
+    mode: str = "off"
+    block_bytes: int = 4096
+    k: float = 0.5
+    k_min: float = 0.2
+    adaptive_k: bool = True
+    channels: int = 3
+    alpha: float = 0.3
+    codec: str = "none"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> DgtSettings:
+        names = {f.name for f in fields(cls)}
+        s = cls(**{k: v for k, v in (d or {}).items() if k in names})
+        if s.mode not in MODES:
+            raise ValueError(f"dgt mode {s.mode!r}; allowed: {', '.join(MODES)}")
+        if not 1 <= s.channels <= 7:
+            raise ValueError(f"dgt channels {s.channels}; allowed: 1..7")
+        return s
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def wire_itemsize(self) -> int:
+        """Bytes per value on the wire (blocks are ``block_bytes`` of *sent* bytes)."""
+        return 2 if self.codec in HALF_CODECS else 4
+
+    @property
+    def block_elements(self) -> int:
+        return max(1, self.block_bytes // self.wire_itemsize)
+
+    def channel_of_band(self, band: int) -> int:
+        """Wire channel of band 0..C (0 = the reliable, highest-priority channel)."""
+        if band == 0:
+            return 0
+        return UNRELIABLE_BASE + band if self.mode == "udp" else band
+
+
+def band_of_channel(channel: int) -> int:
+    return channel - UNRELIABLE_BASE if channel >= UNRELIABLE_BASE else channel
+
+
+def is_phantom(v: Any) -> bool:
+    return isinstance(v, Payload) and v.is_phantom
+
+
+# ---------------------------------------------------------------- the pure parts
+
+def block_means(flat: np.ndarray, block_elements: int) -> np.ndarray:
+    """Mean absolute value of each block of ``flat`` (the last block may be shorter)."""
+    n = flat.size
+    nb = max(1, math.ceil(n / block_elements))
+    starts = np.arange(nb) * block_elements
+    sums = np.add.reduceat(np.abs(flat.astype(np.float32, copy=False)), starts) if n else \
+        np.zeros(1, dtype=np.float32)
+    lengths = np.minimum(starts + block_elements, n) - starts
+    return (sums / np.maximum(lengths, 1)).astype(np.float32)
+
+
+def assign_bands(contribution: np.ndarray, k: float, channels: int) -> np.ndarray:
+    """Band per block: -1 = not sent (zero contribution), 0 = channel 0, 1..C = bands.
+
+    Blocks but the last are ranked by contribution, descending (ties by position, so the
+    result is deterministic); the top ``round(k * n)`` of the ``n`` non-zero ones get band 0,
+    the rest ``C`` equal contiguous bands in rank order; the last (end) block is band 0.
+    """
+    nb = contribution.size
+    bands = np.full(nb, -1, dtype=np.int64)
+    bands[nb - 1] = 0
+    if nb == 1:
+        return bands
+    c = contribution[:-1]
+    candidates = np.flatnonzero(c != 0)
+    order = candidates[np.argsort(-c[candidates], kind="stable")]
+    n = order.size
+    m = min(n, int(math.floor(k * n + 0.5)))
+    bands[order[:m]] = 0
+    rest = order[m:]
+    if rest.size:
+        bands[rest] = 1 + (np.arange(rest.size) * channels) // rest.size
+    return bands
+
+
+def adaptive_k(k0: float, k_min: float, loss_t: float, loss_0: float) -> float:
+    """``K_t = max(k_min, k0 * loss_t / loss_0)`` (DGT paper), at most 1."""
+    if not (loss_0 > 0 and math.isfinite(loss_t) and math.isfinite(loss_0)):
+        return k0
+    return min(1.0, max(k_min, k0 * loss_t / loss_0))
+
+
+# ---------------------------------------------------------------- sender
+
+@dataclass
+class ChannelTotals:
+    blocks: int = 0
+    bytes: int = 0
+
+
+class DgtSender:
+    """A local server's DGT state: contributions, quantisation residuals, K, counters."""
+
+    def __init__(self, settings: DgtSettings):
+        self.s = settings
+        self.contribution: dict[tuple[int, int], np.ndarray] = {}
+        self.residual: dict[tuple[int, int], np.ndarray] = {}
+        self.losses: dict[str, float] = {}
+        self.loss0: float | None = None
+        self.k = settings.k
+        self.sent = [ChannelTotals() for _ in range(settings.channels + 1)]
+        self.skipped = 0
+        self.whole = 0
+
+    def note_loss(self, worker: str, loss: Any) -> None:
+        """A worker's latest training loss (carried with its push)."""
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+            self.losses[worker] = float(loss)
+
+    def current_k(self) -> float:
+        if not self.s.adaptive_k or not self.losses:
+            return self.s.k
+        loss_t = float(np.mean([self.losses[w] for w in sorted(self.losses)]))
+        if self.loss0 is None:
+            self.loss0 = loss_t
+        self.k = adaptive_k(self.s.k, self.s.k_min, loss_t, self.loss0)
+        return self.k
+
+    async def push(self, node: Any, dst: str, key: int, part: int, round_: int, value: Any,
+                   extra_meta: dict[str, Any]) -> Message:
+        """Send one push of ``value`` (this server's part) as DGT blocks; return the ack.
+
+        ``node`` is the local server (``post``, ``request``, ``codec``, ``record``).
+        """
+        if is_phantom(value):
+            raise ValueError("DGT ranks blocks by their values; a phantom tensor has none")
+        flat = np.asarray(value, dtype=np.float32).reshape(-1)
+        be = self.s.block_elements
+        means = block_means(flat, be)
+        ident = (key, part)
+        prev = self.contribution.get(ident)
+        a = self.s.alpha
+        contribution = (1 - a) * means if prev is None else a * prev + (1 - a) * means
+        self.contribution[ident] = contribution.astype(np.float32)
+        if prev is None:
+            # the first push of a key goes whole on the reliable channel (initialisation)
+            self.whole += 1
+            payloads, meta = node.codec.encode_push(key, value, tier="wan")
+            meta.update(extra_meta)
+            return await node.request(Message(Kind.PUSH, node.name, dst, key=key, part=part,
+                                              version=round_, meta=meta, payloads=payloads))
+        k = self.current_k()
+        bands = assign_bands(self.contribution[ident], k, self.s.channels)
+        quant = self.s.mode == "quant"
+        residual = None
+        if quant:
+            residual = self.residual.get(ident)
+            if residual is None:
+                residual = self.residual[ident] = np.zeros(flat.size, dtype=np.float32)
+        nb = bands.size
+        end = nb - 1
+        order = np.argsort(-self.contribution[ident][:-1], kind="stable") if nb > 1 else []
+        counts = [0] * (self.s.channels + 1)
+        nbytes = [0] * (self.s.channels + 1)
+        first: list[Message] = []
+        later: list[Message] = []
+        for seq in list(order) + [end]:
+            band = int(bands[seq])
+            if band < 0:
+                self.skipped += 1
+                continue
+            lo, hi = int(seq) * be, min(flat.size, (int(seq) + 1) * be)
+            block = flat[lo:hi]
+            if residual is not None:
+                block = block + residual[lo:hi]
+            if quant and band > 0:
+                packed, bounds, decoded = quantise4(block)
+                residual[lo:hi] = block - decoded
+                payloads = [Payload.of(packed), Payload.of(bounds)]
+                meta: dict[str, Any] = {QUANT_META: 1}
+            else:
+                if residual is not None:
+                    residual[lo:hi] = 0.0
+                payloads, meta = node.codec.encode_push(key, np.array(block, copy=True),
+                                                        tier="wan")
+            meta[DGT_META] = [int(seq), nb, be]
+            meta[ROUND_META] = round_
+            msg = Message(Kind.PUSH, node.name, dst, key=key, part=part, version=round_,
+                          channel=self.s.channel_of_band(band), meta=meta, payloads=payloads)
+            counts[band] += 1
+            nbytes[band] += msg.nbytes
+            if seq == end:
+                end_msg = msg
+            elif band == 0:
+                first.append(msg)
+            else:
+                later.append(msg)
+        end_msg.meta[SENT_META] = counts
+        end_msg.meta.update(extra_meta)
+        for i in range(len(counts)):
+            self.sent[i].blocks += counts[i]
+            self.sent[i].bytes += nbytes[i]
+        node.record("dgt_push", key=key, part=part, round=round_, k=round(k, 6),
+                    blocks=counts, bytes=nbytes, skipped=int(np.sum(bands < 0)))
+        # GeoMX's strict order: the important queue (channel 0 and the end block) first
+        for m in first:
+            node.post(m)
+        ack = asyncio.ensure_future(node.request(end_msg))
+        await asyncio.sleep(0)  # the request is posted before the bands
+        for m in later:
+            node.post(m)
+        return await ack
+
+    def record_totals(self, node: Any) -> None:
+        node.record("dgt_sender_totals", blocks=[c.blocks for c in self.sent],
+                    bytes=[c.bytes for c in self.sent], skipped=self.skipped, whole=self.whole,
+                    k=round(self.k, 6))
+
+
+# ---------------------------------------------------------------- receiver
+
+@dataclass
+class ReceiverTotals:
+    received: int = 0
+    on_time: int = 0
+    late: int = 0
+    bytes: int = 0
+
+
+class DgtReceiver:
+    """A global server's DGT reassembly (GeoMX's "Diff-Reception", DGT_RECONSTRUCT=1).
+
+    Memory is bounded by the keys' sizes: a sender's blocks for a (key, part) land in at
+    most one buffer slot per block (a late block is added into its slot, never queued).
+    """
+
+    def __init__(self, settings: DgtSettings):
+        self.s = settings
+        self.buffers: dict[tuple[str, int, int], dict[int, np.ndarray]] = {}
+        self.assembled: dict[tuple[str, int, int], int] = {}
+        self.on_time_now: dict[tuple[str, int, int], int] = {}
+        self.totals = [ReceiverTotals() for _ in range(settings.channels + 1)]
+        self.missing = 0
+        self.assemblies = 0
+
+    def receive(self, node: Any, msg: Message, like: Any) -> np.ndarray | None:
+        """Take one block; return the assembled tensor when ``msg`` is the end block.
+
+        Raises ValueError (the caller answers ERROR) on a block that does not fit ``like``.
+        """
+        desc = msg.meta.get(DGT_META)
+        if (not isinstance(desc, list) or len(desc) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in desc)):
+            raise ValueError(f"bad DGT block descriptor {desc!r}")
+        seq, nb, be = desc
+        if is_phantom(like):
+            raise ValueError("DGT blocks for a phantom tensor")
+        n = int(like.size)
+        if be <= 0 or nb != max(1, math.ceil(n / be)) or not 0 <= seq < nb:
+            raise ValueError(f"DGT block {seq}/{nb} of {be} values does not fit key "
+                             f"{msg.key} part {msg.part} ({n} values)")
+        band = band_of_channel(msg.channel)
+        if band > self.s.channels:
+            raise ValueError(f"DGT block on channel {msg.channel}; this job has "
+                             f"{self.s.channels} low-priority channels")
+        round_ = msg.meta.get(ROUND_META)
+        if not isinstance(round_, int) or isinstance(round_, bool):
+            raise ValueError(f"DGT block without an integer round ({ROUND_META})")
+        lo, hi = seq * be, min(n, (seq + 1) * be)
+        block = self._decode(node, msg, hi - lo)
+        ident = (msg.src, msg.key, msg.part)
+        is_end = seq == nb - 1
+        if is_end and not msg.request_id:
+            raise ValueError("a DGT end block must be a request (it is answered)")
+        t = self.totals[band]
+        t.received += 1
+        t.bytes += msg.nbytes
+        buf = self.buffers.setdefault(ident, {})
+        if round_ <= self.assembled.get(ident, -1):
+            t.late += 1  # its round is done: it joins the next one
+        else:
+            t.on_time += 1
+            self.on_time_now[ident] = self.on_time_now.get(ident, 0) + 1
+        have = buf.get(seq)
+        if have is None:
+            buf[seq] = block
+        else:
+            have += block
+        if not is_end:
+            return None
+        sent = msg.meta.get(SENT_META)
+        sent_total = sum(v for v in sent if isinstance(v, int)) if isinstance(sent, list) else 0
+        on_time = self.on_time_now.pop(ident, 0)
+        missing = max(0, sent_total - on_time)
+        self.missing += missing
+        out = np.zeros(n, dtype=np.float32)
+        for s, b in buf.items():
+            out[s * be:s * be + b.size] = b
+        buf.clear()
+        self.assembled[ident] = round_
+        self.assemblies += 1
+        node.record("dgt_assemble", src=msg.src, key=msg.key, part=msg.part, round=round_,
+                    sent=sent_total, on_time=on_time, missing=missing)
+        return out.reshape(like.shape).astype(like.dtype, copy=False)
+
+    def _decode(self, node: Any, msg: Message, count: int) -> np.ndarray:
+        if msg.meta.get(QUANT_META):
+            if len(msg.payloads) != 2 or any(p.data is None for p in msg.payloads):
+                raise ValueError("a 4-bit DGT block needs two payloads (codes, bounds)")
+            return dequantise4(msg.payloads[0].data, msg.payloads[1].data, count)
+        if msg.meta.get("codec"):
+            meta = {k: v for k, v in msg.meta.items()
+                    if k not in (DGT_META, ROUND_META, SENT_META)}
+            plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
+                            payloads=msg.payloads)
+            value = np.asarray(node.codec.decode(plain), dtype=np.float32).reshape(-1)
+        else:
+            if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
+                raise ValueError("a dense DGT block needs exactly one real payload")
+            value = np.array(msg.payloads[0].data, dtype=np.float32).reshape(-1)
+        if value.size != count:
+            raise ValueError(f"DGT block has {value.size} values, expected {count}")
+        return value
+
+    def pending_late(self) -> int:
+        """Blocks buffered for a round that will never be assembled (run over)."""
+        return sum(len(b) for b in self.buffers.values())
+
+    def record_totals(self, node: Any) -> None:
+        node.record("dgt_receiver_totals", received=[t.received for t in self.totals],
+                    on_time=[t.on_time for t in self.totals], late=[t.late for t in self.totals],
+                    bytes=[t.bytes for t in self.totals], missing=self.missing,
+                    unapplied=self.pending_late(), assemblies=self.assemblies)
