@@ -23,8 +23,8 @@ from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
-from geomx.node.trainer import (TrainSpec, initial_params, iterations_for_epochs,
-                                master_program, train_program)
+from geomx.node.trainer import (TrainSpec, build_model, initial_params,
+                                iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
@@ -110,7 +110,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
-        sched={"dgt": dgt_config(s)},
+        sched={"dgt": dgt_config(s), "p3": s.sched.p3,
+               "p3_slice_elements": s.sched.p3_slice_elements},
         state_server=layout.state_server,
     )
     runtime = runtime or s.run.runtime
@@ -144,6 +145,9 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
         sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
     )
+    if t.layer_compute != "off":
+        train.layer_shares = layer_shares(s, train)
+        train.backward_fraction = t.layer_backward_fraction
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
@@ -158,6 +162,33 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
                                  else auto_request_timeout_s(s, job, train, compute_s))
     return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles),
                    compute_scale=compute_scale)
+
+
+def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
+    """Per-key compute shares of the per-layer compute model (``[training] layer_compute``):
+    from FLOPs (phantom presets, numpy models) or the scenario's list, normalised."""
+    from geomx.node.layered import normalised_shares
+    from geomx.scenario import ScenarioError
+
+    t = s.training
+    num_keys = len(train.phantom_sizes) if t.model == "phantom" else len(build_model(train).params)
+    if t.layer_compute == "shares":
+        weights = list(t.layer_compute_shares)
+        if len(weights) != num_keys:
+            raise ScenarioError(
+                f"training.layer_compute_shares has {len(weights)} entries but the model has "
+                f"{num_keys} parameter tensors; allowed: exactly one share per tensor",
+                path="training.layer_compute_shares", value=len(weights),
+                allowed=f"{num_keys} numbers")
+    elif t.model == "phantom":
+        from geomx.ml.flops import preset_key_flops
+
+        weights = [float(f) for f in preset_key_flops(t.phantom_preset)]
+    else:
+        from geomx.ml.flops import model_key_flops
+
+        weights = [float(f) for f in model_key_flops(build_model(train))]
+    return normalised_shares(weights, num_keys)
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.

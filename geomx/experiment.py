@@ -255,6 +255,13 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
 
 def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
     """Write summary.json, trace.json and plots."""
+    if s.sched.p3 and s.metrics.events and (run_dir / "events.jsonl").exists():
+        from geomx.metrics.p3_stats import p3_stats
+        from geomx.metrics.recorder import iter_events
+
+        stats = p3_stats(iter_events(run_dir / "events.jsonl"))
+        if stats is not None:
+            summary.extra["p3"] = stats
     write_summary(run_dir / "summary.json", summary)
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")

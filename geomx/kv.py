@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from geomx.node.values import flat_slice, is_phantom
+from geomx.node.values import flat_slice, is_phantom, write_slice
+from geomx.sched.p3 import FUSE_META, P3Config, P3Error, slices_of
 from geomx.sched.placement import place
 from geomx.wire import Kind, Message, Payload
 
@@ -79,7 +80,16 @@ class KVStore:
         self._job = job
         self._servers: list[str] = (list(job.global_servers) if node.is_master
                                     else job.servers_of_worker(node.name))
+        #: user key -> (shape, dtype) as given to init
         self._shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        #: user key -> the wire keys it travels as: [(wire key, lo, hi)] over the flattened
+        #: tensor; one entry ``(key, 0, n)`` unless P3 slices it (geomx/sched/p3.py)
+        self._wire: dict[int, list[tuple[int, int, int]]] = {}
+        #: wire key -> (shape, dtype) of what travels under it
+        self._wire_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        #: wire key -> the fused push replies (P3) that the next pull is served from
+        self._fused: dict[int, list[Message]] = {}
+        self.p3 = P3Config.from_sched(getattr(job, "sched", None) or {})
         self._placement: dict[int, list[Any]] = {}
         self._inflight: dict[int, asyncio.Task[Any]] = {}
         self._fence: asyncio.Task[Any] | None = None
@@ -133,7 +143,7 @@ class KVStore:
     def _parts(self, key: int):
         parts = self._placement.get(key)
         if parts is None:
-            shape, _ = self._shapes[key]
+            shape, _ = self._wire_shapes[key]
             n = math.prod(shape)
             # like the local server: a tensor a sparsifying codec may touch is never split
             parts = self._placement[key] = place(key, n, len(self._servers),
@@ -235,10 +245,25 @@ class KVStore:
         items = []
         for k, v in self._keys(key, value):
             arr = v if isinstance(v, Payload) else np.array(v, copy=True)
-            self._placement.pop(k, None)
-            self._shapes[k] = (tuple(arr.shape), arr.dtype.str if not isinstance(arr, Payload)
-                               else arr.dtype)
-            items.append((k, arr))
+            dtype = arr.dtype.str if not isinstance(arr, Payload) else arr.dtype
+            self._shapes[k] = (tuple(arr.shape), dtype)
+            n = math.prod(arr.shape)
+            if self.p3.enabled:
+                try:
+                    wire = [(s.skey, s.lo, s.hi)
+                            for s in slices_of(k, n, self.p3.slice_elements)]
+                except P3Error as e:
+                    raise KVStoreError(f"key {self._key_name(k)} cannot be sliced for P3: {e} "
+                                       "(string keys are not supported with sched.p3)") from None
+            else:
+                wire = [(k, 0, n)]
+            self._wire[k] = wire
+            for wk, lo, hi in wire:
+                self._placement.pop(wk, None)
+                self._fused.pop(wk, None)
+                self._wire_shapes[wk] = ((tuple(arr.shape), dtype) if len(wire) == 1
+                                         else ((hi - lo,), dtype))
+                items.append((wk, arr if len(wire) == 1 else flat_slice(arr, lo, hi)))
 
         async def run() -> None:
             requests = []
@@ -267,37 +292,54 @@ class KVStore:
         ``value`` is read now (a later write to it does not change what is sent); a list
         of arrays for one key is summed first, as MXNet sums per-device values."""
         tasks = []
+        ready = self._node.now()
         for k, v in self._keys(key, value):
             self._check_key(k)
             v = self._merge_devices(k, v)
-            prev = self._inflight.get(k)
+            wire = self._wire[k]
             fence = self._fence
-            task = self._ordered(functools.partial(self._push_one, k, v, priority, None),
-                                 after=[fence, prev])
-            self._inflight[k] = task
-            tasks.append(task)
+            for i, (wk, lo, hi) in enumerate(wire):
+                wv = v if len(wire) == 1 else flat_slice(v, lo, hi)
+                task = self._ordered(functools.partial(self._push_one, wk, wv, priority,
+                                                       user_key=k, index=i, ready=ready),
+                                     after=[fence, self._inflight.get(wk)])
+                self._inflight[wk] = task
+                tasks.append(task)
         return self._join(tasks)
 
-    async def _push_one(self, key: int, value: Any, priority: int,
-                        prev: asyncio.Task[Any] | None) -> None:
-        if prev is not None and not prev.done():
-            await prev
+    async def _push_one(self, key: int, value: Any, priority: int, *, user_key: int = -1,
+                        index: int = 0, ready: float = 0.0) -> None:
         node = self._node
         parts = self._parts(key)
         meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
         if self._loss is not None and self._carry_loss:
             meta["loss"] = self._loss  # DGT's adaptive K at the local server
+        p3 = self.p3.enabled
+        if p3:
+            meta[FUSE_META] = True
+        # GeoMX/MXNet without P3 sends FIFO: the priority only orders P3's send queues
+        wire_priority = priority if p3 else 0
+        sent = [0]
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
             payloads, m = node.lan_codec.encode_push(key, v, tier=node.push_tier, part=p.index)
             m.update(meta)
-            return await node.request(Message(Kind.PUSH, node.name, self._servers[p.server],
-                                              key=key, part=p.index, priority=priority,
-                                              version=node.iteration, meta=m, payloads=payloads))
+            msg = Message(Kind.PUSH, node.name, self._servers[p.server], key=key, part=p.index,
+                          priority=wire_priority, version=node.iteration, meta=m,
+                          payloads=payloads)
+            sent[0] += msg.nbytes
+            return await node.request(msg)
 
         acks = [await one(parts[0])] if len(parts) == 1 else await asyncio.gather(*(one(p) for p in parts))
         self._learn(acks)
+        if p3:
+            if all(a.payloads for a in acks):
+                self._fused[key] = acks  # the next pull of this slice is served from these
+            t = node.now()
+            node.record("p3_slice", t_start=ready, dur=t - ready, key=user_key, slice=index,
+                        skey=key, prio=priority, msg=f"prio {priority}",
+                        bytes=sent[0])
 
     def pull(self, key: Any, out: Any = None, priority: int = 0) -> asyncio.Task[Any]:
         """Fetch the current value of ``key`` (after this worker's last push of it) into
@@ -305,19 +347,33 @@ class KVStore:
         tasks = []
         for k, o in self._keys(key, out):
             self._check_key(k)
-            if isinstance(o, (list, tuple)):  # per-device outputs: each gets the value
+            wire = self._wire[k]
+            fan_out = isinstance(o, (list, tuple))
+            if len(wire) == 1:
+                wk = wire[0][0]
+                after = [self._fence, self._inflight.get(wk)]
+                fetch = functools.partial(self._pull_one, wk, None if fan_out else o, priority)
+            else:
+                # P3: each slice is pulled after this worker's push of that slice (captured
+                # now, before this pull becomes the slice's latest task)
+                prevs = [self._inflight.get(wk) for wk, _, _ in wire]
+                after = [self._fence]
+                fetch = functools.partial(self._pull_sliced, k, wire, None if fan_out else o,
+                                          priority, prevs)
+            if fan_out:  # per-device outputs: each gets the value
                 outs = list(o)
 
-                async def fan(k: int = k, outs: list[Any] = outs) -> Any:
-                    value = await self._pull_one(k, None, priority)
+                async def fan(fetch: Any = fetch, outs: list[Any] = outs) -> Any:
+                    value = await fetch()
                     for dst in outs:
                         np.copyto(dst, np.asarray(value).reshape(np.shape(dst)), casting="unsafe")
                     return outs
                 coro_fn = fan
             else:
-                coro_fn = functools.partial(self._pull_one, k, o, priority)
-            task = self._ordered(coro_fn, after=[self._fence, self._inflight.get(k)])
-            self._inflight[k] = task
+                coro_fn = fetch
+            task = self._ordered(coro_fn, after=after)
+            for wk, _, _ in wire:
+                self._inflight[wk] = task
             tasks.append(task)
         if not isinstance(key, (list, tuple)):
             return tasks[0]
@@ -329,14 +385,36 @@ class KVStore:
         self.push(key, value, priority=priority)
         return self.pull(key, out=value if out is None else out, priority=priority)
 
+    async def _pull_sliced(self, key: int, wire: list[tuple[int, int, int]], out: Any,
+                           priority: int, prevs: list[asyncio.Task[Any] | None]) -> Any:
+        """P3: pull every slice of ``key``, each once this worker's push of that slice is
+        done, so early slices complete while later ones are still in their rounds."""
+        async def one(wk: int, prev: asyncio.Task[Any] | None) -> Any:
+            if prev is not None and not prev.done():
+                await prev
+            return await self._pull_one(wk, None, priority)
+
+        values = await asyncio.gather(*(one(wk, prev) for (wk, _, _), prev in zip(wire, prevs)))
+        shape, dtype = self._shapes[key]
+        if out is None:
+            out = (Payload.phantom(shape, dtype) if any(is_phantom(v) for v in values)
+                   else np.empty(shape, dtype=dtype))
+        for (_, lo, hi), v in zip(wire, values):
+            write_slice(out, lo, hi, v)
+        return out
+
     async def _pull_one(self, key: int, out: Any, priority: int) -> Any:
         node = self._node
         parts = self._parts(key)
-        shape, dtype = self._shapes[key]
-        requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server], key=key,
-                                         part=p.index, priority=priority)) for p in parts]
-        replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
-        self._learn(replies)
+        shape, dtype = self._wire_shapes[key]
+        replies = self._fused.pop(key, None)
+        if replies is None:
+            prio = priority if self.p3.enabled else 0
+            requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server],
+                                             key=key, part=p.index, priority=prio))
+                        for p in parts]
+            replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
+            self._learn(replies)
         if out is None:
             out = (Payload.phantom(shape, dtype) if replies[0].payloads[0].is_phantom
                    else np.empty(shape, dtype=dtype))

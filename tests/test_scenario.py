@@ -630,6 +630,7 @@ def test_doc_example_is_a_valid_scenario():
 
 def test_unbuilt_schedulers_are_refused_not_silently_ignored():
     raw = topology()
-    raw["sched"] = {"p3": True}
-    with pytest.raises(ScenarioError, match=r"sched: unknown key 'p3'; allowed keys: bigarray_bound"):
+    raw["sched"] = {"tsengine": True}
+    with pytest.raises(ScenarioError, match=r"sched: unknown key 'tsengine'; allowed keys: "
+                                            r"bigarray_bound, p3, p3_slice_elements"):
         parse_scenario(raw)

@@ -4,9 +4,11 @@ This is ps-lite's *customer* idea in asyncio: a node owns one ``Transport``; a r
 loop hands each incoming message either to the future of the request it answers
 (matched by ``request_id``) or to the handler registered for its kind. Handlers are
 plain functions that update state and ``post`` replies; anything that must wait runs
-as its own task. Sending goes through one outbox task, so messages leave in the order
-they were posted (deterministic in the emulator, ordered per peer on sockets) and a slow
-transport applies back-pressure to that task rather than to the handlers.
+as its own task. Sending goes through one outbox task per destination, so messages of
+equal priority leave in the order they were posted (deterministic in the emulator, ordered
+per peer on sockets), a message of higher ``priority`` overtakes queued lower ones (P3's
+send queue, geomx/sched/p3.py), and a slow transport applies back-pressure to that task
+rather than to the handlers.
 
 Nothing here knows which runtime it is in.
 """
@@ -59,7 +61,8 @@ class Node:
         self._handlers: dict[Kind, Handler] = {}
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._next_request_id = 1
-        self._outboxes: dict[str, asyncio.Queue[Message | None]] = {}
+        self._outboxes: dict[str, asyncio.PriorityQueue[tuple[float, int, Message | None]]] = {}
+        self._outbox_seq = 0
         self._senders: dict[str, asyncio.Task[None]] = {}
         self._running = False
         self._sending: dict[str, int] = {}
@@ -98,9 +101,9 @@ class Node:
         """Queue ``msg`` for sending without waiting.
 
         One outbox per destination, each drained by its own task: messages to a peer
-        leave in the order they were posted, and a slow or dead peer (a transport still
-        retrying its connection) holds up only its own queue, never heartbeats or replies
-        to anybody else.
+        leave highest ``priority`` first and in the order they were posted among equal
+        priorities, and a slow or dead peer (a transport still retrying its connection)
+        holds up only its own queue, never heartbeats or replies to anybody else.
         """
         assert self._running, "node not running"
         q = self._outboxes.get(msg.dst)
@@ -111,9 +114,10 @@ class Node:
                 self.services.count_bytes(msg)
                 return
         if q is None:
-            q = self._outboxes[msg.dst] = asyncio.Queue()
+            q = self._outboxes[msg.dst] = asyncio.PriorityQueue()
             self._senders[msg.dst] = self.spawn(self._send_loop(q))
-        q.put_nowait(msg)
+        self._outbox_seq += 1
+        q.put_nowait((-msg.priority, self._outbox_seq, msg))
 
     async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
         """Send ``msg`` with a fresh request id and wait for its reply.
@@ -176,9 +180,10 @@ class Node:
             self.post(msg.reply(Kind.ERROR, meta={"reason": reason}, payloads=[]))
 
     # ---------------------------------------------------------------- lifecycle
-    async def _send_loop(self, outbox: asyncio.Queue[Message | None]) -> None:
+    async def _send_loop(self,
+                         outbox: asyncio.PriorityQueue[tuple[float, int, Message | None]]) -> None:
         while True:
-            msg = await outbox.get()
+            _, _, msg = await outbox.get()
             if msg is None:
                 return
             self.services.count_bytes(msg)
@@ -280,7 +285,8 @@ class Node:
             self._stopping = True  # no more heartbeats: the node is leaving
             # flush what was posted, then tear down
             for q in self._outboxes.values():
-                q.put_nowait(None)
+                self._outbox_seq += 1
+                q.put_nowait((math.inf, self._outbox_seq, None))  # after everything queued
             senders = [t for dst, t in self._senders.items() if dst not in self.gone]
             if senders:
                 # a failed job may have a dead peer in an outbox: do not wait on it long

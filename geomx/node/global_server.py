@@ -30,6 +30,7 @@ from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, from_payload, is_phantom
 from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
+from geomx.sched.p3 import wants_fused_reply
 from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
 from geomx.wire import Kind, Message
 
@@ -238,6 +239,12 @@ class GlobalServer(Node):
         slot.version += 1
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
+        if wants_fused_reply(msg.meta):
+            # P3 push/pull fusion: the acknowledgement is also the pull of the new value
+            payloads, meta = self._pull_payloads(msg, slot)
+            self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta,
+                                payloads=payloads))
+            return
         meta = {"stop": True} if self.stop_requested else {}
         self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
 
@@ -256,6 +263,12 @@ class GlobalServer(Node):
         self._serve_pull(msg, slot)
 
     def _serve_pull(self, msg: Message, slot: Slot) -> None:
+        payloads, meta = self._pull_payloads(msg, slot)
+        self.post(msg.reply(Kind.PULL_REPLY, version=slot.version, meta=meta,
+                            payloads=payloads))
+
+    def _pull_payloads(self, msg: Message, slot: Slot) -> tuple[list[Any], dict[str, Any]]:
+        """The encoded current value of a slot, for a pull (or a fused P3 push reply)."""
         assert slot.store is not None
         if (self.optimizer is not None and self.optimizer.needs_pull_notes
                 and not is_phantom(slot.store)):
@@ -266,8 +279,7 @@ class GlobalServer(Node):
         payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan", weights=dense)
         if self.stop_requested:
             meta["stop"] = True
-        self.post(msg.reply(Kind.PULL_REPLY, version=slot.version, meta=meta,
-                            payloads=payloads))
+        return payloads, meta
 
     # ------------------------------------------------------------------ lifecycle
     async def main(self) -> None:

@@ -24,6 +24,7 @@ from geomx.node.spec import JobSpec
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
 from geomx.sched.dgt import DgtSender, DgtSettings
+from geomx.sched.p3 import FUSE_META, P3Config, wants_fused_reply
 from geomx.sched.placement import place
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
 from geomx.wire import Kind, Message
@@ -45,6 +46,7 @@ class LocalSlot:
     stop_requested: bool = False
     parts: list[Any] | None = None
     early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
+    priority: int = 0          # P3: the workers' priority, carried on to the global tier
 
 
 class LocalServer(Node):
@@ -58,6 +60,7 @@ class LocalServer(Node):
         # one codec for both hops: it picks per tier and keys its state by tier
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         self.policy: LocalSyncPolicy = make_local_policy(job)
+        self.p3 = P3Config.from_sched(job.sched)
         self.global_stop = False
         dgt = DgtSettings.from_dict(job.sched.get("dgt"))
         #: DGT of the pushes to the global servers (None = plain pushes)
@@ -156,6 +159,7 @@ class LocalServer(Node):
         slot.contributors.add(msg.src)
         if self.dgt is not None:
             self.dgt.note_loss(msg.src, msg.meta.get("loss"))  # adaptive K
+        slot.priority = msg.priority
         if slot.merged is None:
             slot.merged = value  # decode() returned a fresh array: take it, no copy
         else:
@@ -178,7 +182,9 @@ class LocalServer(Node):
         """Push ``value`` to the global server(s) owning ``key``, wait for every part's
         acknowledgement, then pull the new global value back and return it."""
         parts = self._parts(key, slot)
-        meta_stop = {"stop": True} if stop else {}
+        meta_stop: dict[str, Any] = {"stop": True} if stop else {}
+        if self.p3.enabled:
+            meta_stop[FUSE_META] = True  # P3: the acks carry the new value (no pull trip)
 
         async def push_part(part) -> Message:
             v = flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
@@ -190,20 +196,29 @@ class LocalServer(Node):
             return await self.request(Message(Kind.PUSH, self.name,
                                               self.job.global_servers[part.server], key=key,
                                               part=part.index, version=slot.round, meta=meta,
-                                              payloads=payloads))
+                                              priority=slot.priority, payloads=payloads))
 
         acks = ([await push_part(parts[0])] if len(parts) == 1
                 else await asyncio.gather(*(push_part(p) for p in parts)))
         if any(a.meta.get("stop") for a in acks):
             self.global_stop = True
+        if self.p3.enabled and all(a.payloads for a in acks):
+            return self._assemble(slot, list(zip(parts, acks)))
         return await self.pull_global(key, slot)
 
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
         reply_meta = {"stop": True} if self.global_stop else {}
         for req in waiting:
-            self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
-                                meta=self._tell_codec(req.src, dict(reply_meta))))
+            if wants_fused_reply(req.meta):
+                # P3 push/pull fusion: the acknowledgement carries the new value
+                payloads, meta = self.codec.encode_pull(req.key, slot.store, tier="lan")
+                meta.update(reply_meta)
+                self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
+                                    meta=self._tell_codec(req.src, meta), payloads=payloads))
+            else:
+                self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
+                                    meta=self._tell_codec(req.src, dict(reply_meta))))
 
     async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
         """The current global value of ``key``, reassembled from its parts (``initial``:
@@ -214,11 +229,18 @@ class LocalServer(Node):
             reply = await self.request(Message(Kind.PULL, self.name,
                                                self.job.global_servers[part.server], key=key,
                                                part=part.index, version=slot.round,
+                                               priority=slot.priority,
                                                meta={"initial": True} if initial else {}))
             return part, reply
 
         results = ([await pull_part(parts[0])] if len(parts) == 1
                    else await asyncio.gather(*(pull_part(p) for p in parts)))
+        return self._assemble(slot, results)
+
+    def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:
+        """Decode the global tier's replies (pull replies, or P3's fused push acks) into
+        the key's new value."""
+        parts = slot.parts or []
         new = zeros_like_spec(slot.shape, slot.dtype, slot.phantom) if len(parts) > 1 else None
         for part, reply in results:
             if reply.meta.get("stop"):

@@ -62,6 +62,9 @@ class TrainSpec:
     sync: dict[str, Any] = field(default_factory=dict)
     program: str = ""                                  # "" = the built-in loop (train_program)
     program_args: list[str] = field(default_factory=list)
+    #: per-layer compute model (geomx/node/layered.py): per-key compute shares, [] = off
+    layer_shares: list[float] = field(default_factory=list)
+    backward_fraction: float = 0.667
 
     @property
     def phantom(self) -> bool:
@@ -166,11 +169,22 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     await kv.init(list(range(len(params))), params)  # one barrier for all keys
     await kv.pull(list(range(len(params))), out=params)
 
-    sync = make_worker_sync(spec.sync, node=node, kv=kv, params=params,
-                            pull_weights=spec.global_optimizer is not None,
-                            local_optimizer=lambda: optimizer_from_config(
-                                dict(spec.worker_optimizer)),
-                            max_iterations=spec.iterations)
+    sync: Any
+    layered = None
+    if spec.layer_shares:
+        from geomx.node.layered import LayeredGradientSync
+
+        sync = layered = LayeredGradientSync(
+            node=node, kv=kv, params=params, pull_weights=spec.global_optimizer is not None,
+            local_optimizer=lambda: optimizer_from_config(dict(spec.worker_optimizer)),
+            shares=spec.layer_shares, backward_fraction=spec.backward_fraction,
+            compute_s=node.compute_s_per_iter)
+    else:
+        sync = make_worker_sync(spec.sync, node=node, kv=kv, params=params,
+                                pull_weights=spec.global_optimizer is not None,
+                                local_optimizer=lambda: optimizer_from_config(
+                                    dict(spec.worker_optimizer)),
+                                max_iterations=spec.iterations)
 
     data = None if spec.phantom else load_data(spec)
     stream = None
@@ -184,6 +198,8 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
         it += 1
         node.iteration = it
+        if layered is not None:
+            await layered.forward(it)  # layer by layer, as the last step's pulls arrive
         t0 = time.perf_counter()
         if model is not None:
             idx = stream.next()
@@ -193,11 +209,17 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
         else:
             grads = params
         measured = time.perf_counter() - t0
-        t_compute = node.now()
-        await node.services.compute(node.compute_s_per_iter, measured)
-        node.record("compute", t_start=t_compute, dur=node.now() - t_compute, iteration=it)
-        shared = await sync.step(it, grads)
+        if layered is not None:
+            await layered.backward(it, grads, measured)  # pushes as gradients appear
+            shared = True  # once settled (below, only when evaluating)
+        else:
+            t_compute = node.now()
+            await node.services.compute(node.compute_s_per_iter, measured)
+            node.record("compute", t_start=t_compute, dur=node.now() - t_compute, iteration=it)
+            shared = await sync.step(it, grads)
         if evaluator and shared and spec.eval_every > 0 and it >= next_eval:
+            if layered is not None:
+                await layered.settle()
             next_eval = (it // spec.eval_every + 1) * spec.eval_every
             last_eval = evaluate(node, model, data, it, losses)
             if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:

@@ -63,6 +63,15 @@ def _to_field(var: str, field: str, lo: int, hi: int) -> Callable[[str], list[st
     return lambda value: [f"{field}={parse(value)}"]
 
 
+def _to_fields(var: str, fields: tuple[str, ...], lo: int, hi: int) -> Callable[[str], list[str]]:
+    parse = _int(var, lo, hi)
+    return lambda value: [f"{f}={parse(value)}" for f in fields]
+
+
+def _enable_p3(value: str) -> list[str]:
+    return ["sched.p3=" + ("true" if _flag("ENABLE_P3", value) else "false")]
+
+
 def _refuse_unless_off(var: str, field: str, why: str) -> Callable[[str], list[str]]:
     def check(value: str) -> list[str]:
         if value.strip() in ("", "0"):
@@ -79,8 +88,12 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("MXNET_KVSTORE_HFA_K2", "sync.k2",
            _to_field("MXNET_KVSTORE_HFA_K2", "sync.k2", 1, 10**6), "HFA local syncs per global sync"),
     Switch("MXNET_KVSTORE_BIGARRAY_BOUND", "sched.bigarray_bound",
-           _to_field("MXNET_KVSTORE_BIGARRAY_BOUND", "sched.bigarray_bound", 1, 2**62),
-           "elements above which a tensor is split across global servers"),
+           _to_fields("MXNET_KVSTORE_BIGARRAY_BOUND",
+                      ("sched.bigarray_bound", "sched.p3_slice_elements"), 1, 2**62),
+           "elements above which a tensor is split across global servers; also P3's "
+           "slice size (GeoMX uses the one bound for both)"),
+    Switch("ENABLE_P3", "sched.p3", _enable_p3,
+           "1: P3 priority propagation (`sched.p3 = true`); 0: off"),
     Switch("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound",
            _to_field("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound", 0, 2**62),
            "smallest tensor Bi-Sparse / MPQ compress"),

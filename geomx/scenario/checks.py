@@ -173,6 +173,41 @@ def _check_sync(s: Scenario) -> None:
             f"sync.algorithm = {s.sync.algorithm!r} takes local steps on the workers, which need "
             f"an optimizer, got 'none'; allowed: {allowed}",
             path="training.worker_optimizer", value="none", allowed=allowed)
+    algorithm = s.sync.resolved_algorithm
+    if s.training.layer_compute != "off" and algorithm not in ("fsa", "mixed"):
+        raise ScenarioError(
+            f"training.layer_compute = {s.training.layer_compute!r} models gradients pushed as "
+            f"backward produces them, but sync.algorithm = {algorithm!r} takes local steps "
+            "and pushes models; allowed with layer_compute: 'fsa', 'mixed' (or layer_compute = 'off')",
+            path="training.layer_compute", value=s.training.layer_compute, allowed="'off'")
+
+
+@scenario_check
+def _check_layer_compute(s: Scenario) -> None:
+    t = s.training
+    if t.layer_compute == "shares" and (not t.layer_compute_shares or sum(t.layer_compute_shares) <= 0):
+        raise ScenarioError(
+            "training.layer_compute = 'shares' needs layer_compute_shares: one non-negative number "
+            "per parameter tensor, not all zero",
+            path="training.layer_compute_shares", value=list(t.layer_compute_shares),
+            allowed="a non-empty array of numbers >= 0 with a positive sum")
+    if t.layer_compute_shares and t.layer_compute != "shares":
+        raise ScenarioError(
+            f"training.layer_compute_shares is set but layer_compute = {t.layer_compute!r}; "
+            "allowed: set layer_compute = 'shares' to use them, or remove them",
+            path="training.layer_compute_shares", value=list(t.layer_compute_shares),
+            allowed="[] unless layer_compute = 'shares'")
+    if t.layer_compute == "flops" and t.model == "phantom" and not t.phantom_preset:
+        raise ScenarioError(
+            "training.layer_compute = 'flops' needs an architecture to count FLOPs from; a phantom "
+            "model given by phantom_params / phantom_layers has none; allowed: a phantom_preset, "
+            "or layer_compute = 'shares'",
+            path="training.layer_compute", value="flops", allowed="'off', 'shares'")
+    if t.layer_compute != "off" and t.program:
+        raise ScenarioError(
+            f"training.layer_compute = {t.layer_compute!r} drives the built-in trainer's layers; "
+            "a training program pushes and pulls when it decides; allowed with a program: 'off'",
+            path="training.layer_compute", value=t.layer_compute, allowed="'off'")
 
 
 @scenario_check

@@ -20,11 +20,22 @@ DGT_CODECS = ("none", "fp16", "bf16")
 class SchedConfig(Section):
     """In which order and over which path transfers leave.
 
-    (TSEngine will add its settings here when it is built; until then a scenario that
-    names it is refused as an unknown key.)"""
+    P3 and DGT are here; TSEngine will add its settings when it is built (until then a
+    scenario that names it is refused as an unknown key)."""
 
     bigarray_bound: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Tensors with more elements are split across the global servers.")
+    p3: bool = setting(Flag(), False,
+                       "P3, priority-based parameter propagation (geomx/sched/p3.py; GeoMX's "
+                       "ENABLE_P3): every key is sliced, slices are sent highest priority first "
+                       "(earlier layers first) as soon as their gradient exists, and the push reply "
+                       "carries the new value (no separate pull). Pair with training.layer_compute.")
+    p3_slice_elements: int = setting(Integer(min=1, counts=True), 1000000,
+                                     "P3 slice size in elements. The default is GeoMX's "
+                                     "MXNET_KVSTORE_BIGARRAY_BOUND (1M), which leaves most layers "
+                                     "unsliced; the P3 paper argues for finer slices (tens of thousands "
+                                     "of parameters) so a high-priority slice waits less behind a "
+                                     "low-priority one.")
     # DGT (geomx/sched/dgt.py; GeoMX's ENABLE_DGT, DMLC_K, ... -- geomx-behaviour.md §4.4)
     dgt: str = setting(Choice(*DGT_MODES), "off",
                        "Differential gradient transmission of local -> global server pushes: "

@@ -42,7 +42,24 @@ class TrainingConfig(Section):
                                   "Phantom model: total parameter count, e.g. \"25.6M\".")
     phantom_layers: tuple[int, ...] = setting(ListOf(Integer(min=1, counts=True)), [],
                                               "Phantom model: explicit tensor sizes (elements).")
-    phantom_preset: str = setting(Choice("", "resnet50", "vgg16"), "", "Phantom model: tensor sizes of a known network.")
+    phantom_preset: str = setting(Choice("", "resnet50", "vgg16", "vgg19"), "",
+                                  "Phantom model: tensor sizes (and per-layer FLOPs at 224x224) of a known network.")
+    layer_compute: str = setting(Choice("off", "flops", "shares"), "off",
+                                 "Per-layer compute model (geomx/node/layered.py): `off` charges an iteration's "
+                                 "compute in one piece, then pushes every gradient; `flops` / `shares` split it "
+                                 "over the layers -- backward produces gradients last layer first and pushes "
+                                 "each as soon as it exists, and the next forward of a layer starts only once "
+                                 "its parameters are pulled. `flops`: shares from the model's per-layer FLOPs "
+                                 "(phantom presets, numpy models); `shares`: from layer_compute_shares. "
+                                 "fsa and mixed only.")
+    layer_compute_shares: tuple[float, ...] = setting(ListOf(Real(min=0)), [],
+                                                      "layer_compute = 'shares': relative compute of each "
+                                                      "parameter tensor (kvstore key), one number per key; "
+                                                      "normalised to sum to 1.")
+    layer_backward_fraction: float = setting(Real(min=0, max=1, min_open=True, max_open=True), 0.667,
+                                             "Per-layer compute: the backward pass's share of an iteration's "
+                                             "compute (about 2/3: it computes two products per layer where "
+                                             "forward computes one); the rest is forward.")
     synthetic_samples: int = setting(Integer(min=1, counts=True), 4000, "Samples of the synthetic dataset.")
     synthetic_features: int = setting(Integer(min=1), 32, "Features of the synthetic dataset.")
     synthetic_classes: int = setting(Integer(min=2), 10, "Classes of the synthetic dataset.")

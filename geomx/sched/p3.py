@@ -1,0 +1,118 @@
+"""P3, priority-based parameter propagation (Jayarajan et al., MLSys 2019; algorithms.md §4,
+geomx-behaviour.md §4.6).
+
+Three mechanisms, and where each lives:
+
+* **Slicing** (this module). Every kvstore key is cut into slices of at most
+  ``slice_elements`` elements. Each slice travels as a key of its own -- a *slice key* --
+  so everything below the kvstore (local/global servers, the placement rule, codec state,
+  optimizer state, the sync policies) handles slices without knowing about P3. This is
+  GeoMX's own approach (a fresh ps-key per slice), minus its bugs: GeoMX numbers slices with
+  a running counter that assumes keys are encoded in order 0..n-1 and takes keys raw at the
+  servers, which breaks under MultiGPS. Here a slice key is a pure function of
+  ``(key, slice index)`` (:func:`slice_key`), the same on every node, and placement runs on
+  slice keys like on any key.
+* **Priority** (the message's ``priority``, set by :class:`geomx.kv.KVStore` from
+  ``push/pull(priority=)``). The emulator's connections and the real transport's
+  per-connection send queues already serve the highest priority first, FIFO among equal
+  priorities; the node's per-destination outbox (``geomx/node/base.py``) does the same, so
+  a newly ready high-priority slice overtakes queued lower ones at slice granularity in
+  both runtimes. With P3 off the kvstore sends every message at priority 0 (GeoMX/MXNet
+  without P3: FIFO per key as gradients appear).
+* **Push/pull fusion** (:data:`FUSE_META`): a P3 push asks its server to answer with the
+  slice's new value once the round is over; the kvstore keeps it and the next pull of the
+  slice is served from it without another round trip. The very first pull of a key (after
+  ``init``) is a real pull.
+
+Slice placement: a slice key ``k + i * SLICE_KEY_STRIDE`` with ``SLICE_KEY_STRIDE = 1 (mod
+S)`` for every server count ``S`` dividing 720720 (all ``S <= 16``, and many more), so GeoMX's
+placement rule ``(key * 9973) mod S`` sends consecutive slices of a key to consecutive
+servers: slices are spread round-robin over the servers, as in P3, with no change to the
+placement code. Slice 0 of a key is the key itself, so a key that fits in one slice is
+placed exactly as without P3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: lcm(1..16): the stride is 1 modulo every server count that divides it.
+_LCM_1_TO_16 = 720_720
+#: Keys must stay below this; ``slice_key(k, i) = k + i * SLICE_KEY_STRIDE``.
+SLICE_KEY_STRIDE = _LCM_1_TO_16 * 1000 + 1
+#: Largest slice index that keeps a slice key inside the wire's signed 64-bit key field.
+MAX_SLICES_PER_KEY = (2**63 - 1) // SLICE_KEY_STRIDE
+
+#: Meta flag of a P3 push: "answer with the new value of this slice after the round".
+FUSE_META = "p3_fuse"
+
+#: GeoMX's default slice size (``MXNET_KVSTORE_BIGARRAY_BOUND``).
+DEFAULT_SLICE_ELEMENTS = 1_000_000
+
+
+class P3Error(ValueError):
+    """A key or tensor that P3 cannot slice (the message says which and why)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """Slice ``index`` of a key: elements ``[lo, hi)`` of the flattened tensor, sent as
+    kvstore key ``skey``."""
+
+    index: int
+    skey: int
+    lo: int
+    hi: int
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo
+
+
+def slice_key(key: int, index: int) -> int:
+    """The kvstore key that slice ``index`` of ``key`` travels as."""
+    if not 0 <= key < SLICE_KEY_STRIDE:
+        raise P3Error(f"key {key} out of range for P3 slicing; allowed: 0..{SLICE_KEY_STRIDE - 1}")
+    if not 0 <= index <= MAX_SLICES_PER_KEY:
+        raise P3Error(f"slice index {index} of key {key} out of range; allowed: "
+                      f"0..{MAX_SLICES_PER_KEY} (use a larger sched.p3_slice_elements)")
+    return key + index * SLICE_KEY_STRIDE
+
+
+def split_slice_key(skey: int) -> tuple[int, int]:
+    """``(key, slice index)`` of a slice key (inverse of :func:`slice_key`)."""
+    index, key = divmod(skey, SLICE_KEY_STRIDE)
+    return key, index
+
+
+def slices_of(key: int, num_elements: int, slice_elements: int) -> list[Slice]:
+    """The slices of a tensor of ``num_elements`` elements, in element order.
+
+    Every slice but the last has exactly ``slice_elements`` elements; an empty tensor is
+    one empty slice (it still has to be initialised and pulled)."""
+    if slice_elements < 1:
+        raise P3Error(f"sched.p3_slice_elements must be >= 1, got {slice_elements}")
+    if num_elements < 0:
+        raise P3Error(f"key {key}: negative element count {num_elements}")
+    n = max(1, -(-num_elements // slice_elements))
+    return [Slice(i, slice_key(key, i), i * slice_elements,
+                  min(num_elements, (i + 1) * slice_elements)) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class P3Config:
+    """What the nodes need to know of ``[sched]`` for P3 (built by ``cluster.py``)."""
+
+    enabled: bool = False
+    slice_elements: int = DEFAULT_SLICE_ELEMENTS
+
+    @classmethod
+    def from_sched(cls, sched: dict[str, Any]) -> "P3Config":
+        return cls(enabled=bool(sched.get("p3", False)),
+                   slice_elements=int(sched.get("p3_slice_elements", DEFAULT_SLICE_ELEMENTS)))
+
+
+def wants_fused_reply(meta: dict[str, Any]) -> bool:
+    """A push whose reply must carry the slice's new value (P3 push/pull fusion)."""
+    return bool(meta.get(FUSE_META))
