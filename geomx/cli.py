@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
     if args.command == "collect":
-        from geomx.runtime.collect import CollectError, collect_run
+        from geomx.collect import CollectError, collect_run
 
         try:
             summary = collect_run(args.run_dir, args.scenario)

@@ -2,7 +2,7 @@
 
 The quickstart (100 Mbit/s, 30 ms WAN; 10 ms compute) runs on both runtimes; seconds
 per iteration are measured from the evaluator's events, start-up excluded
-(``geomx.runtime.fidelity``). On a quiet 2-core machine they agree within ~10%
+(``geomx.fidelity``). On a quiet 2-core machine they agree within ~10%
 (docs/real-runtime.md has the figures); the test allows 30% because machines are noisy,
 uses the median iteration (robust to a few iterations slowed by other processes), and
 measures the real run a second time before failing.
@@ -14,7 +14,7 @@ import pytest
 
 from geomx.cluster import plan_job
 from geomx.experiment import run_scenario
-from geomx.runtime.fidelity import iteration_times
+from geomx.fidelity import iteration_times
 
 TOLERANCE = 0.30
 

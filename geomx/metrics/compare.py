@@ -184,7 +184,8 @@ def plot_comparison(
     bytes per WAN link per run. Returns {file name: Figure}; writes the PNGs into
     `out_dir` when given (compare_accuracy_time.png, compare_accuracy_wan.png,
     compare_wan_links.png)."""
-    from geomx.metrics.plots import _new_figure, _save, _series, byte_unit, is_wan_link
+    from geomx.metrics.figure import is_wan_link, new_figure, save_figure
+    from geomx.metrics.plots import _series, byte_unit
 
     runs, default_labels, _ = collect_runs(sources)
     labels = list(labels or default_labels)
@@ -192,7 +193,7 @@ def plot_comparison(
     many = len(runs) > 8
     colours = [f"C{i % 10}" if not many else None for i in range(len(runs))]
 
-    fig = _new_figure(8.0, 4.5)
+    fig = new_figure(8.0, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     for run, label, c in zip(runs, labels, colours):
         xs, ys = _series(run.progress, "t", "accuracy")
@@ -205,7 +206,7 @@ def plot_comparison(
     fig.tight_layout()
     figs["compare_accuracy_time.png"] = fig
 
-    fig = _new_figure(8.0, 4.5)
+    fig = new_figure(8.0, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     top = max((r.progress[-1].bytes_wan or 0) for r in runs if r.progress) if any(
         r.progress for r in runs) else 0
@@ -224,7 +225,7 @@ def plot_comparison(
 
     links = sorted({k for r in runs if r.summary for k in r.summary.bytes_per_link
                     if is_wan_link(k)})
-    fig = _new_figure(8.0, max(2.5, 0.25 * len(links) * min(len(runs), 6) + 1.5))
+    fig = new_figure(8.0, max(2.5, 0.25 * len(links) * min(len(runs), 6) + 1.5))
     ax = fig.add_subplot(1, 1, 1)
     values = [[(r.summary.bytes_per_link.get(k, 0) if r.summary else 0) for k in links]
               for r in runs]
@@ -245,5 +246,5 @@ def plot_comparison(
 
     if out_dir is not None:
         for name, f in figs.items():
-            _save(f, Path(out_dir) / name)
+            save_figure(f, Path(out_dir) / name)
     return figs

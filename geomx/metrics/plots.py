@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Union
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from geomx.metrics.figure import is_wan_link, new_figure, save_figure
 from geomx.metrics.progress import ProgressRow, read_progress
 from geomx.metrics.summary import PROGRESS_FILE, Run, load_run
 
@@ -59,22 +59,6 @@ def _series(
     return xs, ys
 
 
-def _new_figure(width_in: float = 7.0, height_in: float = 4.0) -> Figure:
-    fig = Figure(figsize=(width_in, height_in))
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, out_png: str | os.PathLike | None) -> Figure:
-    if out_png is not None:
-        out = os.fspath(out_png)
-        parent = os.path.dirname(out)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
-        fig.savefig(out, dpi=100)
-    return fig
-
-
 def byte_unit(max_bytes: float) -> tuple[float, str]:
     """(divisor, unit name) that keeps `max_bytes` readable."""
     for div, name in _BYTE_UNITS:
@@ -93,7 +77,7 @@ def plot_accuracy(
     ("t", "wall_s" or "iteration")."""
     _check_axis(time_axis)
     rows = _rows(progress_csv)
-    fig = _new_figure()
+    fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     xs, acc = _series(rows, time_axis, "accuracy")
     ax.plot(xs, acc, color="tab:blue", marker=".", label="accuracy")
@@ -107,7 +91,7 @@ def plot_accuracy(
         ax2.set_ylabel("loss", color="tab:red")
     ax.set_title(title or "accuracy and loss")
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def plot_bytes(
@@ -122,7 +106,7 @@ def plot_bytes(
     xl, lan = _series(rows, time_axis, "bytes_lan")
     xw, wan = _series(rows, time_axis, "bytes_wan")
     div, unit = byte_unit(max(lan + wan + [0.0]))
-    fig = _new_figure()
+    fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     ax.plot(xl, [b / div for b in lan], label="LAN", color="tab:green")
     ax.plot(xw, [b / div for b in wan], label="WAN", color="tab:orange")
@@ -132,17 +116,7 @@ def plot_bytes(
     ax.legend(loc="upper left")
     ax.set_title(title or "bytes on LAN and WAN")
     fig.tight_layout()
-    return _save(fig, out_png)
-
-
-def is_wan_link(name: str) -> bool:
-    """Whether a link name from `bytes_per_link` is a WAN link.
-
-    Host links attach a node to its DC's switch (`host->sw:DC`, `sw:DC->host`, see
-    geomx/sim/network.py); every other link joins two DCs (`a->b`). So a link is LAN
-    exactly when one of its ends is a switch.
-    """
-    return not any(end.startswith("sw:") for end in name.split("->"))
+    return save_figure(fig, out_png)
 
 
 def _utilisation_panel(ax, links: Sequence[str], mbps: Sequence[float],
@@ -191,7 +165,7 @@ def plot_link_utilisation(
     if not groups:
         groups.append(("links", [], "tab:purple"))
     heights = [max(1.0, 0.28 * len(links) + 0.6) for _, links, _ in groups]
-    fig = _new_figure(8.0, sum(heights) + 0.8)
+    fig = new_figure(8.0, sum(heights) + 0.8)
     spec = fig.add_gridspec(len(groups), 1, height_ratios=heights)
     for i, (label, links, color) in enumerate(groups):
         ax = fig.add_subplot(spec[i, 0])
@@ -200,7 +174,7 @@ def plot_link_utilisation(
                            color, f"{label} ({len(links)})")
     fig.suptitle(title or f"link utilisation over {duration_s:.4g} s")
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def compare_runs(
@@ -215,7 +189,7 @@ def compare_runs(
     runs = [r if isinstance(r, Run) else load_run(r) for r in run_dirs]
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"labels has {len(labels)} entries for {len(runs)} runs")
-    fig = _new_figure()
+    fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     for i, run in enumerate(runs):
         xs, acc = _series(run.progress, time_axis, "accuracy")
@@ -227,7 +201,7 @@ def compare_runs(
         ax.legend(loc="lower right")
     ax.set_title(title or "accuracy over time")
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)
 
 
 def write_run_plots(

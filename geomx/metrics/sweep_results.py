@@ -96,7 +96,7 @@ def plot_sweep(
     """One figure per swept key (`sweep_<key>.png`): each metric against the key's
     values, a line per combination of the other keys, mean +- std over seeds.
     Returns {file name: Figure}; writes the PNGs into `out_dir` when given."""
-    from geomx.metrics.plots import _new_figure, _save
+    from geomx.metrics.figure import new_figure, save_figure
 
     keys = sweep_keys(table)
     done = [i for i, s in enumerate(table["status"]) if s == "done"]
@@ -120,7 +120,7 @@ def plot_sweep(
         xs, ticks = _xs(order)
         ncols = min(len(metrics), 3)
         nrows = math.ceil(len(metrics) / ncols)
-        fig = _new_figure(4.0 * ncols, 3.0 * nrows + 0.6)
+        fig = new_figure(4.0 * ncols, 3.0 * nrows + 0.6)
         for m_i, metric in enumerate(metrics):
             ax = fig.add_subplot(nrows, ncols, m_i + 1)
             scale = _METRIC_SCALE.get(metric, 1.0)
@@ -153,5 +153,5 @@ def plot_sweep(
         figs[name] = fig
     if out_dir is not None:
         for name, f in figs.items():
-            _save(f, Path(out_dir) / name)
+            save_figure(f, Path(out_dir) / name)
     return figs

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from geomx.metrics.plots import _new_figure, _save, is_wan_link
+from geomx.metrics.figure import is_wan_link, new_figure, save_figure
 from geomx.metrics.summary import EVENTS_FILE
 
 #: Colours of message types; anything else is grey.
@@ -152,7 +152,7 @@ def plot_timeline(
     writes `out_png` when given. Shows at most `max_rows` rows (WAN links first)."""
     tl = source if isinstance(source, Timeline) else build_timeline(source, iteration, node)
     order = _row_order(tl.rows)[:max_rows]
-    fig = _new_figure(9.0, max(2.5, 0.22 * len(order) + 1.4))
+    fig = new_figure(9.0, max(2.5, 0.22 * len(order) + 1.4))
     ax = fig.add_subplot(1, 1, 1)
     scale, unit = (1e3, "ms") if tl.t1 - tl.t0 < 2.0 else (1.0, "s")
     seen: dict[str, str] = {}
@@ -181,4 +181,4 @@ def plot_timeline(
                   ncols=min(len(seen), 6))
     fig.suptitle(title or "one iteration: who sends what when (WAN links first)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, out_png)
+    return save_figure(fig, out_png)

@@ -30,7 +30,7 @@ import time
 import zlib
 from typing import Any, Callable, Iterator
 
-import geomx.kv
+from geomx.node import kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
 from geomx.sync.policy import kvstore_type
@@ -293,7 +293,7 @@ async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: li
     params = inspect.signature(func).parameters
     try:
         if len(params) >= 2:
-            kv = geomx.kv.create(ctx.kvstore_type)
+            kv = kvstore.create(ctx.kvstore_type)
             returned = await func(kv, ctx)
         else:
             returned = await func(ctx)

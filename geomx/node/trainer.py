@@ -1,6 +1,7 @@
 """The built-in training program: GeoMX's ``examples/cnn.py`` loop on numpy models.
 
-Written only against ``geomx.kv`` so it is also the reference for users writing their own
+Written only against the kvstore API (``geomx.kv``, implemented in
+:mod:`geomx.node.kvstore`) so it is also the reference for users writing their own
 loop. What a step sends and receives is the sync algorithm's worker side
 (``geomx.sync.policy.make_worker_sync``). For FSA and MixedSync, two modes, as in
 GeoMX's examples (geomx-behaviour.md §2.2):
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-import geomx.kv
+from geomx.node import kvstore
 from geomx.sync.policy import kvstore_type, make_worker_sync
 from geomx.wire import Payload
 
@@ -147,7 +148,7 @@ def iterations_for_epochs(spec: TrainSpec, epochs: float, num_all_workers: int) 
 
 async def master_program(node: Any, spec: TrainSpec) -> None:
     """The master worker: configure the global servers and publish the initial model."""
-    kv = geomx.kv.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
+    kv = kvstore.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
     if spec.global_optimizer is not None:
         await kv.set_optimizer(spec.global_optimizer)
     params = initial_params(spec)
@@ -159,7 +160,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     """One worker's training loop (GeoMX ``examples/cnn.py`` shape)."""
     from geomx.optim import optimizer_from_config
 
-    kv = geomx.kv.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
+    kv = kvstore.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
     job = node.job
     global_rank = job.all_workers.index(node.name)
     evaluator = node.name == spec.evaluator

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Awaitable, Callable
 
-from geomx.kv import current_node
+from geomx.node.kvstore import current_node
 from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import barrier, leave, register

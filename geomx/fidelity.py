@@ -14,7 +14,7 @@ Both figures come from the evaluator's events, excluding start-up:
 * ``median_s_per_iter`` -- the median gap between consecutive ``compute`` events of the
   evaluator: the same quantity, robust to a few iterations slowed by a busy machine.
 
-``python -m geomx.runtime.fidelity SCENARIO [--set ...]`` runs the scenario on both
+``python -m geomx.fidelity SCENARIO [--set ...]`` runs the scenario on both
 runtimes and prints them.
 """
 
@@ -88,7 +88,7 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m geomx.runtime.fidelity",
+    p = argparse.ArgumentParser(prog="python -m geomx.fidelity",
                                 description="Per-iteration time: emulator vs shaped real runtime.")
     p.add_argument("scenario")
     p.add_argument("--set", dest="overrides", action="append", default=[])
