@@ -37,17 +37,11 @@ def test_fault_names_must_be_nodes(scenario_of):
         with_faults(s, {"node": "w:party-a:9", "at": "3s"})
 
 
-def test_a_slow_starter_does_not_get_early_registrants_declared_dead(scenario_of):
-    """Heartbeat clocks start when every member has the address book, not at each
-    member's own registration (a node that starts 30 s late is not a failure)."""
-    import asyncio
-
+def _lone_scheduler(scenario_of):
     from geomx.cluster import plan_job
     from geomx.experiment import EmuServices, build_network
     from geomx.node.scheduler import Scheduler
-    from geomx.sim.loop import run_virtual
     from geomx.sim.transport import SimFabric
-    from geomx.wire import Kind, Message
 
     s = scenario_of("quickstart.toml")
     plan = plan_job(s)
@@ -56,20 +50,114 @@ def test_a_slow_starter_does_not_get_early_registrants_declared_dead(scenario_of
     lh = Scheduler("lh:party-a", "party-a", fabric.transport("lh:party-a"),
                    EmuServices(0, None, None, plan.job.dc_of), members,
                    heartbeat_timeout_s=5.0, register_timeout_s=120.0)
-    ends = {m: fabric.transport(m) for m in members}
+    return lh, members, {m: fabric.transport(m) for m in members}
+
+
+def test_a_slow_starter_does_not_get_early_registrants_declared_dead(scenario_of):
+    """A node that starts 30 s late is not a failure: the members that registered early
+    heartbeat while they wait (as geomx.node.scheduler.register makes them), and the
+    heartbeat clocks restart when every member has the address book."""
+    import asyncio
+
+    from geomx.sim.loop import run_virtual
+    from geomx.wire import Kind, Message
+
+    lh, members, ends = _lone_scheduler(scenario_of)
+    booked = asyncio.Event()
+
+    async def heartbeat(m: str) -> None:
+        while not booked.is_set():
+            await asyncio.sleep(1.0)
+            await ends[m].send(Message(Kind.HEARTBEAT, m, "lh:party-a"))
 
     async def scenario():
         sched = asyncio.ensure_future(lh.run())
+        beats = []
         for i, m in enumerate(members):
             if i == len(members) - 1:
                 await asyncio.sleep(30.0)  # the last one starts late
             await ends[m].send(Message(Kind.REGISTER, m, "lh:party-a", request_id=1,
                                        meta={"address": ""}))
+            beats.append(asyncio.ensure_future(heartbeat(m)))
         replies = [await asyncio.wait_for(ends[m].recv(), 5) for m in members]
+        booked.set()
         assert all(r.kind == Kind.REGISTER_ACK for r in replies), replies
         assert lh.dead is None
         for m in members:
             await ends[m].send(Message(Kind.SHUTDOWN, m, "lh:party-a"))
+        await asyncio.gather(*beats)
         await sched
+
+    run_virtual(scenario())
+
+
+def test_a_registrant_that_dies_before_the_book_is_found_in_one_heartbeat_timeout(scenario_of):
+    """A member that registered and then went silent while the others were still starting
+    is declared dead one heartbeat timeout later, not after the registration timeout, and
+    the members that did register are told by name."""
+    import asyncio
+
+    from geomx.sim.loop import run_virtual
+    from geomx.wire import Kind, Message
+
+    lh, members, ends = _lone_scheduler(scenario_of)
+    first, others = members[0], members[1:-1]  # the last member never starts
+
+    async def scenario():
+        sched = asyncio.ensure_future(lh.run())
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for m in [first, *others]:
+            await ends[m].send(Message(Kind.REGISTER, m, "lh:party-a", request_id=1,
+                                       meta={"address": ""}))
+
+        async def beat_forever(m: str) -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                await ends[m].send(Message(Kind.HEARTBEAT, m, "lh:party-a"))
+
+        beats = [asyncio.ensure_future(beat_forever(m)) for m in others]  # `first` is silent
+        with pytest.raises(Exception, match=f"node {first} failed: no heartbeat"):
+            await sched
+        assert lh.dead == first
+        assert 5.0 < loop.time() - t0 < 7.0  # timeout 5 s, checked every 1.25 s
+        for m in others:
+            msg = await asyncio.wait_for(ends[m].recv(), 1)
+            assert msg.kind == Kind.NODE_FAILED and msg.meta["node"] == first
+        for b in beats:
+            b.cancel()
+
+    run_virtual(scenario())
+
+
+def test_a_member_that_fails_tells_its_scheduler_which_stops_everyone(scenario_of):
+    """A node stopping on a failure sends NODE_FAILED (naming the node that failed first)
+    to its scheduler, which stops every member at once instead of a heartbeat timeout
+    later; ``reported by`` names the messenger."""
+    import asyncio
+
+    from geomx.sim.loop import run_virtual
+    from geomx.wire import Kind, Message
+
+    lh, members, ends = _lone_scheduler(scenario_of)
+
+    async def scenario():
+        sched = asyncio.ensure_future(lh.run())
+        loop = asyncio.get_running_loop()
+        for m in members:
+            await ends[m].send(Message(Kind.REGISTER, m, "lh:party-a", request_id=1,
+                                       meta={"address": ""}))
+        for m in members:
+            assert (await asyncio.wait_for(ends[m].recv(), 5)).kind == Kind.REGISTER_ACK
+        t0 = loop.time()
+        await ends[members[0]].send(Message(Kind.NODE_FAILED, members[0], "lh:party-a",
+                                            meta={"node": "gs:0", "reason": "disk on fire"}))
+        with pytest.raises(Exception, match="node gs:0 failed: disk on fire"):
+            await sched
+        assert loop.time() - t0 < 0.5
+        for m in members[1:]:
+            msg = await asyncio.wait_for(ends[m].recv(), 1)
+            assert msg.kind == Kind.NODE_FAILED and msg.meta["node"] == "gs:0"
+            assert f"reported by {members[0]}" in msg.meta["reason"]
 
     run_virtual(scenario())

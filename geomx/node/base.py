@@ -71,6 +71,12 @@ class Node:
         self.gone: set[str] = set()
         #: schedulers this node has left: no more heartbeats to them
         self.left: set[str] = set()
+        #: schedulers this node has asked to register with (told if the node fails)
+        self.schedulers: list[str] = []
+        #: the node whose failure stopped this one, and why (its own name when the failure
+        #: is its own): passed on to every scheduler so the whole job stops in seconds
+        self.failed_node: str = ""
+        self.failed_reason: str = ""
         self._send_nowait = getattr(transport, "send_nowait", None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
@@ -236,6 +242,8 @@ class Node:
     def _on_node_failed(self, msg: Message) -> None:
         """A scheduler says a node died: stop with an error naming it."""
         if self.failure is None:
+            self.failed_node = str(msg.meta.get("node", "?"))
+            self.failed_reason = str(msg.meta.get("reason", "no reason given"))
             self.failure = NodeFailure(f"node {msg.meta.get('node', '?')} failed: "
                                        f"{msg.meta.get('reason', 'no reason given')} "
                                        f"(reported by {msg.src})")
@@ -260,6 +268,22 @@ class Node:
                 raise NodeFailure(f"scheduler {scheduler} did not answer heartbeats for "
                                   f"{self.heartbeat_timeout_s:g} s") from None
 
+    def _tell_schedulers_of_failure(self) -> None:
+        """A failing node tells every scheduler it registered with (or tried to) which node
+        failed and why, so each stops its members now instead of after a heartbeat timeout
+        (ps-lite would only notice the missing heartbeats; a cascade of those takes one
+        timeout per tier). Best effort: posted before the outboxes are flushed."""
+        node = self.failed_node or self.name
+        reason = self.failed_reason or f"{type(self.failure).__name__}: {self.failure}"
+        for sch in self.schedulers:
+            if sch in self.left or sch in self.gone or sch == self.name:
+                continue
+            try:
+                self.post(Message(Kind.NODE_FAILED, self.name, sch,
+                                  meta={"node": node, "reason": reason}))
+            except Exception:  # the node is failing already: never mask its error
+                log.debug("%s: could not tell %s of the failure", self.name, sch, exc_info=True)
+
     def stop(self) -> None:
         """Ask ``run`` to finish (idempotent)."""
         self._stopping = True
@@ -283,6 +307,8 @@ class Node:
             await asyncio.wait({main, stopper}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self._stopping = True  # no more heartbeats: the node is leaving
+            if self.failure is not None:
+                self._tell_schedulers_of_failure()
             # flush what was posted, then tear down
             for q in self._outboxes.values():
                 self._outbox_seq += 1

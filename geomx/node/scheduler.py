@@ -48,6 +48,7 @@ class Scheduler(Node):
         self.on(Kind.BARRIER, self._on_barrier)
         self.on(Kind.SHUTDOWN, self._on_leave)
         self.on(Kind.HEARTBEAT, self._on_heartbeat)
+        self.on(Kind.NODE_FAILED, self._on_member_failed)
 
     def _on_register(self, msg: Message) -> None:
         if msg.src not in self.members:
@@ -55,6 +56,11 @@ class Scheduler(Node):
             return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
+        if self.addresses[msg.src]:
+            # members heartbeat while they wait for the others: answer them (an address
+            # is only ever installed, never used to reach a stranger)
+            self.address_book[msg.src] = self.addresses[msg.src]
+            self.transport.set_address_book(dict(self.address_book))
         self.last_seen[msg.src] = self.now()
         self.record("register", member=msg.src)
         if len(self._register_requests) == len(self.members):
@@ -121,11 +127,22 @@ class Scheduler(Node):
         if set(self.members) <= self._left:
             self._all_left.set()
 
-    def declare_dead(self, node: str, reason: str) -> None:
+    def _on_member_failed(self, msg: Message) -> None:
+        """A member stopped on a failure (its own, or one it heard of from another
+        scheduler): stop every member now."""
+        if msg.src not in self.members or self.dead is not None:
+            return
+        node = str(msg.meta.get("node", msg.src))[:200]
+        reason = str(msg.meta.get("reason", "no reason given"))[:2000]
+        self.declare_dead(node, reason, reported_by=msg.src)
+
+    def declare_dead(self, node: str, reason: str, *, reported_by: str = "") -> None:
         """Tell every live member that ``node`` died, then stop with that error."""
         if self.dead is not None:
             return
         self.dead = node
+        if reported_by:
+            reason = f"{reason} (reported by {reported_by})"
         self.record("node_failed", failed=node, reason=reason)
         log.error("%s: node %s failed: %s", self.name, node, reason)
         for m in self.members:
@@ -149,8 +166,11 @@ class Scheduler(Node):
                                               f"{self.register_timeout_s:g} s (missing: "
                                               f"{', '.join(missing)})")
                 return
-            if self.heartbeat_timeout_s > 0 and self.registered:
-                for m in self.members:
+            if self.heartbeat_timeout_s > 0:
+                # before the book is out, the members that registered heartbeat while they
+                # wait: one that dies then is found as quickly as one that dies later
+                watched = self.members if self.registered else list(self._register_requests)
+                for m in watched:
                     seen = self.last_seen.get(m)
                     if seen is not None and m not in self._left and \
                             now - seen > self.heartbeat_timeout_s:
@@ -167,11 +187,17 @@ class Scheduler(Node):
 
 async def register(node: Node, scheduler: str) -> dict[str, str]:
     """Register ``node`` with ``scheduler``; learn and install the address book."""
+    if scheduler not in node.schedulers:
+        node.schedulers.append(scheduler)
     timeout_s = None
     if node.register_timeout_s > 0:
         # the scheduler gives up on missing members after register_timeout; wait a little
         # longer for its answer, then fail by name rather than hang
         timeout_s = node.register_timeout_s + max(node.heartbeat_timeout_s, 10.0)
+    # heartbeats start now, not with the book: a member that waits for slow starters
+    # proves it is alive, so the scheduler can tell it apart from a dead one
+    if node.heartbeat_interval_s > 0:
+        node.spawn(node.heartbeat(scheduler))
     try:
         reply = await node.request(Message(Kind.REGISTER, node.name, scheduler,
                                            meta={"address": node.transport.local_address(),
@@ -182,8 +208,6 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
     book = dict(reply.meta.get("book", {}))
     node.address_book.update(book)
     node.transport.set_address_book(dict(node.address_book))
-    if node.heartbeat_interval_s > 0:
-        node.spawn(node.heartbeat(scheduler))
     return book
 
 

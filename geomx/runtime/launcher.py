@@ -10,7 +10,11 @@ others and names it. At the end it merges the per-process event files and counte
 the run folder's standard files, so a real run leaves the same schema as an emulated one.
 
 Children get a pipe as stdin and watch it (``--watch-stdin``): if the launcher dies
-without cleaning up, every node sees end-of-file and exits instead of lingering.
+without cleaning up, every node sees end-of-file and exits instead of lingering. The same
+pipe carries one more thing: when a node dies, the launcher writes an *abort line* (JSON,
+``{"abort": NODE, "how": ...}``) to every other node, which then fails naming it. Nodes
+notice a death themselves (heartbeats, failure notices to their schedulers), but not that
+of a node killed before it ever registered: only the process that started it knows.
 """
 
 from __future__ import annotations
@@ -274,6 +278,7 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 failure = f"node {first} {how}:\n{_tail(logs / f'{safe_name(first)}.log')}"
                 drain_deadline = now + grace_s
+                _tell_abort(procs, first, how)
             if not running:
                 break
             if drain_deadline is not None and now > drain_deadline:
@@ -304,6 +309,23 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                     pass
         bar.close()
     return failure
+
+
+#: What the launcher writes on a node's stdin when another node died (node_main reads it).
+ABORT_KEY = "abort"
+
+
+def _tell_abort(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None:
+    """Write an abort line naming ``dead`` on every running node's stdin (best effort)."""
+    line = (json.dumps({ABORT_KEY: dead, "how": how}) + "\n").encode()
+    for name, p in procs.items():
+        if name == dead or p.poll() is not None or p.stdin is None:
+            continue
+        try:
+            p.stdin.write(line)
+            p.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it is exiting already
 
 
 def _follow_progress(path: Path, offset: int, bar: ProgressBar) -> int:

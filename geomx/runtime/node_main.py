@@ -15,6 +15,7 @@ them (and collects ``logs/<name>.log``, the process's output).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Any, Callable
 
 from geomx.cluster import make_node, plan_job
 from geomx.metrics.recorder import EventRecorder
+from geomx.node.base import NodeFailure
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
 from geomx.runtime.services import RealServices
@@ -149,6 +151,7 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     members = MembersOnly(transport, set(plan.nodes))
     node = make_node(plan, name, members, services)
     node.address_book.update(cfg.book)
+    _PARENT.attach(asyncio.get_running_loop(), node)
     if on_node is not None:
         on_node(node)
     log.info("%s listening on %s (bind %s)", name, transport.local_address(), cfg.bind_host)
@@ -185,7 +188,8 @@ def _read_stdin_config(ns: Any) -> dict[str, str]:
         chunks.append(chunk)
         if not chunk or b"\n" in chunk:
             break
-    line = b"".join(chunks).split(b"\n", 1)[0]
+    line, _, rest = b"".join(chunks).partition(b"\n")
+    _PARENT.leftover = rest  # anything after the config line is for the watcher
     try:
         doc = json.loads(line)
         if not isinstance(doc, dict):
@@ -201,12 +205,82 @@ def _read_stdin_config(ns: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in env.items()}
 
 
+class _ParentLink:
+    """The launcher's end of stdin, as a node sees it.
+
+    End-of-file: the launcher (or the ssh session) is gone, so the node exits. An abort
+    line (``{"abort": NODE, "how": ...}``, see :func:`geomx.runtime.launcher._tell_abort`):
+    another node of the job died, so this one fails naming it -- the only way to learn of
+    a node killed before it registered, which no scheduler can tell from a slow starter.
+    The watcher is a thread; the node lives on the event loop, so delivery goes through
+    ``call_soon_threadsafe`` (an abort read before the node exists waits for it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._target: tuple[asyncio.AbstractEventLoop, Any] | None = None
+        self._pending: tuple[str, str] | None = None
+        self.leftover = b""
+
+    def attach(self, loop: asyncio.AbstractEventLoop, node: Any) -> None:
+        with self._lock:
+            self._target = (loop, node)
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            self._deliver(*pending)
+
+    def abort(self, dead: str, how: str) -> None:
+        with self._lock:
+            if self._target is None:
+                self._pending = self._pending or (dead, how)
+                return
+        self._deliver(dead, how)
+
+    def _deliver(self, dead: str, how: str) -> None:
+        assert self._target is not None
+        loop, node = self._target
+        try:
+            loop.call_soon_threadsafe(_fail_node, node, dead, how)
+        except RuntimeError:
+            pass  # the loop is closed: the node is done anyway
+
+    def feed(self, data: bytes, buf: bytearray) -> None:
+        """Take stdin bytes; act on each complete line (anything else is ignored)."""
+        buf += data
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict) and isinstance(doc.get("abort"), str):
+                self.abort(doc["abort"][:200], str(doc.get("how", "died"))[:200])
+
+
+def _fail_node(node: Any, dead: str, how: str) -> None:
+    if node.failure is None:
+        node.failed_node, node.failed_reason = dead, f"{how} (seen by the launcher)"
+        node.failure = NodeFailure(f"node {dead} {how} (seen by the launcher)")
+        node.stop()
+
+
+_PARENT = _ParentLink()
+
+
 def _watch_parent() -> None:
-    """Exit when stdin reaches end-of-file: the launcher (or the ssh session) is gone."""
+    """Watch stdin in a thread: abort lines fail the node, end-of-file stops it."""
     def wait() -> None:
+        buf = bytearray()
         try:  # os.read, not sys.stdin: no buffer lock for the interpreter to trip on at exit
-            while os.read(0, 1 << 16):
-                pass
+            _PARENT.feed(_PARENT.leftover, buf)
+            while True:
+                data = os.read(0, 1 << 16)
+                if not data:
+                    break
+                if len(buf) + len(data) > 1 << 20:
+                    buf.clear()  # a line that long is not ours: bounded memory
+                _PARENT.feed(data, buf)
         except OSError:
             pass
         log.warning("stdin closed: the launcher is gone; stopping")
