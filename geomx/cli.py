@@ -193,7 +193,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Exit status after Ctrl-C, as a shell reports a process stopped by SIGINT (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``geomx ...``; Ctrl-C prints one line and exits 130 (the launcher has already
+    stopped every node it started: no orphans, no traceback)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("\ngeomx: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     program_args: list[str] | None = None

@@ -40,7 +40,15 @@ class RunResult:
 def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
     """``runs/<name>-<YYYYmmdd-HHMMSS>[-n]``: never overwrites an earlier run."""
     base = Path(out_dir)
-    base.mkdir(parents=True, exist_ok=True)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(f"run.out_dir = {os.fspath(out_dir)!r}: cannot hold run folders (it, "
+                         "or a folder above it, is a regular file); allowed: a directory path"
+                         ) from None
+    except PermissionError:
+        raise ValueError(f"run.out_dir = {os.fspath(out_dir)!r}: no permission to create it; "
+                         "allowed: a directory you can write") from None
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = base / f"{name}-{stamp}"
     n = 1

@@ -111,6 +111,12 @@ def _check_wans(s: Scenario) -> None:
 @scenario_check
 def _check_run(s: Scenario) -> None:
     r = s.run
+    if r.target_accuracy > 0 and r.eval_every == 0:
+        raise ScenarioError(
+            f"run.target_accuracy = {r.target_accuracy:g} is checked at evaluations, and "
+            "eval_every = 0 evaluates only at the end, so the target could never stop the run; "
+            "allowed: eval_every >= 1 with a target (or target_accuracy = 0)",
+            path="run.eval_every", value=0)
     limits = [r.iterations, r.epochs, r.target_accuracy, r.max_wall_time_s]
     if r.runtime == "emu":
         limits.append(r.max_emulated_time_s)

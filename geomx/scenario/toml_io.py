@@ -29,6 +29,17 @@ def load_scenario(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Sce
             raw = tomllib.load(fh)
     except FileNotFoundError:
         raise ScenarioError("scenario file not found", source=path) from None
+    except IsADirectoryError:
+        raise ScenarioError("this is a directory; give a scenario file (.toml)",
+                            source=path) from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                            f"{exc.start}); TOML files are UTF-8: save it as UTF-8",
+                            source=path) from None
+    except RecursionError:
+        raise ScenarioError("values nested too deeply to read", source=path) from None
+    except OSError as exc:
+        raise ScenarioError(f"cannot read it: {exc.strerror or exc}", source=path) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"not valid TOML: {exc}", source=path) from None
     for assignment in overrides:
