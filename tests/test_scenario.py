@@ -543,7 +543,7 @@ def test_load_scenario_errors_name_the_file(tmp_path):
 def rich_scenario():
     raw = topology()
     raw["run"] = {"name": "rich.run-1", "seed": 42, "iterations": "10k", "epochs": 3, "target_accuracy": 0.925,
-                  "max_emulated_time": "0.1 ms", "max_wall_time": 1 / 3, "eval_every": 0,
+                  "max_emulated_time": "0.1 ms", "max_wall_time": 1 / 3, "eval_every": 7,
                   "out_dir": 'out "dir" \\ ünïcode\t', "progress": False}
     raw["network"] = {"tcp_window": 123457, "mss": "1.5KiB"}
     raw["dc"][1].update(lan_bandwidth="12.5MB/s", lan_latency=0.1 + 0.2, compute_per_iter="0s",
