@@ -428,11 +428,42 @@ def test_reassembler_rejects_malformed_datagrams():
     with pytest.raises(udp.DatagramError, match="differs"):
         r.feed(udp.CHUNK_HEADER.pack(b"GU", 1, 0, 1, 1, 4) + b"y", "p", 0.0)
     big = udp.split_message(b"z" * 8000, 2, 1000)
+    with pytest.raises(udp.DatagramError, match="announces 8 chunks of 1000 bytes, past 5000"):
+        r.feed(big[0], "p", 0.0)  # refused before anything is held
+    # a last chunk (whose size says nothing of the others) that overflows is caught on arrival
+    r2 = udp.Reassembler(timeout_s=1.0, max_message_bytes=5000)
+    sneaky = [udp.CHUNK_HEADER.pack(b"GU", 1, 0, 9, i, 3) + b"w" * n for i, n in ((2, 4000),
+                                                                                  (0, 2000))]
+    assert r2.feed(sneaky[0], "p", 0.0) is None
     with pytest.raises(udp.DatagramError, match="grows past"):
-        for d in big:
-            r.feed(d, "p", 0.0)
+        r2.feed(sneaky[1], "p", 0.0)
+    assert r2.pending_bytes == 0
     assert r.expire(5.0) == 1 and r.pending_bytes == 0
     assert r.stats.rejected == len(bad) + 2
+
+
+def test_reassembler_memory_is_bounded_against_announced_chunk_counts():
+    """Issue 12: 13-byte datagrams each claiming to be chunk 0 of 65,535 used to allocate a
+    65,535-slot table apiece (2,500 of them: 300-730 MB). Now a partial message costs what
+    it carries plus a fixed charge, all counted against max_pending_bytes."""
+    import tracemalloc
+
+    bound = 1 << 20
+    r = udp.Reassembler(timeout_s=60.0, max_pending_bytes=bound)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for mid in range(20_000):
+            r.feed(udp.CHUNK_HEADER.pack(b"GU", 1, 0, mid, 0, 0xFFFF) + b"x", ("evil", 1), 0.0)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert r.pending_bytes <= bound
+    assert held < 2 * bound, held          # the accounting is not far below the truth
+    assert r.stats.incomplete > 15_000     # the oldest were evicted to stay inside the bound
+    # an honest message still gets through afterwards
+    good = udp.split_message(b"y" * 3000, 7, 1000)
+    assert [r.feed(d, ("ok", 2), 0.0) for d in good][-1] == bytearray(b"y" * 3000)
 
 
 def test_close_wakes_blocked_senders_and_connectors():
