@@ -172,9 +172,10 @@ def test_geomx_counts_override_the_scenario_and_are_checked():
         resolve_node_config(NodeArgs(), {**DEMO["ls:party-b"], "DMLC_NUM_SERVER": "2"})
     with pytest.raises(ConfigError, match="DMLC_NUM_GLOBAL_WORKER=3"):
         resolve_node_config(NodeArgs(), {**DEMO["gh"], "DMLC_NUM_GLOBAL_WORKER": "3"})
-    with pytest.raises(ConfigError, match="GEOMX_RANK"):
-        resolve_node_config(NodeArgs(), {k: v for k, v in DEMO["w:party-a:1"].items()
+    # no rank (a pure GeoMX script): the node claims the first free one when it starts
+    c = resolve_node_config(NodeArgs(), {k: v for k, v in DEMO["w:party-a:1"].items()
                                          if k != "GEOMX_RANK"})
+    assert c.claim_rank and c.name == "w:party-a:0" and "claimed" in c.sources["rank"]
     with pytest.raises(ConfigError, match="not supported"):
         resolve_node_config(NodeArgs(), {**DEMO["gs:0"], "DMLC_ENABLE_CENTRAL_WORKER": "1"})
     c = resolve_node_config(NodeArgs(), {**DEMO["gs:0"], "DMLC_NUM_SERVER": "2",
@@ -286,21 +287,23 @@ def test_a_job_started_node_by_node_without_a_launcher(tmp_path):
                        {"GEOMX_SCHEDULER_gh": gh, "GEOMX_SCHEDULER_lh_party_b": lh_b}),
         "w:party-a:1": (node + [str(scenario), "--role", "worker", "--dc", "party-a", "--rank",
                                 "1", "--scheduler", f"lh:party-a={lh_a}"] + sets, {}),
-        "w:party-b:0": (node + [str(scenario), "--name", "w:party-b:0", "--host", "127.0.0.1",
-                                "--port", "0"] + sets, {}),
-        "w:party-b:1": (node + [str(scenario), "--name", "w:party-b:1"] + sets,
-                        {"GEOMX_HOST": "127.0.0.1"}),
+        # no rank at all, as GeoMX's scripts start workers: each claims the first free rank
+        "w:party-b:?a": (node + [str(scenario), "--role", "worker", "--dc", "party-b",
+                                 "--host", "127.0.0.1", "--port", "0"] + sets, {}),
+        "w:party-b:?b": (node + [str(scenario)] + sets,
+                         {"GEOMX_HOST": "127.0.0.1", "DMLC_ROLE": "worker",
+                          "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(base + 3)}),
     }
     procs = {}
     try:
         for name, (cmd, env) in launches.items():
-            log = open(tmp_path / f"{name.replace(':', '_')}.log", "w")
+            log = open(tmp_path / f"{name.replace(':', '_').replace('?', 'q')}.log", "w")
             procs[name] = subprocess.Popen(cmd, env={**common, **env}, stdout=log,
                                            stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + 120
 
         def log_of(name: str) -> str:
-            return (tmp_path / f"{name.replace(':', '_')}.log").read_text()[-2000:]
+            return (tmp_path / f"{name.replace(':', '_').replace('?', 'q')}.log").read_text()[-2000:]
 
         # wait for all together; report the first failure, or who is still running, with
         # their logs (a node that died early explains why the others wait)
@@ -318,7 +321,8 @@ def test_a_job_started_node_by_node_without_a_launcher(tmp_path):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     results = {f.name: json.loads(f.read_text()) for f in (run_dir / "nodes").glob("*.result.json")}
-    assert len(results) == 11
+    assert len(results) == 11  # the two rank-less workers claimed w:party-b:0 and :1
+    assert {"w_party-b_0.result.json", "w_party-b_1.result.json"} <= set(results)
     evaluator = results["w_party-a_0.result.json"]
     assert evaluator["iterations"] == 15 and evaluator["result"]["accuracy"] > 0.3
     # `geomx collect` merges the nodes' files into the run folder `geomx launch` leaves

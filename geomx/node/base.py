@@ -88,6 +88,9 @@ class Node:
         self.heartbeat_interval_s = 0.0
         self.heartbeat_timeout_s = 0.0
         self.register_timeout_s = 0.0
+        #: set when this process claimed its name at start-up (started without a rank):
+        #: carried in its registration so nobody else can take the name
+        self.claim_token = ""
         #: Default bound on a request's reply (0 = none): a lost reply fails the node by
         #: name instead of hanging it (``[membership] request_timeout``).
         self.request_timeout_s = 0.0

@@ -22,6 +22,9 @@ from geomx.wire import Kind, Message
 log = logging.getLogger(__name__)
 
 
+#: Provisional name prefix of a process claiming a rank (geomx/runtime/rank_claim.py).
+CLAIM_PREFIX = "claim:"
+
 #: Open barrier groups a scheduler keeps at most (bad input cannot grow it further).
 MAX_OPEN_BARRIERS = 4096
 
@@ -44,6 +47,11 @@ class Scheduler(Node):
         self.last_seen: dict[str, float] = {}
         self.dead: str | None = None
         self.registered = False
+        #: member -> token of the process that claimed that name (rank claims, see
+        #: geomx/runtime/rank_claim.py); at most one entry per member
+        self._claims: dict[str, str] = {}
+        self._claimants: set[str] = set()
+        self._max_claimants = 2 * len(self.members) + 8
         self.on(Kind.REGISTER, self._on_register)
         self.on(Kind.BARRIER, self._on_barrier)
         self.on(Kind.SHUTDOWN, self._on_leave)
@@ -51,8 +59,17 @@ class Scheduler(Node):
         self.on(Kind.NODE_FAILED, self._on_member_failed)
 
     def _on_register(self, msg: Message) -> None:
+        claim = msg.meta.get("claim")
+        if claim is not None:
+            self._on_claim(msg, str(claim)[:64])
+            return
         if msg.src not in self.members:
             self.reply_error(msg, f"{msg.src} is not a member of {self.name}")
+            return
+        holder = self._claims.get(msg.src)
+        if holder is not None and msg.meta.get("claim_token") != holder:
+            self.reply_error(msg, f"{msg.src} was claimed by another process that started "
+                                  "without a rank; give this one a free rank, or none")
             return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
@@ -78,6 +95,32 @@ class Scheduler(Node):
             for m in self.members:
                 req = self._register_requests[m]
                 self.post(req.reply(Kind.REGISTER_ACK, meta={"book": book}))
+
+    def _on_claim(self, msg: Message, token: str) -> None:
+        """A process started without a rank asks, under a provisional ``claim:TOKEN``
+        name, for the first free member name of a kind (``meta["kind"]``: ``w:DC:`` or
+        ``gs:``), as ps-lite numbers nodes in registration order. The name is reserved
+        for the token: the node's own registration must carry it."""
+        if not msg.src.startswith(CLAIM_PREFIX) or len(self._claimants) >= self._max_claimants:
+            self.record("reject", src=msg.src[:100], msg="REGISTER", reason="claim refused")
+            return  # a stranger flooding claims gets nothing, and cannot grow our book
+        kind = str(msg.meta.get("kind", ""))
+        address = str(msg.meta.get("address", ""))
+        if address:  # to answer the claimant (bounded by _max_claimants)
+            self._claimants.add(msg.src)
+            self.address_book[msg.src] = address
+            self.transport.set_address_book(dict(self.address_book))
+        granted = [m for m, t in self._claims.items() if t == token]
+        free = [m for m in self.members if kind.endswith(":") and m.startswith(kind)
+                and m not in self._register_requests and m not in self._claims]
+        if granted or free:
+            name = granted[0] if granted else free[0]
+            self._claims[name] = token
+            self.record("rank_claimed", member=name)
+            self.post(msg.reply(Kind.REGISTER_ACK, meta={"claimed": name, "token": token}))
+        else:
+            self.reply_error(msg, f"no free {kind or '?'}* name at {self.name} (members: "
+                                  f"{', '.join(self.members)})")
 
     def _on_barrier(self, msg: Message) -> None:
         group = str(msg.meta.get("group", ""))
@@ -199,9 +242,12 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
     if node.heartbeat_interval_s > 0:
         node.spawn(node.heartbeat(scheduler))
     try:
-        reply = await node.request(Message(Kind.REGISTER, node.name, scheduler,
-                                           meta={"address": node.transport.local_address(),
-                                                 "role": node.role}), timeout_s=timeout_s)
+        meta = {"address": node.transport.local_address(), "role": node.role}
+        token = node.claim_token
+        if token:  # this process claimed its name (it started without a rank)
+            meta["claim_token"] = token
+        reply = await node.request(Message(Kind.REGISTER, node.name, scheduler, meta=meta),
+                                   timeout_s=timeout_s)
     except asyncio.TimeoutError:
         raise NodeFailure(f"scheduler {scheduler} did not complete the registration within "
                           f"{timeout_s:g} s") from None

@@ -17,9 +17,9 @@ environment -- ``DMLC_ROLE``, ``DMLC_ROLE_GLOBAL``, ``DMLC_ROLE_MASTER_WORKER``,
 ``DMLC_K``, ``DMLC_K_MIN``, ``ADAPTIVE_K_FLAG``, ``DMLC_UDP_CHANNEL_NUM``, ``DGT_BLOCK_SIZE``,
 ``DGT_CONTRIBUTION_ALPHA`` (table ``DGT_ENV``) -- is mapped onto a
 geomx node name and scenario. Two differences, on purpose: geomx names nodes from the
-scenario, so a worker or global server needs its rank up front (``--rank`` /
-``GEOMX_RANK``; ps-lite assigns ranks at registration in an effectively random order),
-and geomx has no local scheduler in the central DC (the master worker and global servers
+scenario; a worker or global server started without a rank (``--rank`` / ``GEOMX_RANK``)
+claims the first free one from its scheduler before it starts, as ps-lite assigns ranks
+in registration order (:func:`geomx.runtime.rank_claim.claim_rank`), and geomx has no local scheduler in the central DC (the master worker and global servers
 register with the global scheduler), so a process started as that scheduler has
 nothing to do and exits 0. The full mapping is in docs/real-runtime.md.
 """
@@ -94,6 +94,9 @@ class NodeConfig:
     connect_timeout_s: float
     sources: dict[str, str] = field(default_factory=dict)
     parent_watch: bool = False      # exit when stdin closes (ssh / launcher pipe)
+    #: no rank was given: ``name`` is rank 0 of its kind until run_node claims the first
+    #: free rank from its scheduler (geomx/runtime/rank_claim.py)
+    claim_rank: bool = False
 
     def describe(self) -> str:
         """The resolution table (``--print-config``); the secret is never shown."""
@@ -280,6 +283,7 @@ class _Resolver:
         self.a = args
         self.env = env
         self.sources: dict[str, str] = {}
+        self.claim_rank = False
 
     def pick(self, key: str, *candidates: tuple[Any, str]) -> Any:
         """The first candidate that is not None; remember its source under ``key``."""
@@ -526,7 +530,7 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
                       host=host, bind_host=bind, port=port, start_epoch=start_epoch,
                       secret=secret, tls=tls, shape=bool(shape),
                       connect_timeout_s=s.real.connect_timeout_s, sources=r.sources,
-                      parent_watch=args.parent_watch)
+                      parent_watch=args.parent_watch, claim_rank=r.claim_rank)
 
 
 # ------------------------------------------------------------------ pieces of the resolver
@@ -710,13 +714,13 @@ def _name_for(r: _Resolver, s: Scenario, role: str, dc: str, env: Mapping[str, s
     rank = r.pick("rank", (r.a.rank, "cli --rank"), (_int_env(env, "GEOMX_RANK", 0, 10**6),
                                                      "env GEOMX_RANK"))
     if rank is None:
-        if count != 1:
-            what = "global server" if role == "global_server" else f"worker of DC {dc!r}"
-            raise ConfigError(f"which {what}? set --rank or GEOMX_RANK (allowed: 0..{count - 1}); "
-                              "geomx names nodes when they start (ps-lite would assign ranks at "
-                              "registration, in no stable order)")
         rank = 0
-        r.sources["rank"] = "the only one"
+        if count != 1:
+            r.claim_rank = True
+            r.sources["rank"] = ("claimed from the scheduler at start-up: the first free one "
+                                 "(ps-lite's registration order)")
+        else:
+            r.sources["rank"] = "the only one"
     if not 0 <= rank < count:
         raise ConfigError(f"rank {rank} (from {r.sources['rank']}); allowed: 0..{count - 1}")
     return f"gs:{rank}" if role == "global_server" else f"w:{dc}:{rank}"

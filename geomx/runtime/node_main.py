@@ -28,12 +28,13 @@ from typing import Any, Callable
 from geomx.cluster import make_node, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
+from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
 from geomx.runtime.services import RealServices
 from geomx.runtime.wan_shapes import dc_link_shapes
 from geomx.scenario import Scenario
-from geomx.wire import Message
+from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,18 @@ class MembersOnly:
     #: no fast path around the filter (``Node.post`` would use a forwarded one)
     send_nowait = None
 
-    def __init__(self, inner: Any, members: set[str]):
+    def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
         self._members = members
+        #: schedulers also talk to processes claiming a rank (``claim:TOKEN``, REGISTER
+        #: only; the scheduler bounds how many): see geomx/runtime/rank_claim.py
+        self._allow_claims = allow_claims
         self.dropped_to_strangers = 0
         self.dropped_from_strangers = 0
 
     async def send(self, msg: Message) -> None:
-        if msg.dst not in self._members:
+        if msg.dst not in self._members and not (self._allow_claims
+                                                 and msg.dst.startswith(CLAIM_PREFIX)):
             self.dropped_to_strangers += 1
             self._log("not sending", msg, msg.dst, self.dropped_to_strangers)
             return
@@ -91,6 +96,8 @@ class MembersOnly:
         while True:
             msg = await self._inner.recv()
             if msg.src in self._members:
+                return msg
+            if self._allow_claims and msg.src.startswith(CLAIM_PREFIX) and msg.kind == Kind.REGISTER:
                 return msg
             self.dropped_from_strangers += 1
             self._log("dropped", msg, msg.src, self.dropped_from_strangers)
@@ -126,8 +133,12 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
 
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
     """
-    from geomx.runtime.tcp import TcpTransport
+    token = ""
+    if cfg.claim_rank:
+        from geomx.runtime.rank_claim import claim_rank
 
+        cfg, token = await claim_rank(cfg, _start_transport)
+    transport = await _start_transport(cfg, cfg.name)
     s, name = cfg.scenario, cfg.name
     plan = plan_job(s, "real")
     nodes_dir = cfg.run_dir / "nodes"
@@ -137,20 +148,11 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
                              enabled=s.metrics.events, dc_of=plan.job.dc_of.get,
                              byte_kinds=("send",))
     services = RealServices(s.run.seed, recorder, plan.job.dc_of, cfg.start_epoch)
-    ssl_server, ssl_client = tls_contexts(cfg)
-    transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
-                             advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
-                             secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
-                             shaper=build_shaper(s, plan, name) if cfg.shape else None,
-                             connect_timeout_s=cfg.connect_timeout_s,
-                             # a peer's address arrives with registration at the latest
-                             address_wait_s=max(cfg.connect_timeout_s,
-                                                s.membership.register_timeout_s))
-    await transport.start()
-    transport.set_address_book(cfg.book)
-    members = MembersOnly(transport, set(plan.nodes))
+    members = MembersOnly(transport, set(plan.nodes),
+                          allow_claims=plan.roles[name] in ("global_scheduler", "local_scheduler"))
     node = make_node(plan, name, members, services)
     node.address_book.update(cfg.book)
+    node.claim_token = token
     _PARENT.attach(asyncio.get_running_loop(), node)
     if on_node is not None:
         on_node(node)
@@ -174,6 +176,27 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
         result["result"] = node.result
     (nodes_dir / f"{safe_name(name)}.result.json").write_text(json.dumps(result, sort_keys=True))
     return result
+
+
+async def _start_transport(cfg: NodeConfig, name: str, *, shape: bool = True) -> Any:
+    """The node's TCP transport, listening, with the schedulers' addresses installed
+    (``shape=False``: unshaped, as a rank claim's short-lived transport is)."""
+    from geomx.runtime.tcp import TcpTransport
+
+    s = cfg.scenario
+    ssl_server, ssl_client = tls_contexts(cfg)
+    transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
+                             advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
+                             secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
+                             shaper=(build_shaper(s, plan_job(s, "real"), name)
+                                     if cfg.shape and shape else None),
+                             connect_timeout_s=cfg.connect_timeout_s,
+                             # a peer's address arrives with registration at the latest
+                             address_wait_s=max(cfg.connect_timeout_s,
+                                                s.membership.register_timeout_s))
+    await transport.start()
+    transport.set_address_book(cfg.book)
+    return transport
 
 
 def _read_stdin_config(ns: Any) -> dict[str, str]:
