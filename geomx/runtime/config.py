@@ -223,8 +223,8 @@ class _Resolver:
             text, source = a.scenario_text, "<stdin>"
             self.sources["scenario"] = "stdin (launcher)"
         else:
-            path = self.pick("scenario", (a.scenario, "cli"), (env_value(env, "GEOMX_SCENARIO"),
-                                                                "env GEOMX_SCENARIO"))
+            path = self.pick("scenario", (a.scenario, "cli"),
+                             (env_value(env, "GEOMX_SCENARIO"), "env GEOMX_SCENARIO"))
             if path is None:
                 self.sources["scenario"] = "default (built-in scenario)"
                 text, source = None, "<defaults>"
@@ -298,7 +298,8 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
 
     # -- who am I: name, or role (+ dc + rank) --------------------------------------------
     role = dc = None
-    name = r.pick("name", (args.name, "cli --name"), (env_value(env, "GEOMX_NODE"), "env GEOMX_NODE"))
+    name = r.pick("name", (args.name, "cli --name"),
+                  (env_value(env, "GEOMX_NODE"), "env GEOMX_NODE"))
     dmlc_role = None
     if name is None:
         role_src = None
@@ -347,7 +348,8 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     dc_cfg = s.dc(dc)
     is_scheduler = role in ("global_scheduler", "local_scheduler")
     iface = env_value(env, "DMLC_INTERFACE")
-    host = r.pick("host", (args.host, "cli --host"), (env_value(env, "GEOMX_HOST"), "env GEOMX_HOST"),
+    host = r.pick("host", (args.host, "cli --host"),
+                  (env_value(env, "GEOMX_HOST"), "env GEOMX_HOST"),
                   (env_value(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
     if host is None and iface is not None:
         host = interface_ipv4(iface)
@@ -465,8 +467,8 @@ def _name_for(r: _Resolver, s: Scenario, role: str, dc: str, env: Mapping[str, s
                               "add DMLC_ROLE_GLOBAL=global_server (or --role global_server)")
         return f"ls:{dc}"
     count = s.central_dc.global_servers if role == "global_server" else s.dc(dc).workers
-    rank = r.pick("rank", (r.a.rank, "cli --rank"), (int_env(env, "GEOMX_RANK", 0, 10**6),
-                                                     "env GEOMX_RANK"))
+    rank = r.pick("rank", (r.a.rank, "cli --rank"),
+                  (int_env(env, "GEOMX_RANK", 0, 10**6), "env GEOMX_RANK"))
     if rank is None:
         if count != 1:
             what = "global server" if role == "global_server" else f"worker of DC {dc!r}"

@@ -104,7 +104,6 @@ def bool_env(env: Mapping[str, str], name: str) -> bool | None:
     raise ConfigError(f"{name}={v!r}: allowed: 1/0, true/false, yes/no, on/off")
 
 
-
 def interface_ipv4(name: str) -> str:
     """The IPv4 address of network interface ``name`` (GeoMX's ``DMLC_INTERFACE``).
 
@@ -129,7 +128,6 @@ def interface_ipv4(name: str) -> str:
             raise ConfigError(f"DMLC_INTERFACE={name!r}: the interface has no IPv4 address "
                               f"({e.strerror}); set DMLC_NODE_HOST instead") from None
     return socket.inet_ntoa(packed[20:24])
-
 
 
 # ------------------------------------------------------------------ who this process is
@@ -177,11 +175,10 @@ def split_name(name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-
 # ------------------------------------------------------------------ the job's shape
 
 def dmlc_count_overrides(env: Mapping[str, str], s: Scenario, role: str | None,
-                          name: str | None, dc_flag: str | None) -> list[tuple[str, str]]:
+                         name: str | None, dc_flag: str | None) -> list[tuple[str, str]]:
     """GeoMX's per-process counts as ``--set`` assignments (geomx-behaviour.md §5)."""
     out: list[tuple[str, str]] = []
     central = s.central_dc.name
@@ -302,7 +299,6 @@ def check_dmlc_totals(env: Mapping[str, str], s: Scenario) -> None:
                           f"workers ({per}); every process must see the same topology")
 
 
-
 # ------------------------------------------------------------------ where the rendezvous is
 
 def dc_from_root(env: Mapping[str, str], s: Scenario) -> str | None:
@@ -321,7 +317,6 @@ def dc_from_root(env: Mapping[str, str], s: Scenario) -> str | None:
     if len(matches) > 1 and uri is not None:
         matches = [d for d in matches if d.host == uri] or matches
     return matches[0].name if len(matches) == 1 else None
-
 
 
 def dmlc_scheduler_addresses(env: Mapping[str, str], files: Mapping[str, tuple[str, str]],
