@@ -10,30 +10,19 @@ launcher. Every setting is resolved here, once, with one precedence rule::
 and each resolved value remembers where it came from (``geomx node --print-config``
 shows the table), so a surprising value can be traced to its source.
 
-GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): a process started with GeoMX's
-environment -- ``DMLC_ROLE``, ``DMLC_ROLE_GLOBAL``, ``DMLC_ROLE_MASTER_WORKER``,
-``DMLC_PS_ROOT_URI/PORT``, ``DMLC_PS_GLOBAL_ROOT_URI/PORT``, ``DMLC_NUM_*``,
-``DMLC_NODE_HOST``, ``DMLC_INTERFACE``, ``PORT``, ``PS_HEARTBEAT_*``, DGT's ``ENABLE_DGT``,
-``DMLC_K``, ``DMLC_K_MIN``, ``ADAPTIVE_K_FLAG``, ``DMLC_UDP_CHANNEL_NUM``, ``DGT_BLOCK_SIZE``,
-``DGT_CONTRIBUTION_ALPHA`` (table ``DGT_ENV``) -- is mapped onto a
-geomx node name and scenario. Two differences, on purpose: geomx names nodes from the
-scenario; a worker or global server started without a rank (``--rank`` / ``GEOMX_RANK``)
-claims the first free one from its scheduler before it starts, as ps-lite assigns ranks
-in registration order (:func:`geomx.runtime.rank_claim.claim_rank`), and geomx has no local scheduler in the central DC (the master worker and global servers
-register with the global scheduler), so a process started as that scheduler has
-nothing to do and exits 0. The full mapping is in docs/real-runtime.md.
+GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): what GeoMX's and ps-lite's
+environment variables mean -- roles, counts, rendezvous addresses, heartbeats, DGT and
+the ``MXNET_*`` switches -- is :mod:`geomx.runtime.dmlc_env`'s (and
+:mod:`geomx.runtime.geomx_switches`'); this module decides where those values rank and
+resolves the node. The full mapping is in docs/real-runtime.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import math
 import os
 import re
-import socket
-import struct
-import sys
 import time
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -41,24 +30,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from geomx.runtime.geomx_switches import SwitchError, switch_overrides
+from geomx.runtime.dmlc_env import (CENTRAL_ROLES, GEOMX_DEFAULT_PORT_BASE, ROLE_ALIASES, ROLES,
+                                    ConfigError, bool_env, check_dmlc_totals, dc_from_root,
+                                    dmlc_scheduler_addresses, env_overrides, env_value, int_env,
+                                    interface_ipv4, role_from_dmlc)
 from geomx.scenario import (Scenario, ScenarioError, apply_override, parse_scenario,
                             scenario_to_dict)
 
-#: GeoMX's demo global scheduler port; the first rendezvous port when none is configured.
-GEOMX_DEFAULT_PORT_BASE = 9092
-
-ROLES = ("global_scheduler", "global_server", "master_worker", "state_server",
-         "local_scheduler", "local_server", "worker")
-#: Short and GeoMX-ish spellings accepted for ``--role`` / ``GEOMX_ROLE``.
-ROLE_ALIASES = {"gh": "global_scheduler", "gs": "global_server", "mw": "master_worker",
-                "ss": "state_server", "lh": "local_scheduler", "ls": "local_server",
-                "w": "worker", "scheduler": "local_scheduler", "server": "local_server"}
-CENTRAL_ROLES = ("global_scheduler", "global_server", "master_worker", "state_server")
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the flag/variable/field."""
+# ConfigError, GEOMX_DEFAULT_PORT_BASE, the role names and interface_ipv4 live in dmlc_env
+# and are imported from here by the rest of geomx and by the tests.
+__all__ = [
+    "ConfigError", "NothingToRun", "TlsFiles", "NodeConfig", "NodeArgs", "resolve_node_config",
+    "GEOMX_DEFAULT_PORT_BASE", "ROLES", "ROLE_ALIASES", "CENTRAL_ROLES", "interface_ipv4",
+    "check_address", "env_key", "safe_name", "scheduler_names", "file_scheduler_addresses",
+    "scenario_uses_fixed_ports",
+]
 
 
 class NothingToRun(Exception):
@@ -119,40 +105,6 @@ class NodeConfig:
 
 # ------------------------------------------------------------------ small helpers
 
-def _env(env: Mapping[str, str], name: str) -> str | None:
-    """A non-empty environment value, stripped; None when unset or empty."""
-    v = env.get(name)
-    if v is None:
-        return None
-    v = v.strip()
-    return v or None
-
-
-def _int_env(env: Mapping[str, str], name: str, lo: int, hi: int) -> int | None:
-    v = _env(env, name)
-    if v is None:
-        return None
-    try:
-        n = int(v)
-    except ValueError:
-        raise ConfigError(f"{name}={v!r}: expected an integer in {lo}..{hi}") from None
-    if not lo <= n <= hi:
-        raise ConfigError(f"{name}={v!r}: out of range; allowed: {lo}..{hi}")
-    return n
-
-
-def _bool_env(env: Mapping[str, str], name: str) -> bool | None:
-    v = _env(env, name)
-    if v is None:
-        return None
-    low = v.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"{name}={v!r}: allowed: 1/0, true/false, yes/no, on/off")
-
-
 def check_address(addr: str, what: str) -> str:
     """``host:port`` (``[v6]:port``) or ConfigError naming ``what``."""
     host, sep, port = str(addr).strip().rpartition(":")
@@ -170,32 +122,6 @@ def env_key(node: str) -> str:
 def safe_name(node: str) -> str:
     """File-name form of a node name (``w:party-a:0`` -> ``w_party-a_0``)."""
     return node.replace(":", "_").replace("/", "_")
-
-
-def interface_ipv4(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (GeoMX's ``DMLC_INTERFACE``).
-
-    Linux: the ``SIOCGIFADDR`` ioctl on a datagram socket; no third-party package. The
-    error lists the interfaces that exist (from ``/sys/class/net``).
-    """
-    sys_net = Path("/sys/class/net")
-    known = sorted(p.name for p in sys_net.iterdir()) if sys_net.is_dir() else \
-        sorted(n for _, n in socket.if_nameindex())
-    if name not in known:
-        raise ConfigError(f"DMLC_INTERFACE={name!r}: no such network interface; allowed: "
-                          f"{', '.join(known) or 'none found'}")
-    if not sys.platform.startswith("linux"):  # pragma: no cover
-        raise ConfigError(f"DMLC_INTERFACE is only supported on Linux; set DMLC_NODE_HOST "
-                          f"(or GEOMX_HOST) to the address of {name!r} instead")
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), siocgifaddr,
-                                 struct.pack("256s", name.encode()[:15]))
-        except OSError as e:
-            raise ConfigError(f"DMLC_INTERFACE={name!r}: the interface has no IPv4 address "
-                              f"({e.strerror}); set DMLC_NODE_HOST instead") from None
-    return socket.inet_ntoa(packed[20:24])
 
 
 # ------------------------------------------------------------------ rendezvous addresses
@@ -301,8 +227,8 @@ class _Resolver:
             text, source = a.scenario_text, "<stdin>"
             self.sources["scenario"] = "stdin (launcher)"
         else:
-            path = self.pick("scenario", (a.scenario, "cli"), (_env(env, "GEOMX_SCENARIO"),
-                                                                "env GEOMX_SCENARIO"))
+            path = self.pick("scenario", (a.scenario, "cli"),
+                             (env_value(env, "GEOMX_SCENARIO"), "env GEOMX_SCENARIO"))
             if path is None:
                 self.sources["scenario"] = "default (built-in scenario)"
                 text, source = None, "<defaults>"
@@ -353,34 +279,6 @@ class _Resolver:
         return self._parse(raw)
 
 
-def _role_from_dmlc(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """GeoMX's role variables (§1.1) -> (geomx role, description of the source)."""
-    g = _env(env, "DMLC_ROLE_GLOBAL")
-    r = _env(env, "DMLC_ROLE")
-    master = _bool_env(env, "DMLC_ROLE_MASTER_WORKER")
-    if g is not None:
-        if g == "global_scheduler":
-            return "global_scheduler", "env DMLC_ROLE_GLOBAL"
-        if g == "global_server":
-            if r not in (None, "server"):
-                raise ConfigError(f"DMLC_ROLE_GLOBAL=global_server needs DMLC_ROLE=server (or "
-                                  f"unset), got DMLC_ROLE={r!r}")
-            return "global_server", "env DMLC_ROLE_GLOBAL"
-        raise ConfigError(f"DMLC_ROLE_GLOBAL={g!r}; allowed: global_scheduler, global_server")
-    if r is None:
-        if master:
-            return "master_worker", "env DMLC_ROLE_MASTER_WORKER"
-        return None
-    if r == "worker":
-        return ("master_worker", "env DMLC_ROLE_MASTER_WORKER") if master else \
-            ("worker", "env DMLC_ROLE")
-    if r == "server":
-        return "local_server", "env DMLC_ROLE"
-    if r == "scheduler":
-        return "local_scheduler", "env DMLC_ROLE"
-    raise ConfigError(f"DMLC_ROLE={r!r}; allowed: scheduler, server, worker")
-
-
 def _parse_name(name: str, s: Scenario) -> tuple[str, str]:
     from geomx.cluster import plan_job
 
@@ -404,16 +302,17 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
 
     # -- who am I: name, or role (+ dc + rank) --------------------------------------------
     role = dc = None
-    name = r.pick("name", (args.name, "cli --name"), (_env(env, "GEOMX_NODE"), "env GEOMX_NODE"))
+    name = r.pick("name", (args.name, "cli --name"),
+                  (env_value(env, "GEOMX_NODE"), "env GEOMX_NODE"))
     dmlc_role = None
     if name is None:
         role_src = None
         if args.role is not None:
             role, role_src = args.role, "cli --role"
-        elif _env(env, "GEOMX_ROLE") is not None:
-            role, role_src = _env(env, "GEOMX_ROLE"), "env GEOMX_ROLE"
+        elif env_value(env, "GEOMX_ROLE") is not None:
+            role, role_src = env_value(env, "GEOMX_ROLE"), "env GEOMX_ROLE"
         else:
-            dmlc_role = _role_from_dmlc(env)
+            dmlc_role = role_from_dmlc(env)
             if dmlc_role is not None:
                 role, role_src = dmlc_role
         if role is None:
@@ -426,19 +325,13 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
                               f"(or {', '.join(sorted(ROLE_ALIASES))})")
         r.sources["role"] = role_src
 
-    # -- GeoMX's counts (DMLC_NUM_*) become scenario overrides, then --set ----------------
+    # -- GeoMX's counts, switches, ... (dmlc_env) become scenario overrides, then --set ----
     overrides: list[tuple[str, str]] = []
-    overrides += _dmlc_count_overrides(env, s, role, name, args.dc)
-    overrides += _ps_lite_overrides(env)
-    try:
-        overrides += switch_overrides(env)  # MXNET_KVSTORE_USE_HFA, ... (geomx_switches.py)
-    except SwitchError as e:
-        raise ConfigError(str(e)) from None
-    overrides += _dgt_overrides(env)
+    overrides += env_overrides(env, s, role, name, args.dc)
     overrides += [(o, f"--set {o}") for o in args.overrides]
     if overrides:
         s = r.apply_overrides(overrides)
-    _check_dmlc_totals(env, s)
+    check_dmlc_totals(env, s)
 
     if name is None:
         assert role is not None
@@ -458,9 +351,10 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     # -- addresses of this node -------------------------------------------------------------
     dc_cfg = s.dc(dc)
     is_scheduler = role in ("global_scheduler", "local_scheduler")
-    iface = _env(env, "DMLC_INTERFACE")
-    host = r.pick("host", (args.host, "cli --host"), (_env(env, "GEOMX_HOST"), "env GEOMX_HOST"),
-                  (_env(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
+    iface = env_value(env, "DMLC_INTERFACE")
+    host = r.pick("host", (args.host, "cli --host"),
+                  (env_value(env, "GEOMX_HOST"), "env GEOMX_HOST"),
+                  (env_value(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
     if host is None and iface is not None:
         host = interface_ipv4(iface)
         r.sources["host"] = f"env DMLC_INTERFACE ({iface})"
@@ -474,9 +368,9 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
         r.sources["host"] = f"file dc {dc!r} host" if dc_cfg.host != "127.0.0.1" else \
             "default (dc.host)"
     host = host.strip("[]")
-    kube = _bool_env(env, "DMLC_USE_KUBERNETES")
+    kube = bool_env(env, "DMLC_USE_KUBERNETES")
     bind = r.pick("bind_host", (args.bind, "cli --bind"),
-                  (_env(env, "GEOMX_BIND_HOST"), "env GEOMX_BIND_HOST"),
+                  (env_value(env, "GEOMX_BIND_HOST"), "env GEOMX_BIND_HOST"),
                   ("0.0.0.0" if kube else None, "env DMLC_USE_KUBERNETES"),
                   (s.real.bind_host or None, r.scenario_src("real", "bind_host")))
     if bind is None:
@@ -485,26 +379,26 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     if is_scheduler:
         port = int(book[name].rpartition(":")[2])
         r.sources["port"] = r.sources.get(f"scheduler {name}", "its scheduler address")
-        given = args.port if args.port is not None else _int_env(env, "GEOMX_PORT", 0, 65535)
+        given = args.port if args.port is not None else int_env(env, "GEOMX_PORT", 0, 65535)
         if given not in (None, 0, port):
             raise ConfigError(f"{name} is a scheduler and listens on its rendezvous port {port}; "
                               f"--port/GEOMX_PORT = {given} disagrees (set the scheduler address "
                               "instead)")
     else:
         port = r.pick("port", (args.port, "cli --port"),
-                      (_int_env(env, "GEOMX_PORT", 0, 65535), "env GEOMX_PORT"),
-                      (_int_env(env, "PORT", 0, 65535), "env PORT (ps-lite)"))
+                      (int_env(env, "GEOMX_PORT", 0, 65535), "env GEOMX_PORT"),
+                      (int_env(env, "PORT", 0, 65535), "env PORT (ps-lite)"))
         if port is None:
             port = 0
             r.sources["port"] = "default (any free port)"
 
     # -- run folder, clock ----------------------------------------------------------------------
     run_dir = r.pick("run_dir", (args.run_dir, "cli --run-dir"),
-                     (_env(env, "GEOMX_RUN_DIR"), "env GEOMX_RUN_DIR"))
+                     (env_value(env, "GEOMX_RUN_DIR"), "env GEOMX_RUN_DIR"))
     if run_dir is None:
         run_dir = str(Path(s.run.out_dir) / s.run.name)
         r.sources["run_dir"] = "default (<run.out_dir>/<run.name>)"
-    epoch_env = _env(env, "GEOMX_START_EPOCH")
+    epoch_env = env_value(env, "GEOMX_START_EPOCH")
     epoch_val = None
     if epoch_env is not None:
         try:
@@ -523,7 +417,7 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     secret = _resolve_secret(r, s, env)
     tls = _resolve_tls(r, s, env)
     shape = r.pick("shape", (args.shape, "cli --shape/--no-shape"),
-                   (_bool_env(env, "GEOMX_SHAPE"), "env GEOMX_SHAPE"),
+                   (bool_env(env, "GEOMX_SHAPE"), "env GEOMX_SHAPE"),
                    (s.real.shape, r.scenario_src("real", "shape")))
     r.sources["connect_timeout_s"] = r.scenario_src("real", "connect_timeout")
     return NodeConfig(scenario=s, name=name, role=role, dc=dc, run_dir=Path(run_dir), book=book,
@@ -535,143 +429,9 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
 
 # ------------------------------------------------------------------ pieces of the resolver
 
-def _split_name(name: str) -> tuple[str | None, str | None]:
-    """(role, dc) read off a node name's shape, without a scenario (dc None if central)."""
-    fixed = {"gh": "global_scheduler", "mw": "master_worker", "ss": "state_server"}
-    if name in fixed:
-        return fixed[name], None
-    kind, _, rest = name.partition(":")
-    if kind == "gs":
-        return "global_server", None
-    if kind in ("lh", "ls"):
-        return ("local_scheduler" if kind == "lh" else "local_server"), rest or None
-    if kind == "w":
-        return "worker", rest.rpartition(":")[0] or None
-    return None, None
-
-
-def _dmlc_count_overrides(env: Mapping[str, str], s: Scenario, role: str | None,
-                          name: str | None, dc_flag: str | None) -> list[tuple[str, str]]:
-    """GeoMX's per-process counts as ``--set`` assignments (geomx-behaviour.md §5)."""
-    out: list[tuple[str, str]] = []
-    central = s.central_dc.name
-    if _bool_env(env, "DMLC_ENABLE_CENTRAL_WORKER"):
-        raise ConfigError("DMLC_ENABLE_CENTRAL_WORKER=1: workers in the central DC are not "
-                          "supported by geomx yet; allowed: 0 or unset")
-    if _env(env, "DMLC_LOCAL") not in (None, "0"):
-        raise ConfigError("DMLC_LOCAL: ipc:// transport is not supported; geomx always uses "
-                          "TCP (loopback on one host); allowed: 0 or unset")
-    n_gs = _int_env(env, "DMLC_NUM_GLOBAL_SERVER", 1, 45)
-    if n_gs is not None:
-        out.append((f"dc.{central}.global_servers={n_gs}", "env DMLC_NUM_GLOBAL_SERVER"))
-    dc = dc_flag or _env(env, "GEOMX_DC")
-    if name is not None:
-        role, dc = _split_name(name)
-    if dc is None and role not in CENTRAL_ROLES:
-        dc = _dc_from_root(env, s)
-    central_role = role in CENTRAL_ROLES or dc == central
-    n_server = _int_env(env, "DMLC_NUM_SERVER", 1, 45)
-    n_worker = _int_env(env, "DMLC_NUM_WORKER", 1, 100000)
-    if n_server is not None and role is not None:
-        if central_role:
-            if n_gs is not None and n_gs != n_server:
-                raise ConfigError(f"DMLC_NUM_SERVER={n_server} and DMLC_NUM_GLOBAL_SERVER={n_gs} "
-                                  "disagree; in the central DC the servers are the global servers")
-            out.append((f"dc.{central}.global_servers={n_server}", "env DMLC_NUM_SERVER"))
-        elif n_server != 1:
-            raise ConfigError(f"DMLC_NUM_SERVER={n_server}: a party DC has exactly one local "
-                              "server (GeoMX checks this too); allowed: 1")
-    if n_worker is not None and role is not None:
-        if central_role:
-            if n_worker != 1:
-                raise ConfigError(f"DMLC_NUM_WORKER={n_worker} on a central-DC process: the "
-                                  "central DC's only worker is the master worker; allowed: 1")
-        elif dc is not None:
-            out.append((f"dc.{dc}.workers={n_worker}", "env DMLC_NUM_WORKER"))
-    return out
-
-
-def _ps_lite_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    out = []
-    for var, key in (("PS_HEARTBEAT_INTERVAL", "heartbeat_interval"),
-                     ("PS_HEARTBEAT_TIMEOUT", "heartbeat_timeout")):
-        v = _env(env, var)
-        if v is not None:
-            try:
-                seconds = float(v)
-            except ValueError:
-                raise ConfigError(f"{var}={v!r}: expected seconds (a number)") from None
-            out.append((f"membership.{key}={seconds!r}", f"env {var}"))
-    return out
-
-
-#: GeoMX's DGT switches (geomx-behaviour.md §4.4) -> ``[sched]`` keys; the scenario
-#: validates the values (an error names the variable and the field).
-DGT_ENV = (
-    ("ENABLE_DGT", "dgt"),
-    ("DMLC_K", "dgt_k"),
-    ("DMLC_K_MIN", "dgt_k_min"),
-    ("ADAPTIVE_K_FLAG", "dgt_adaptive_k"),
-    ("DMLC_UDP_CHANNEL_NUM", "dgt_channels"),
-    ("DGT_BLOCK_SIZE", "dgt_block_size"),
-    ("DGT_CONTRIBUTION_ALPHA", "dgt_alpha"),
-)
-#: ENABLE_DGT's values: 1 UDP channels, 2 prioritised TCP, 3 TCP + 4-bit quantisation
-DGT_MODE_OF_ENV = {"0": "off", "1": "udp", "2": "tcp", "3": "quant"}
-
-
-def _dgt_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
-    out = []
-    for var, key in DGT_ENV:
-        v = _env(env, var)
-        if v is None:
-            continue
-        if var == "ENABLE_DGT":
-            if v not in DGT_MODE_OF_ENV:
-                raise ConfigError(f"ENABLE_DGT={v!r}; allowed: 0 (off), 1 (udp), 2 (tcp), "
-                                  "3 (quant)")
-            v = f'"{DGT_MODE_OF_ENV[v]}"'
-        elif var == "ADAPTIVE_K_FLAG":
-            b = _bool_env(env, var)
-            v = "true" if b else "false"
-        out.append((f"sched.{key}={v}", f"env {var}"))
-    return out
-
-
-def _check_dmlc_totals(env: Mapping[str, str], s: Scenario) -> None:
-    n = _int_env(env, "DMLC_NUM_GLOBAL_WORKER", 1, 1000)
-    parties = [d.name for d in s.party_dcs]
-    if n is not None and n != len(parties):
-        raise ConfigError(f"DMLC_NUM_GLOBAL_WORKER={n} (the number of party DCs) but the "
-                          f"scenario has {len(parties)}: {', '.join(parties)}")
-    n = _int_env(env, "DMLC_NUM_ALL_WORKER", 1, 10**7)
-    if n is not None and n != s.num_all_workers:
-        per = ", ".join(f"{d.name}={d.workers}" for d in s.party_dcs)
-        raise ConfigError(f"DMLC_NUM_ALL_WORKER={n} but the scenario has {s.num_all_workers} "
-                          f"workers ({per}); every process must see the same topology")
-
-
-def _dc_from_root(env: Mapping[str, str], s: Scenario) -> str | None:
-    """The DC whose local scheduler port is DMLC_PS_ROOT_PORT (GeoMX's demo: 9093 is the
-    central DC's, 9094 and 9095 the parties'), narrowed by DMLC_PS_ROOT_URI if needed."""
-    port = _int_env(env, "DMLC_PS_ROOT_PORT", 1, 65535)
-    if port is None:
-        return None
-    uri = _env(env, "DMLC_PS_ROOT_URI")
-    base = s.real.port_base or GEOMX_DEFAULT_PORT_BASE
-    matches = []
-    for i, d in enumerate(s.dcs):
-        p = (d.scheduler_port if not d.central else 0) or base + 1 + i
-        if p == port:
-            matches.append(d)
-    if len(matches) > 1 and uri is not None:
-        matches = [d for d in matches if d.host == uri] or matches
-    return matches[0].name if len(matches) == 1 else None
-
-
 def _resolve_dc(r: _Resolver, s: Scenario, role: str, env: Mapping[str, str]) -> str:
     names = [d.name for d in s.dcs]
-    given = r.pick("dc", (r.a.dc, "cli --dc"), (_env(env, "GEOMX_DC"), "env GEOMX_DC"))
+    given = r.pick("dc", (r.a.dc, "cli --dc"), (env_value(env, "GEOMX_DC"), "env GEOMX_DC"))
     central = s.central_dc.name
     if given is not None and given not in names:
         raise ConfigError(f"DC {given!r} (from {r.sources['dc']}); allowed: {', '.join(names)}")
@@ -682,7 +442,7 @@ def _resolve_dc(r: _Resolver, s: Scenario, role: str, env: Mapping[str, str]) ->
         return central
     if given is not None:
         return given
-    dc = _dc_from_root(env, s)
+    dc = dc_from_root(env, s)
     if dc is not None:
         r.sources["dc"] = "env DMLC_PS_ROOT_URI/PORT (matches the DC's scheduler port)"
         return dc
@@ -711,8 +471,8 @@ def _name_for(r: _Resolver, s: Scenario, role: str, dc: str, env: Mapping[str, s
                               "add DMLC_ROLE_GLOBAL=global_server (or --role global_server)")
         return f"ls:{dc}"
     count = s.central_dc.global_servers if role == "global_server" else s.dc(dc).workers
-    rank = r.pick("rank", (r.a.rank, "cli --rank"), (_int_env(env, "GEOMX_RANK", 0, 10**6),
-                                                     "env GEOMX_RANK"))
+    rank = r.pick("rank", (r.a.rank, "cli --rank"),
+                  (int_env(env, "GEOMX_RANK", 0, 10**6), "env GEOMX_RANK"))
     if rank is None:
         rank = 0
         if count != 1:
@@ -767,23 +527,10 @@ def _resolve_book(r: _Resolver, s: Scenario, name: str, dc: str, role: str,
             raise ConfigError(f"{var}: no scheduler {suffix!r} in this scenario; "
                               f"allowed: {allowed}")
         env_book[target] = (value.strip(), f"env {var}")
-    if _env(env, "GEOMX_GLOBAL_SCHEDULER") is not None and "gh" not in env_book:
-        env_book["gh"] = (_env(env, "GEOMX_GLOBAL_SCHEDULER"), "env GEOMX_GLOBAL_SCHEDULER")
-    g_port = _int_env(env, "DMLC_PS_GLOBAL_ROOT_PORT", 1, 65535)
-    g_uri = _env(env, "DMLC_PS_GLOBAL_ROOT_URI")
+    if env_value(env, "GEOMX_GLOBAL_SCHEDULER") is not None and "gh" not in env_book:
+        env_book["gh"] = (env_value(env, "GEOMX_GLOBAL_SCHEDULER"), "env GEOMX_GLOBAL_SCHEDULER")
     files = file_scheduler_addresses(s)
-    dmlc: dict[str, tuple[str, str]] = {}
-    if g_port is not None or g_uri is not None:
-        host0, _, port0 = files["gh"][0].rpartition(":")
-        dmlc["gh"] = (f"{g_uri or host0}:{g_port or port0}", "env DMLC_PS_GLOBAL_ROOT_URI/PORT")
-    root_port = _int_env(env, "DMLC_PS_ROOT_PORT", 1, 65535)
-    root_uri = _env(env, "DMLC_PS_ROOT_URI")
-    own_lh = f"lh:{dc}"
-    if (root_port is not None or root_uri is not None) and own_lh in known \
-            and role not in CENTRAL_ROLES:
-        host0, _, port0 = files[own_lh][0].rpartition(":")
-        dmlc[own_lh] = (f"{root_uri or host0}:{root_port or port0}",
-                        "env DMLC_PS_ROOT_URI/PORT")
+    dmlc = dmlc_scheduler_addresses(env, files, known, dc, role)
     out: dict[str, str] = {}
     for sched in known:
         for layer in (cli, env_book, dmlc, files):
@@ -799,8 +546,8 @@ def _resolve_secret(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> bytes 
     a = r.a
     path = a.secret_file
     src = "cli --secret-file"
-    if path is None and _env(env, "GEOMX_SECRET_FILE") is not None:
-        path, src = _env(env, "GEOMX_SECRET_FILE"), "env GEOMX_SECRET_FILE"
+    if path is None and env_value(env, "GEOMX_SECRET_FILE") is not None:
+        path, src = env_value(env, "GEOMX_SECRET_FILE"), "env GEOMX_SECRET_FILE"
     if path is not None:
         try:
             data = Path(path).read_bytes().rstrip(b"\r\n")
@@ -811,7 +558,7 @@ def _resolve_secret(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> bytes 
         r.sources["secret"] = src
         return data
     var = r.pick("secret_env", (a.secret_env, "cli --secret-env"),
-                 (_env(env, "GEOMX_SECRET_ENV"), "env GEOMX_SECRET_ENV"),
+                 (env_value(env, "GEOMX_SECRET_ENV"), "env GEOMX_SECRET_ENV"),
                  (s.security.secret_env, r.scenario_src("security", "secret_env")))
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
         raise ConfigError(f"secret variable name {var!r} (from {r.sources['secret_env']}): "
@@ -830,13 +577,13 @@ def _resolve_secret(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> bytes 
 def _resolve_tls(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> TlsFiles | None:
     a, sec = r.a, s.security
     on = r.pick("tls", (a.tls, "cli --tls/--no-tls"),
-                (_bool_env(env, "GEOMX_TLS"), "env GEOMX_TLS"),
+                (bool_env(env, "GEOMX_TLS"), "env GEOMX_TLS"),
                 (sec.tls, r.scenario_src("security", "tls")))
     if not on:
         return None
 
     def path(key: str, flag: str | None, var: str, file_value: str) -> str:
-        v = r.pick(f"tls_{key}", (flag, f"cli --tls-{key}"), (_env(env, var), f"env {var}"),
+        v = r.pick(f"tls_{key}", (flag, f"cli --tls-{key}"), (env_value(env, var), f"env {var}"),
                    (file_value or None, r.scenario_src("security", f"tls_{key}")))
         if v is None:
             return ""
@@ -852,8 +599,8 @@ def _resolve_tls(r: _Resolver, s: Scenario, env: Mapping[str, str]) -> TlsFiles 
         raise ConfigError(f"TLS is on (from {r.sources['tls']}) but {' and '.join(missing)} "
                           "is not set; give [security].tls_cert/tls_key, GEOMX_TLS_CERT/"
                           "GEOMX_TLS_KEY or --tls-cert/--tls-key")
-    verify = _bool_env(env, "GEOMX_TLS_VERIFY_CLIENTS")
-    check = _bool_env(env, "GEOMX_TLS_CHECK_HOSTNAME")
+    verify = bool_env(env, "GEOMX_TLS_VERIFY_CLIENTS")
+    check = bool_env(env, "GEOMX_TLS_CHECK_HOSTNAME")
     tls = TlsFiles(cert=cert, key=key, ca=ca,
                    verify_clients=sec.tls_verify_clients if verify is None else verify,
                    check_hostname=sec.tls_check_hostname if check is None else check)

@@ -8,7 +8,7 @@ Accepting such a variable silently is the worst outcome (a ``cnn_hfa.py`` job wi
 sync), so every switch in :data:`SWITCHES` either becomes the ``--set`` override of the
 field it means, or is refused with an error that names the field to use instead.
 
-One row per variable; ``geomx node`` (``runtime/config.py``) and ``geomx run``/``launch``
+One row per variable; ``geomx node`` (``runtime/dmlc_env.py``) and ``geomx run``/``launch``
 (``cli.py``, so the emulator runs what the processes would) apply the same table.
 P3, DGT and TSEngine switches are added by their schedulers' modules.
 """

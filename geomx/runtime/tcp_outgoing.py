@@ -1,0 +1,405 @@
+"""The sending side of the TCP transport: one queue per (peer, channel), batching, pacing.
+
+ps-lite's ``ZMQVan`` keeps one sender socket per peer (``senders_``), connected on
+demand by ``Van::Connect``, and ``SendMsg`` writes a message's parts onto it. geomx
+keeps that shape and adds what ZeroMQ used to do for it. This module owns
+
+* :class:`Outgoing`, one per (peer, reliable channel): the lazy connection (address from
+  :mod:`geomx.runtime.membership`, retries with exponential backoff, then a
+  ConnectionError naming the peer; the handshake itself is
+  :func:`geomx.runtime.tcp_handshake.client_handshake`), the send queue ordered by
+  priority (FIFO among equals) with its byte limit and back-pressure, the writer task,
+  the fast path that writes an idle connection's message at once, shaped pacing
+  through the :class:`~geomx.runtime.shaper.DelayLine`, and what happens when the
+  connection breaks (queued messages dropped, counted and logged);
+* :func:`batches` (unshaped messages written in ``WRITE_BATCH_BYTES`` slices, waiting
+  for the socket in between) and :func:`pieces` (shaped traffic paced in
+  ``SHAPED_PIECE_BYTES`` pieces), both zero-copy views of the frames.
+
+The transport (:class:`OutgoingOwner`) provides its settings, counters and addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import ssl
+from collections import deque
+from collections.abc import Iterator
+from typing import Protocol
+
+from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
+from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner, PeerCounters
+from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
+
+# the transport's logger: these messages have always been the TCP transport's
+log = logging.getLogger("geomx.runtime.tcp")
+
+DEFAULT_SEND_QUEUE_LIMIT_BYTES = 64 * 1024 * 1024
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: Messages up to this size are joined into one buffer before writing (cheaper than a
+#: scatter write for a few hundred bytes).
+SMALL_MESSAGE_BYTES = 16 * 1024
+#: Larger messages are written in batches of this many bytes, waiting for the socket
+#: between batches: the event loop never holds more than one batch (the stock asyncio
+#: loop and TLS transports copy what they are given; uvloop keeps zero-copy views).
+WRITE_BATCH_BYTES = 4 * 1024 * 1024
+#: Piece size used to pace shaped traffic.
+SHAPED_PIECE_BYTES = 64 * 1024
+#: First and largest wait between connection attempts.
+CONNECT_BACKOFF_S = (0.05, 1.0)
+
+
+class OutgoingOwner(ConnOwner, Protocol):
+    """What an :class:`Outgoing` needs from the transport that owns it."""
+
+    name: str
+    shaper: Shaper | None
+    secret: bytes | None
+    ssl_client: ssl.SSLContext | None
+    send_queue_limit_bytes: int
+    connect_timeout_s: float
+    handshake_timeout_s: float
+    closed: bool
+    _dropped: int
+
+    async def address_of(self, peer: str) -> tuple[str, int]: ...
+
+    def _counters(self, peer: str) -> PeerCounters: ...
+
+
+def batches(frames: list, size: int) -> Iterator[list]:
+    """Group ``frames`` into lists of zero-copy views of at most ``size`` bytes each."""
+    batch: list = []
+    room = size
+    for f in frames:
+        mv = memoryview(f)
+        n = mv.nbytes
+        off = 0
+        while off < n:
+            take = min(room, n - off)
+            batch.append(mv[off:off + take] if take != n else mv)
+            off += take
+            room -= take
+            if room == 0:
+                yield batch
+                batch, room = [], size
+    if batch:
+        yield batch
+
+
+def pieces(frames: list, size: int) -> Iterator[memoryview]:
+    """``frames`` as zero-copy views of at most ``size`` bytes each (for pacing)."""
+    for f in frames:
+        mv = memoryview(f)
+        n = mv.nbytes
+        if n <= size:
+            yield mv
+        else:
+            for off in range(0, n, size):
+                yield mv[off:off + size]
+
+
+class Outgoing:
+    """The sending side of one (peer, channel): connection, priority queue, writer task."""
+
+    def __init__(self, tr: OutgoingOwner, peer: str, channel: int):
+        self.tr = tr
+        self.peer = peer
+        self.channel = channel
+        self.proto: Conn | None = None
+        self._connecting: asyncio.Task | None = None
+        self.heap: list[tuple[int, int, list, int]] = []
+        self._seq = itertools.count()
+        self.queued_bytes = 0
+        self.peak_queued_bytes = 0
+        self._waiters: deque[tuple[int, asyncio.Future]] = deque()
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._writer: asyncio.Task | None = None
+        self._line: DelayLine | None = None
+        self.link: ShapedLink | None = tr.shaper.link(peer) if tr.shaper is not None else None
+        self._flow = self.link.flow_bucket() if self.link is not None else None
+        self.generation = 0  # bumped by fail(): byte counts from before belong to no one
+
+    # -- connection -------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        return self.proto is not None and self.proto.state == OPEN
+
+    async def ready(self) -> None:
+        if self.is_open:
+            return
+        task = self._connecting
+        if task is None:
+            task = self._connecting = asyncio.get_running_loop().create_task(
+                self._connect(), name=f"{self.tr.name}->{self.peer}/ch{self.channel}:connect")
+            task.add_done_callback(self._connect_done)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                # the connection attempt was abandoned by close(), not this caller
+                raise ConnectionError(f"{self.tr.name}: transport closed while connecting to "
+                                      f"{self.peer!r}") from None
+            raise
+
+    def _connect_done(self, task: asyncio.Task) -> None:
+        self._connecting = None
+        if not task.cancelled():
+            task.exception()  # retrieved: the awaiting senders re-raise it
+
+    async def _connect(self) -> None:
+        tr = self.tr
+        loop = asyncio.get_running_loop()
+        host, port = await tr.address_of(self.peer)
+        deadline = loop.time() + tr.connect_timeout_s
+        backoff, max_backoff = CONNECT_BACKOFF_S
+        attempts = 0
+        hint = ""
+        while True:
+            attempts += 1
+            last: BaseException | None = None
+            proto: Conn | None = None
+            try:
+                _, proto = await asyncio.wait_for(loop.create_connection(
+                    lambda: Conn(tr, incoming=False, label=f"{host}:{port}"), host, port,
+                    ssl=tr.ssl_client, server_hostname=host if tr.ssl_client else None),
+                    timeout=max(0.01, deadline - loop.time()))
+                await asyncio.wait_for(client_handshake(proto, name=tr.name, peer=self.peer,
+                                                        channel=self.channel, secret=tr.secret,
+                                                        host=host, port=port),
+                                       timeout=min(tr.handshake_timeout_s,
+                                                   max(0.01, deadline - loop.time())))
+            except HandshakeRefused:
+                if proto is not None:
+                    proto.abort()
+                raise
+            except ssl.SSLError as e:
+                if proto is not None:
+                    proto.abort()
+                raise HandshakeRefused(f"{tr.name}: TLS with {self.peer!r} at {host}:{port} "
+                                       f"failed: {e}") from None
+            except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+                hint = ""
+                if proto is not None:  # TCP connected, the handshake did not complete
+                    proto.abort()
+                    hint = (" (the TCP connection opened but the handshake did not complete: "
+                            "does one side use TLS and the other not?)")
+                last = e
+            else:
+                proto.out = self
+                self.proto = proto
+                self._start_writer()
+                log.debug("%s: connected to %s at %s:%d, channel %d", tr.name, self.peer, host,
+                          port, self.channel)
+                return
+            if loop.time() + backoff > deadline or tr.closed:
+                raise ConnectionError(
+                    f"{tr.name}: cannot reach peer {self.peer!r} at {host}:{port} (channel "
+                    f"{self.channel}) after {attempts} attempt(s) in {tr.connect_timeout_s:g} s: "
+                    f"{type(last).__name__}: {last}{hint}")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+
+    # -- queue and back-pressure --------------------------------------------------------
+    async def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` fit under the send-queue limit, then count them as queued."""
+        limit = self.tr.send_queue_limit_bytes
+        if not self._waiters and (self.queued_bytes == 0 or self.queued_bytes + nbytes <= limit):
+            self._add_queued(nbytes)
+            return
+        fut = asyncio.get_running_loop().create_future()
+        entry = (nbytes, fut)
+        self._waiters.append(entry)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self._release(nbytes)  # it was admitted just as we were cancelled
+            else:
+                try:
+                    self._waiters.remove(entry)
+                except ValueError:
+                    pass
+            raise
+
+    def _add_queued(self, nbytes: int) -> None:
+        self.queued_bytes += nbytes
+        if self.queued_bytes > self.peak_queued_bytes:
+            self.peak_queued_bytes = self.queued_bytes
+        self._idle.clear()
+
+    def _release(self, nbytes: int) -> None:
+        self.queued_bytes -= nbytes
+        limit = self.tr.send_queue_limit_bytes
+        while self._waiters:
+            n, fut = self._waiters[0]
+            if fut.done():
+                self._waiters.popleft()
+                continue
+            if self.queued_bytes and self.queued_bytes + n > limit:
+                break
+            self._waiters.popleft()
+            self._add_queued(n)
+            fut.set_result(None)
+        if self.queued_bytes == 0 and not self.heap:
+            self._idle.set()
+
+    def idle_unshaped(self) -> bool:
+        """True when a message may be written at once: unshaped, open, nothing queued."""
+        proto = self.proto
+        return (self.link is None and self.queued_bytes == 0 and not self.heap
+                and not self._waiters and proto is not None and proto.state == OPEN
+                and not proto.write_paused)
+
+    async def write_now(self, frames: list, nbytes: int) -> None:
+        """Write directly (see :meth:`idle_unshaped`); wait for the socket if it fills up."""
+        proto = self.proto
+        if nbytes <= SMALL_MESSAGE_BYTES:  # one buffer: one immediate send() in the loop
+            proto.transport.write(b"".join(frames))  # type: ignore[union-attr]
+        else:
+            proto.transport.writelines(frames)  # type: ignore[union-attr]
+        counters = self.tr._counters(self.peer)
+        counters.msgs_sent += 1
+        counters.bytes_sent += nbytes
+        if not proto.write_paused:  # type: ignore[union-attr]
+            return
+        generation = self.generation
+        self._add_queued(nbytes)
+        try:
+            await proto.drain()  # type: ignore[union-attr]
+        except ConnectionError:
+            pass  # fail() has reset the queue and logged the loss
+        finally:
+            if generation == self.generation:
+                self._release(nbytes)
+
+    def push(self, priority: int, frames: list, nbytes: int) -> None:
+        heapq.heappush(self.heap, (-priority, next(self._seq), frames, nbytes))
+        self._wake.set()
+
+    async def flush(self) -> None:
+        await self._idle.wait()
+
+    # -- writing ----------------------------------------------------------------------
+    def _start_writer(self) -> None:
+        if self.link is not None:
+            self._line = DelayLine(self._line_write, drain=self._line_drain,
+                                   must_drain=self._line_must_drain, on_written=self._written,
+                                   on_error=self.fail,
+                                   name=f"{self.tr.name}->{self.peer}/ch{self.channel}:delay")
+        self._writer = asyncio.get_running_loop().create_task(
+            self._run(), name=f"{self.tr.name}->{self.peer}/ch{self.channel}:writer")
+
+    def _line_write(self, piece: object) -> None:
+        proto = self.proto
+        if proto is None or proto.state != OPEN:
+            raise ConnectionError(f"connection to {self.peer!r} (channel {self.channel}) lost")
+        proto.transport.write(piece)  # type: ignore[union-attr, arg-type]
+
+    async def _line_drain(self) -> None:
+        if self.proto is not None:
+            await self.proto.drain()
+
+    def _line_must_drain(self) -> bool:
+        return self.proto is not None and self.proto.write_paused
+
+    def _written(self, nbytes: int) -> None:
+        self.tr._counters(self.peer).bytes_sent += nbytes
+        self._release(nbytes)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                while not self.heap:
+                    self._wake.clear()
+                    await self._wake.wait()
+                _, _, frames, nbytes = heapq.heappop(self.heap)
+                proto = self.proto
+                if proto is None or proto.state != OPEN:
+                    raise ConnectionError(f"connection to {self.peer!r} lost")
+                counters = self.tr._counters(self.peer)
+                counters.msgs_sent += 1
+                if self.link is None:
+                    if nbytes <= WRITE_BATCH_BYTES:
+                        proto.transport.writelines(frames)  # type: ignore[union-attr]
+                        if proto.write_paused:
+                            await proto.drain()
+                    else:
+                        for batch in batches(frames, WRITE_BATCH_BYTES):
+                            if proto.state != OPEN:
+                                raise ConnectionError(f"connection to {self.peer!r} lost")
+                            proto.transport.writelines(batch)  # type: ignore[union-attr]
+                            if proto.write_paused:
+                                await proto.drain()
+                    counters.bytes_sent += nbytes
+                    self._release(nbytes)
+                    continue
+                link, flow, line = self.link, self._flow, self._line
+                delay = link.sample_delay()
+                for piece in pieces(frames, SHAPED_PIECE_BYTES):
+                    now = now_s()
+                    t_done = link.transmit(piece.nbytes, now, flow)
+                    line.put(t_done + delay, piece, piece.nbytes)  # type: ignore[union-attr]
+                    if t_done - now > PACING_LEAD_S:
+                        await asyncio.sleep(t_done - now - PACING_LEAD_S)
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionError, OSError) as e:
+            self.fail(e)
+
+    def fail(self, exc: BaseException) -> None:
+        """The connection broke: drop what is queued, wake blocked senders, reset."""
+        dropped = len(self.heap)
+        self.generation += 1
+        self.heap.clear()
+        if self._line is not None:
+            self._line.clear()
+            self._line.close()
+            self._line = None
+        if self._writer is not None and self._writer is not asyncio.current_task():
+            self._writer.cancel()
+        self._writer = None
+        proto, self.proto = self.proto, None
+        if proto is not None:
+            proto.abort()
+        self.queued_bytes = 0
+        err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
+                              f"{self.channel}) lost: {exc}")
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(err)
+        self._idle.set()
+        self.tr._dropped += dropped
+        if not self.tr.closed:
+            lvl = logging.WARNING if dropped else logging.INFO
+            log.log(lvl, "%s: connection to %s (channel %d) lost: %s; %d queued message(s) "
+                    "dropped", self.tr.name, self.peer, self.channel, exc, dropped)
+
+    def shutdown(self, abort: bool = False) -> None:
+        """Stop for good: fail blocked senders, stop the tasks, close (or abort) the socket."""
+        err = ConnectionError(f"{self.tr.name}: transport closed")
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(err)
+        if self._writer is not None:
+            self._writer.cancel()
+            self._writer = None
+        if self._line is not None:
+            self._line.close()
+            self._line = None
+        if self._connecting is not None:
+            self._connecting.cancel()
+        if self.proto is not None:
+            if abort:
+                self.proto.abort()
+            else:
+                self.proto.close()
+
