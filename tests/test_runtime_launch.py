@@ -215,8 +215,9 @@ def test_launch_with_secret_and_tls_refuses_strangers(tmp_path):
         async def all_three():
             # the TLS ones wait for gh to listen; then a client that speaks no TLS
             # all at once, while the job (60 iterations, several seconds) is still running
+            # (each waits up to 30 s for gh to listen: a loaded machine starts slowly)
             return await asyncio.gather(intrude("wrong", True, 30), intrude(None, True, 30),
-                                        intrude("right", False, 10))
+                                        intrude("right", False, 30))
         wrong, none, plain = eventloop.run(all_three())
         code = p.wait(120)
     finally:

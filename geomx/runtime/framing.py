@@ -147,14 +147,27 @@ class FrameDecoder:
 
     __slots__ = ("_on_frame", "max_frame_bytes", "_scratch", "_view", "_start", "_end",
                  "_big", "_big_view", "_big_filled", "_big_type", "_big_flags",
-                 "frames", "bytes")
+                 "frames", "bytes", "_reserve", "_release", "waiting", "_parsing",
+                 "_grow_to")
 
     def __init__(self, on_frame: Callable[[int, int, Body], None], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 scratch_bytes: int = SCRATCH_BYTES):
+                 scratch_bytes: int = SCRATCH_BYTES,
+                 reserve: Callable[[int], bool] | None = None,
+                 release: Callable[[int], None] | None = None):
+        """``reserve(n)`` / ``release(n)``: the owner's budget for bodies of large frames
+        held while they arrive (see :class:`geomx.runtime.tcp.TcpTransport`). When
+        ``reserve`` says no, parsing stops with ``waiting`` set (the frame's first bytes
+        stay in the scratch buffer); the owner stops reading and calls :meth:`retry`
+        once budget is released."""
         if scratch_bytes < 4096:
             raise ValueError("scratch_bytes must be >= 4096")
         self._on_frame = on_frame
+        self._reserve = reserve
+        self._release = release
+        self.waiting = False
+        self._parsing = False
+        self._grow_to = 0
         self.max_frame_bytes = max_frame_bytes
         self._scratch = bytearray(scratch_bytes)
         self._view = memoryview(self._scratch)
@@ -184,10 +197,40 @@ class FrameDecoder:
                 self._big = self._big_view = None
                 self.frames += 1
                 self.bytes += PREAMBLE_BYTES + len(body)  # type: ignore[arg-type]
+                if self._release is not None:
+                    self._release(len(body))  # type: ignore[arg-type]
                 self._on_frame(ftype, flags, body)  # type: ignore[arg-type]
             return
         self._end += nbytes
         self._parse()
+
+    def retry(self) -> None:
+        """Parse again after :attr:`waiting` (the owner released budget)."""
+        if self.waiting and self._big_view is None:
+            self._parse()
+
+    def abandon(self) -> None:
+        """The connection is gone: give back the budget of a frame still arriving."""
+        if self._big_view is not None:
+            if self._release is not None:
+                self._release(len(self._big_view))
+            self._big = self._big_view = None
+        self.waiting = False
+
+    def grow(self, scratch_bytes: int) -> None:
+        """Use a larger scratch buffer from now on (a connection that passed its handshake:
+        until then it holds only a small one, so unauthenticated connections cost little).
+        Deferred to the end of a parse in progress."""
+        if scratch_bytes <= len(self._scratch):
+            return
+        if self._parsing or self._big_view is not None:
+            self._grow_to = max(self._grow_to, scratch_bytes)
+            return
+        n = self._end - self._start
+        new = bytearray(scratch_bytes)
+        new[:n] = self._view[self._start:self._end]
+        self._scratch, self._view = new, memoryview(new)
+        self._start, self._end = 0, n
 
     def pending_bytes(self) -> int:
         """Bytes of an incomplete frame held right now (0 at a frame boundary)."""
@@ -214,6 +257,16 @@ class FrameDecoder:
         self._start, self._end = 0, n
 
     def _parse(self) -> None:
+        self._parsing = True
+        try:
+            self._parse_frames()
+        finally:
+            self._parsing = False
+        if self._grow_to:
+            size, self._grow_to = self._grow_to, 0
+            self.grow(size)
+
+    def _parse_frames(self) -> None:
         scratch = self._scratch
         view = self._view
         cap = len(scratch)
@@ -236,7 +289,12 @@ class FrameDecoder:
                 self._on_frame(ftype, flags, body)
                 continue
             if total > cap:
-                # A large frame: a buffer of its own, filled straight from the socket.
+                # A large frame: a buffer of its own, filled straight from the socket --
+                # within the owner's budget for frames in flight, or wait for it
+                if self._reserve is not None and not self._reserve(length):
+                    self.waiting = True
+                    return
+                self.waiting = False
                 big = np.empty(length, dtype=np.uint8)
                 big_view = memoryview(big)
                 got = have - PREAMBLE_BYTES

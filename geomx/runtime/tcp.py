@@ -83,7 +83,7 @@ from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, Body
 from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, UnknownPeer,
                                       parse_address)
 from geomx.runtime.shaper import Shaper
-from geomx.runtime.tcp_conn import WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
+from geomx.runtime.tcp_conn import CLOSED, HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
                                          MAX_NAME_BYTES, HandshakeRefused, serve_handshake)
 from geomx.runtime.tcp_outgoing import (CONNECT_BACKOFF_S, DEFAULT_CONNECT_TIMEOUT_S,
@@ -104,6 +104,15 @@ __all__ = [
 log = logging.getLogger("geomx.runtime.tcp")
 
 DEFAULT_RECV_QUEUE_LIMIT_BYTES = 256 * 1024 * 1024
+#: Bodies of large frames held while they arrive, summed over every connection: a frame
+#: that would go past it waits (its connection stops reading) until another completes.
+#: One frame alone is always admitted, so no message is too big to ever arrive.
+DEFAULT_MAX_PARTIAL_FRAME_BYTES = 1 << 30
+#: Incoming connections at once, and of those still in their handshake: more are refused
+#: (a job has a few connections per peer and channel; a stranger opening thousands must
+#: not cost memory).
+DEFAULT_MAX_INCOMING_CONNECTIONS = 1024
+DEFAULT_MAX_PENDING_HANDSHAKES = 64
 
 
 class TcpTransport:
@@ -129,7 +138,10 @@ class TcpTransport:
                  udp: bool = True,
                  udp_chunk_bytes: int = DEFAULT_CHUNK_PAYLOAD_BYTES,
                  udp_reassembly_timeout_s: float = DEFAULT_REASSEMBLY_TIMEOUT_S,
-                 advertise_host: str | None = None):
+                 advertise_host: str | None = None,
+                 max_partial_frame_bytes: int = DEFAULT_MAX_PARTIAL_FRAME_BYTES,
+                 max_incoming_connections: int = DEFAULT_MAX_INCOMING_CONNECTIONS,
+                 max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES):
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"node name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
         if not 0 <= port < 65536:
@@ -141,7 +153,10 @@ class TcpTransport:
                          ("recv_queue_limit_bytes", recv_queue_limit_bytes),
                          ("connect_timeout_s", connect_timeout_s),
                          ("address_wait_s", address_wait_s),
-                         ("handshake_timeout_s", handshake_timeout_s)):
+                         ("handshake_timeout_s", handshake_timeout_s),
+                         ("max_partial_frame_bytes", max_partial_frame_bytes),
+                         ("max_incoming_connections", max_incoming_connections),
+                         ("max_pending_handshakes", max_pending_handshakes)):
             if not v > 0:
                 raise ValueError(f"{label} must be > 0, got {v!r}")
         self.name = name
@@ -167,6 +182,12 @@ class TcpTransport:
         self._server: asyncio.AbstractServer | None = None
         self._out: dict[tuple[str, int], Outgoing] = {}
         self._incoming: set[Conn] = set()
+        self.max_partial_frame_bytes = max_partial_frame_bytes
+        self.max_incoming_connections = max_incoming_connections
+        self.max_pending_handshakes = max_pending_handshakes
+        self._partial_frame_bytes = 0
+        self._budget_waiters: deque[Conn] = deque()
+        self._conn_limit_refusals = 0
         self._tasks: set[asyncio.Task] = set()
         self._peers: dict[str, PeerCounters] = {}
         self._rejects = RejectLog(name, log)
@@ -362,9 +383,7 @@ class TcpTransport:
         self._inbox_bytes -= n
         if self._paused and self._inbox_bytes <= self.recv_queue_limit_bytes // 2:
             for c in self._paused:
-                c.reading_paused = False
-                if c.transport is not None and not c.transport.is_closing():
-                    c.transport.resume_reading()
+                c.unpause("inbox")
             self._paused.clear()
         return msg
 
@@ -389,10 +408,9 @@ class TcpTransport:
             return
         counters.msgs_received += 1
         self._deliver(msg, len(body))
-        if self._inbox_bytes > self.recv_queue_limit_bytes and not conn.reading_paused:
-            conn.reading_paused = True
+        if self._inbox_bytes > self.recv_queue_limit_bytes and conn not in self._paused:
             self._paused.add(conn)
-            conn.transport.pause_reading()  # type: ignore[union-attr]
+            conn.pause("inbox")
 
     def _on_udp_message(self, msg: Message, nbytes: int) -> None:
         if self._inbox_bytes + nbytes > self.recv_queue_limit_bytes:
@@ -409,6 +427,17 @@ class TcpTransport:
         if self.closed:
             conn.abort()
             return
+        pending = sum(1 for c in self._incoming if c.state == HANDSHAKE)
+        if len(self._incoming) >= self.max_incoming_connections \
+                or pending >= self.max_pending_handshakes:
+            self._conn_limit_refusals += 1
+            what = ("connections" if len(self._incoming) >= self.max_incoming_connections
+                    else "handshakes in progress")
+            self._rejects.reject(conn.label, f"too many {what} (limit "
+                                 f"{self.max_incoming_connections} connections, "
+                                 f"{self.max_pending_handshakes} handshakes)", "conn_limit")
+            conn.abort()
+            return
         self._incoming.add(conn)
         task = asyncio.get_running_loop().create_task(self._serve_handshake(conn),
                                                       name=f"{self.name}:handshake")
@@ -422,6 +451,30 @@ class TcpTransport:
 
     def _count_refused(self) -> None:
         self._refused += 1
+
+    # -- budget of large frames in flight (FrameDecoder's reserve/release) ---------------
+    def _reserve_frame(self, nbytes: int) -> bool:
+        if self._partial_frame_bytes and \
+                self._partial_frame_bytes + nbytes > self.max_partial_frame_bytes:
+            return False
+        self._partial_frame_bytes += nbytes
+        return True
+
+    def _release_frame(self, nbytes: int) -> None:
+        self._partial_frame_bytes -= nbytes
+        while self._budget_waiters:
+            conn = self._budget_waiters[0]
+            if conn.state == CLOSED:
+                self._budget_waiters.popleft()
+                continue
+            conn.decoder.retry()  # may deliver frames, may reserve
+            if conn.decoder.waiting:
+                break  # still no room: first in line keeps its place
+            self._budget_waiters.popleft()
+            conn.unpause("budget")
+
+    def _wait_for_frame_budget(self, conn: Conn) -> None:
+        self._budget_waiters.append(conn)
 
     def _conn_lost(self, conn: Conn, exc: Exception | None) -> None:
         if conn.incoming:
@@ -453,7 +506,8 @@ class TcpTransport:
             "msgs_received": sum(c["msgs_received"] for c in peers.values()),
             "rejected_frames": self._rejects.total,
             "rejected": dict(self._rejects.categories),
-            "refused_connections": self._refused,
+            "refused_connections": self._refused + self._conn_limit_refusals,
+            "partial_frame_bytes": self._partial_frame_bytes,
             "dropped_messages": self._dropped,
             "queued_bytes": sum(o.queued_bytes for o in outs),
             "max_queued_bytes": max((o.peak_queued_bytes for o in outs), default=0),

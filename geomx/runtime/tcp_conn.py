@@ -31,6 +31,9 @@ from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRAT
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
 
+#: Scratch buffer of a connection before its handshake completes (then SCRATCH_BYTES).
+PRE_HANDSHAKE_SCRATCH_BYTES = 8192
+
 #: A connection's states: handshake frames only, then message frames, then nothing.
 HANDSHAKE, OPEN, CLOSED = 0, 1, 2
 
@@ -40,6 +43,12 @@ class ConnOwner(Protocol):
 
     max_frame_bytes: int
     _rejects: RejectLog
+
+    def _reserve_frame(self, nbytes: int) -> bool: ...
+
+    def _release_frame(self, nbytes: int) -> None: ...
+
+    def _wait_for_frame_budget(self, conn: "Conn") -> None: ...
 
     def _accepted(self, conn: "Conn") -> None: ...
 
@@ -75,9 +84,16 @@ class Conn(asyncio.BufferedProtocol):
         self.aborted = False
         self.write_paused = False
         self.reading_paused = False
-        # outgoing connections only ever read handshake frames: a small scratch will do
+        #: why reading is paused: "inbox" (the transport's inbox is full), "budget" (a
+        #: large frame waits for the transport's budget); reading resumes when none is left
+        self._pause_reasons: set[str] = set()
+        # a small scratch until the handshake is done (outgoing connections only ever read
+        # handshake frames; an unauthenticated incoming one must cost little), then
+        # SCRATCH_BYTES (open); large frames are budgeted by the transport
         self.decoder = FrameDecoder(self._on_frame, max_frame_bytes=MAX_CONTROL_FRAME_BYTES,
-                                    scratch_bytes=SCRATCH_BYTES if incoming else 8192)
+                                    scratch_bytes=PRE_HANDSHAKE_SCRATCH_BYTES,
+                                    reserve=tr._reserve_frame if incoming else None,
+                                    release=tr._release_frame if incoming else None)
         self._control: deque[tuple[int, Body]] = deque()
         self._control_waiter: asyncio.Future | None = None
         self._drain_waiter: asyncio.Future | None = None
@@ -110,6 +126,10 @@ class Conn(asyncio.BufferedProtocol):
         except FramingError as e:
             self.tr._rejects.reject(self.label, e.reason, e.category)
             self.abort()
+            return
+        if self.decoder.waiting and "budget" not in self._pause_reasons:
+            self.pause("budget")
+            self.tr._wait_for_frame_budget(self)
 
     def eof_received(self) -> bool:
         return False
@@ -120,6 +140,7 @@ class Conn(asyncio.BufferedProtocol):
         if not was_aborted and self.decoder.pending_bytes():
             self.tr._rejects.reject(self.label, "connection closed mid-frame ("
                                     + self.decoder.pending_description() + ")", "truncated")
+        self.decoder.abandon()  # its large frame's budget goes back to the transport
         err = ConnectionError(f"connection to {self.label} closed"
                               + (f": {exc}" if exc else ""))
         for fut in (self._control_waiter, self._drain_waiter):
@@ -139,6 +160,21 @@ class Conn(asyncio.BufferedProtocol):
             fut.set_result(None)
 
     # -- helpers ------------------------------------------------------------------------
+    def pause(self, reason: str) -> None:
+        """Stop reading for ``reason`` (reading resumes when every reason is lifted)."""
+        if not self._pause_reasons and self.transport is not None \
+                and not self.transport.is_closing():
+            self.transport.pause_reading()
+        self._pause_reasons.add(reason)
+        self.reading_paused = True
+
+    def unpause(self, reason: str) -> None:
+        self._pause_reasons.discard(reason)
+        if not self._pause_reasons and self.reading_paused:
+            self.reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
     async def drain(self) -> None:
         if self.state == CLOSED:
             raise ConnectionError(f"connection to {self.label} is closed")
@@ -171,6 +207,8 @@ class Conn(asyncio.BufferedProtocol):
         self.channel = channel
         self.state = OPEN
         self.decoder.max_frame_bytes = self.tr.max_frame_bytes
+        if self.incoming:
+            self.decoder.grow(SCRATCH_BYTES)
         self.label = f"{peer} ({self.label}, channel {channel})"
 
     async def next_control(self) -> tuple[int, Body]:

@@ -185,11 +185,13 @@ class Outgoing:
                 raise HandshakeRefused(f"{tr.name}: TLS with {self.peer!r} at {host}:{port} "
                                        f"failed: {e}") from None
             except (OSError, ConnectionError, asyncio.TimeoutError) as e:
-                hint = ""
                 if proto is not None:  # TCP connected, the handshake did not complete
                     proto.abort()
-                    hint = (" (the TCP connection opened but the handshake did not complete: "
-                            "does one side use TLS and the other not?)")
+                    # kept even if later attempts find nobody listening (the peer may have
+                    # finished meanwhile): it is the informative failure
+                    hint = (f" (on attempt {attempts} the TCP connection opened but the "
+                            "handshake did not complete: does one side use TLS and the "
+                            "other not?)")
                 last = e
             else:
                 proto.out = self

@@ -1,0 +1,99 @@
+"""Nothing a stranger sends can make a transport hold unbounded memory (issue 12).
+
+Without a secret (the default) anyone completes the handshake. Two ways in were open:
+thousands of connections that never finish their handshake (64 KiB of buffer each), and
+large frames announced and half sent on many connections (each held in full). Now a
+connection costs 8 KiB until its handshake is done, handshakes in progress and
+connections are capped, and bodies of large frames held while they arrive share one
+budget: a frame past it waits (its connection stops reading) until another completes or
+its connection goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tracemalloc
+
+import json
+
+import numpy as np
+
+from geomx.runtime import eventloop
+from geomx.runtime.framing import PREAMBLE, FrameType, control_frame, pack_preamble
+from geomx.runtime.tcp import TcpTransport, parse_address
+from geomx.wire import Kind, Message, Payload
+
+
+def hello(name: str, to: str = "victim") -> bytes:
+    return control_frame(FrameType.HELLO, v=1, name=name, to=to, ch=0, auth=False)
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, dict]:
+    _, ftype, _, n = PREAMBLE.unpack(await reader.readexactly(PREAMBLE.size))
+    return ftype, json.loads(await reader.readexactly(n))
+
+
+def test_connections_that_never_handshake_are_capped_and_cheap():
+    async def main():
+        victim = TcpTransport("victim", handshake_timeout_s=30, max_pending_handshakes=32,
+                              max_incoming_connections=100, udp=False)
+        await victim.start()
+        host, port = parse_address(victim.local_address())
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        conns = [await asyncio.open_connection(host, port) for _ in range(300)]
+        await asyncio.sleep(0.5)
+        held = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        stats = victim.stats()
+        assert stats["connections_in"] == 32             # the rest were refused at once
+        assert stats["refused_connections"] >= 268
+        assert stats["rejected"].get("conn_limit", 0) >= 268
+        assert held < 32 * 8192 + 3_000_000, held       # ~8 KiB each, not 64 KiB
+        for _, w in conns:
+            w.close()
+        # a real peer still gets in once they are gone
+        await asyncio.sleep(0.3)
+        peer = TcpTransport("peer", udp=False)
+        await peer.start()
+        peer.set_address_book({"victim": victim.local_address()})
+        await peer.send(Message(Kind.PUSH, "peer", "victim", key=1, request_id=7))
+        got = await asyncio.wait_for(victim.recv(), 10)
+        assert got.request_id == 7
+        await peer.close()
+        await victim.close()
+    eventloop.run(main())
+
+
+def test_half_sent_large_frames_share_one_budget():
+    async def main():
+        budget = 4 << 20
+        victim = TcpTransport("victim", max_partial_frame_bytes=budget, udp=False)
+        await victim.start()
+        host, port = parse_address(victim.local_address())
+        attackers = []
+        for i in range(6):  # each announces 3 MiB and sends 2 MiB of it
+            r, w = await asyncio.open_connection(host, port)
+            w.write(hello(name=f"evil{i}"))
+            assert (await read_frame(r))[0] == FrameType.WELCOME
+            w.write(pack_preamble(FrameType.MESSAGE, 3 << 20) + b"\0" * (2 << 20))
+            attackers.append(w)
+        await asyncio.sleep(1.0)
+        held = victim.stats()["partial_frame_bytes"]
+        assert 0 < held <= budget, held  # one 3 MiB frame admitted; the others wait
+        # an honest 3 MiB message waits its turn, then arrives when the budget frees
+        peer = TcpTransport("peer", udp=False)
+        await peer.start()
+        peer.set_address_book({"victim": victim.local_address()})
+        arr = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+        await peer.send(Message(Kind.PUSH, "peer", "victim", key=2, request_id=9,
+                                payloads=[Payload.of(arr)]))
+        for w in attackers:
+            w.close()
+        got = await asyncio.wait_for(victim.recv(), 20)
+        assert got.request_id == 9 and np.array_equal(got.payloads[0].array(), arr)
+        await asyncio.sleep(0.3)
+        assert victim.stats()["partial_frame_bytes"] == 0
+        await peer.close()
+        await victim.close()
+    eventloop.run(main())
