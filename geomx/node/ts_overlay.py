@@ -16,6 +16,11 @@ Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` 
 * ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
   AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
 
+Bulk data (merges and relays) travels on ``TS_DATA_CHANNEL``, control (asks, answers,
+acknowledgements) on channel 0, so an acknowledgement never waits behind the rest of a
+megabyte going the same way: otherwise the time measured for a relay would include
+whatever bulk transfer the receiver had queued towards the sender.
+
 Throughput = bytes / (time from sending RELAY to its RELAY_ACK) on ``node.now()``: the
 emulator's virtual clock or wall time over sockets (GeoMX measures ``clock()``, CPU time).
 Nothing here knows which runtime it runs in.
@@ -31,6 +36,10 @@ from typing import Any, Callable
 from geomx.node.values import Value, add_into, from_payload
 from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
 from geomx.wire import Kind, Message, Payload
+
+#: reliable channel of TSEngine's merges and relays (control stays on channel 0, the
+#: higher strict-priority class, so acknowledgements are not queued behind data)
+TS_DATA_CHANNEL = 1
 
 
 class TsCoordinatorRole:
@@ -63,7 +72,8 @@ class TsCoordinatorRole:
         thr = float(msg.meta.get("thr", -1.0))
         if last is not None and thr > 0:
             self.node.record("ts_measure", overlay=self.overlay, src=msg.src, dst=last,
-                             thr=thr, round=msg.version, key=msg.key)
+                             thr=thr, round=msg.version, key=msg.key, part=msg.part,
+                             bytes=int(msg.meta.get("bytes", 0)))
         c = self.policy.ask_pull(msg.key, msg.part, msg.src, msg.version,
                                  last=None if last is None else str(last), throughput=thr)
         if c.receiver is not None:
@@ -176,6 +186,7 @@ class OverlayPeer:
         meta = {**buf.meta, TS_META: self.overlay, TS_COUNT: buf.count, TS_FROM: buf.senders}
         ack = await self.node.request(Message(Kind.PUSH, self.node.name, str(to), key=key,
                                               part=part, version=buf.round, meta=meta,
+                                              channel=TS_DATA_CHANNEL,
                                               payloads=[_payload(buf.value)]))
         buf.sent.set_result(ack)
 
@@ -187,7 +198,7 @@ class OverlayPeer:
             raise ValueError("a TSEngine merge carries one payload and ts_n = len(ts_from)")
         if self.root_receive is not None:
             self.root_receive(msg, from_payload(msg.payloads[0]), count, senders)
-            self.node.post(msg.reply(Kind.PUSH_ACK, payloads=[]))
+            self.node.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
             return
         buf = self._bufs.get((msg.key, msg.part))
@@ -200,7 +211,7 @@ class OverlayPeer:
         buf.senders += senders
         if msg.meta.get("stop"):
             buf.meta["stop"] = True
-        self.node.post(msg.reply(Kind.PUSH_ACK, payloads=[]))
+        self.node.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
         self.node.spawn(self._ask(msg.key, msg.part, buf.round))
 
     # ------------------------------------------------------------------ broadcast
@@ -228,25 +239,27 @@ class OverlayPeer:
                      meta: dict[str, Any]) -> None:
         last: str | None = None
         thr = -1.0
+        nbytes = 0
         while True:
             reply = await self.node.request(
                 Message(Kind.ASK_PULL, self.node.name, self.coordinator, key=key, part=part,
-                        version=round_, meta={TS_META: self.overlay, "last": last, "thr": thr}),
+                        version=round_, meta={TS_META: self.overlay, "last": last, "thr": thr,
+                                              "bytes": nbytes}),
                 timeout_s=math.inf)
             to = reply.meta.get("to")
             if to is None:
                 return
             data = Message(Kind.RELAY, self.node.name, str(to), key=key, part=part,
                            version=round_, meta={**meta, TS_META: self.overlay},
-                           payloads=payloads)
+                           channel=TS_DATA_CHANNEL, payloads=payloads)
             t0 = self.node.now()
             await self.node.request(data)
             dt = self.node.now() - t0
-            last, thr = str(to), (data.nbytes / dt if dt > 0 else -1.0)
+            last, thr, nbytes = str(to), (data.nbytes / dt if dt > 0 else -1.0), data.nbytes
 
     def on_relay(self, msg: Message) -> None:
         """The new model arrived: acknowledge (AUTOPULLREPLY), forward it, hand it over."""
-        self.node.post(msg.reply(Kind.RELAY_ACK))
+        self.node.post(msg.reply(Kind.RELAY_ACK, channel=0))
         k = (msg.key, msg.part)
         if self._consumed.get(k, 0) >= msg.version or \
                 (k in self._latest and self._latest[k].version >= msg.version):

@@ -145,6 +145,7 @@ class Choice:
 
 @dataclass
 class _KeyState:
+    table: ThroughputTable
     queue: deque[str] = field(default_factory=deque)
     root: str | None = None
     got: set[str] = field(default_factory=set)
@@ -165,14 +166,20 @@ class Coordinator:
         self.settings = settings
         self.members = list(members)
         self.rng = rng
-        self.table = ThroughputTable(settings.expiry_iterations)
         self._keys: dict[tuple[int, int], _KeyState] = {}
 
     def _state(self, key: int, part: int) -> _KeyState:
         st = self._keys.get((key, part))
         if st is None:
-            st = self._keys[(key, part)] = _KeyState()
+            st = self._keys[(key, part)] = _KeyState(
+                ThroughputTable(self.settings.expiry_iterations))
         return st
+
+    def table(self, key: int, part: int) -> ThroughputTable:
+        """A[s][r] of (key, part). Kept per key: bytes / transfer time of a 40-byte bias
+        is all latency, of a megabyte weight mostly bandwidth, so one table for tensors of
+        different sizes would rank edges by whichever key measured them last."""
+        return self._state(key, part).table
 
     # ------------------------------------------------------------------ aggregation
     def ask_push(self, key: int, part: int, node: str, *, root: bool = False,
@@ -196,8 +203,8 @@ class Coordinator:
             return Pairing(b, a, "root")
         if b == st.root:
             return Pairing(a, b, "root")
-        ab = self.table.get(a, b, round_)
-        ba = self.table.get(b, a, round_)
+        ab = st.table.get(a, b, round_)
+        ba = st.table.get(b, a, round_)
         if ab is None and ba is None:
             return Pairing(b, a, "fifo")
         if (ab if ab is not None else -1.0) > (ba if ba is not None else -1.0):
@@ -209,9 +216,9 @@ class Coordinator:
                  last: str | None = None, throughput: float = -1.0) -> Choice:
         """``node`` holds round ``round_`` of (key, part) and reports its last transfer
         (to ``last``, at ``throughput`` bytes/s, -1 = none); the next receiver."""
-        if last is not None and throughput > 0:
-            self.table.record(node, last, throughput, round_)
         st = self._state(key, part)
+        if last is not None and throughput > 0:
+            st.table.record(node, last, throughput, round_)
         if round_ <= st.done_round:
             return Choice(None, "done")
         if round_ != st.round:
@@ -226,7 +233,7 @@ class Coordinator:
             return Choice(None, "done")
         known, unknown = [], []
         for c in cands:
-            thr = self.table.get(node, c, round_)
+            thr = st.table.get(node, c, round_)
             (known if thr is not None else unknown).append((c, thr))
         p = min(len(known) / len(cands), self.settings.max_greed_rate)
         draw = float(self.rng.random())
