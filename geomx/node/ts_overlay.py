@@ -184,11 +184,19 @@ class OverlayPeer:
             return  # paired as the receiver: the data comes from the sender
         buf = self._bufs.pop((key, part))
         meta = {**buf.meta, TS_META: self.overlay, TS_COUNT: buf.count, TS_FROM: buf.senders}
-        ack = await self.node.request(Message(Kind.PUSH, self.node.name, str(to), key=key,
-                                              part=part, version=buf.round, meta=meta,
-                                              channel=TS_DATA_CHANNEL,
-                                              payloads=[_payload(buf.value)]))
+        data = Message(Kind.PUSH, self.node.name, str(to), key=key, part=part,
+                       version=buf.round, meta=meta, channel=TS_DATA_CHANNEL,
+                       payloads=[_payload(buf.value)])
+        t0 = self.node.now()
+        ack = await self.node.request(data)
+        self._span("merge", data, t0)
         buf.sent.set_result(ack)
+
+    def _span(self, what: str, data: Message, t0: float) -> None:
+        """A ``ts_xfer`` span on the sender, one trace track per overlay edge."""
+        self.node.record("ts_xfer", t_start=t0, dur=self.node.now() - t0, edge=f"->{data.dst}",
+                         msg=what, overlay=self.overlay, key=data.key, part=data.part,
+                         round=data.version, bytes=data.nbytes)
 
     def on_merge(self, msg: Message) -> None:
         """A merged push arrived: acknowledge it, add it, ask again."""
@@ -255,6 +263,7 @@ class OverlayPeer:
             t0 = self.node.now()
             await self.node.request(data)
             dt = self.node.now() - t0
+            self._span("relay", data, t0)
             last, thr, nbytes = str(to), (data.nbytes / dt if dt > 0 else -1.0), data.nbytes
 
     def on_relay(self, msg: Message) -> None:

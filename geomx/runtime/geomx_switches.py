@@ -10,7 +10,7 @@ field it means, or is refused with an error that names the field to use instead.
 
 One row per variable; ``geomx node`` (``runtime/config.py``) and ``geomx run``/``launch``
 (``cli.py``, so the emulator runs what the processes would) apply the same table.
-P3, DGT and TSEngine switches are added by their schedulers' modules.
+P3's and TSEngine's switches are rows here; DGT's are in ``runtime/config.py`` (``DGT_ENV``).
 """
 
 from __future__ import annotations
