@@ -257,3 +257,21 @@ def test_tsengine_over_sockets_trains_like_the_emulator(scenario_of):
     assert set(x) == {"inter", "intra"}
     assert x["inter"]["broadcast_decisions"] == 4 * 12 * 2  # keys x rounds x local servers
     assert x["intra"]["broadcast_decisions"] == 2 * 4 * 12 * 2  # DCs x keys x rounds x workers
+
+
+def test_exploration_finds_the_faster_edges(scenario_of):
+    # heterogeneity alone (no NIC in-cast), so each edge's own link sets its throughput
+    r = run_scenario(scenario_of("tsengine_hetero.toml", *SHORT, "run.iterations=6",
+                                 "dc.0.lan_bandwidth=10Gbps",
+                                 *(f"dc.{i}.workers=1" for i in range(1, 5))))
+    x = r.summary.extra["tsengine"]["inter"]
+    gs = {e["dst"]: e for e in x["edges"] if e["src"] == "gs:0"}
+    fast = [gs[d]["measured_mbps"] for d in ("ls:party-a", "ls:party-b") if d in gs]
+    slow = [gs[d]["measured_mbps"] for d in ("ls:party-c", "ls:party-d") if d in gs]
+    # measured throughput ranks the edges as the links do (100 vs 20 Mbps central links)
+    assert fast and slow and min(fast) > 1.5 * max(slow)
+    assert all(m < 20.0 for m in slow)  # never above the slow link's bandwidth
+    first = x["root_first_hop"]
+    exploit = sum(f["exploit"] for f in first)
+    exploit_fast = sum(f["exploit"] for f in first if f["link_mbps"] == 100.0)
+    assert exploit >= 8 and exploit_fast >= 0.8 * exploit

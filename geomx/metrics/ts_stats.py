@@ -41,7 +41,7 @@ def ts_stats(events: Iterable[dict[str, Any]],
         o = per.setdefault(str(ev.get("overlay")), {
             "broadcast_decisions": 0, "exploit": 0, "explore": 0,
             "pairings": {"root": 0, "throughput": 0, "fifo": 0}, "_edges": {},
-            "_push_edges": {}})
+            "_push_edges": {}, "_first": {}, "_rounds": set()})
         src, dst = str(ev.get("src")), str(ev.get("dst"))
         if kind == "ts_pair":
             o["pairings"][str(ev.get("rule"))] = o["pairings"].get(str(ev.get("rule")), 0) + 1
@@ -53,6 +53,12 @@ def ts_stats(events: Iterable[dict[str, Any]],
             e = o["_edges"].setdefault((src, dst), {"chosen": 0, "exploit": 0})
             e["chosen"] += 1
             e["exploit"] += mode == "exploit"
+            rnd = (ev.get("key"), ev.get("part"), ev.get("round"))
+            if rnd not in o["_rounds"]:
+                # the round's first decision is the root's first hop (the root asks first)
+                o["_rounds"].add(rnd)
+                f = o["_first"].setdefault((src, dst), {"exploit": 0, "explore": 0})
+                f[mode] = f.get(mode, 0) + 1
         else:
             measures.setdefault(str(ev.get("overlay")), []).append(
                 (src, dst, int(ev.get("bytes", 0)), float(ev.get("thr", 0.0))))
@@ -78,6 +84,12 @@ def ts_stats(events: Iterable[dict[str, Any]],
                  "link_mbps": None if link_bps is None or link_bps(s, d) is None
                  else link_bps(s, d) / 1e6}  # type: ignore[operator]
                 for (s, d), n in sorted(o.pop("_push_edges").items(), key=lambda x: -x[1])]
+        o.pop("_rounds")
+        o["root_first_hop"] = [
+            {"src": s, "dst": d, **f,
+             "link_mbps": None if link_bps is None or link_bps(s, d) is None
+             else link_bps(s, d) / 1e6}  # type: ignore[operator]
+            for (s, d), f in sorted(o.pop("_first").items())]
         o["measured_tensor_bytes"] = biggest
         o["edges"] = edges
         o["push_edges"] = push
