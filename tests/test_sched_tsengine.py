@@ -146,14 +146,15 @@ def test_seeded_generator_gives_the_same_choices():
 @pytest.mark.parametrize("extra", [
     INTER,
     (*INTER, "dc.0.global_servers=2"),                         # MultiGPS: a root per shard
+    (*INTER, "dc.0.global_servers=2", "sched.bigarray_bound=1000"),  # a key split in 2 parts
     INTRA,
     (*INTER, *INTRA, "dc.0.global_servers=2", "dc.1.workers=3"),
 ])
 def test_overlay_changes_timing_not_the_model(scenario_of, extra):
-    base = ("run.iterations=4", *[e for e in extra if not e.startswith("sched.")])
+    base = ("run.iterations=4", *[e for e in extra if not e.startswith("sched.tsengine")])
     r_off, off = _run(scenario_of, "quickstart.toml", *base)
     r_on, on = _run(scenario_of, "quickstart.toml", *base,
-                    *[e for e in extra if e.startswith("sched.")])
+                    *[e for e in extra if e.startswith("sched.tsengine")])
     assert len(off) == len(on) > 0
     for x, y in zip(off, on):
         for p, q in zip(x.params, y.params):
@@ -168,6 +169,10 @@ def test_overlay_changes_timing_not_the_model(scenario_of, extra):
         roots = {e["src"] for e in ev if e["ev"] == "ts_choose" and e["overlay"] == "inter"
                  and e["src"].startswith("gs:")}
         assert roots == {"gs:0", "gs:1"}
+    if "sched.bigarray_bound=1000" in extra:  # the 64x64 weight: one tree per part
+        parts = {(e["part"], e["src"]) for e in ev if e["ev"] == "ts_choose"
+                 and e["key"] == 0 and e["src"].startswith("gs:")}
+        assert parts == {(0, "gs:0"), (1, "gs:1")}
 
 
 def test_merge_tree_relieves_the_central_in_cast(scenario_of):
