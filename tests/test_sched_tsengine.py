@@ -280,3 +280,57 @@ def test_exploration_finds_the_faster_edges(scenario_of):
     exploit = sum(f["exploit"] for f in first)
     exploit_fast = sum(f["exploit"] for f in first if f["link_mbps"] == 100.0)
     assert exploit >= 8 and exploit_fast >= 0.8 * exploit
+
+
+def test_coordinator_and_root_refuse_bad_overlay_messages(scenario_of):
+    import asyncio
+
+    from geomx.cluster import make_node, plan_job
+    from geomx.experiment import EmuServices, build_network
+    from geomx.sim.loop import run_virtual
+    from geomx.sim.transport import SimFabric
+    from geomx.wire import Kind, Message, Payload
+
+    s = scenario_of("tsengine.toml")
+    plan = plan_job(s)
+    fabric = SimFabric(build_network(s, plan))
+    services = EmuServices(0, None, None, plan.job.dc_of)
+    gh = make_node(plan, "gh", fabric.transport("gh"), services)
+    gs = make_node(plan, "gs:0", fabric.transport("gs:0"), services)
+    mw = fabric.transport("mw")
+    ls = fabric.transport("ls:party-a")
+    w = fabric.transport("w:party-a:0")
+
+    async def call(t, msg):
+        await t.send(msg)
+        return await asyncio.wait_for(t.recv(), 60)
+
+    async def scenario():
+        nodes = [asyncio.ensure_future(gh.run()), asyncio.ensure_future(gs.run())]
+        await asyncio.sleep(0)
+        # a worker is no member of the inter-DC overlay; a local server is no root there
+        r = await call(w, Message(Kind.ASK_PUSH, "w:party-a:0", "gh", request_id=1,
+                                  meta={"ts": "inter"}))
+        assert r.kind == Kind.ERROR and "not a member of the inter overlay" in r.meta["reason"]
+        r = await call(ls, Message(Kind.ASK_PUSH, "ls:party-a", "gh", request_id=2,
+                                   meta={"ts": "inter", "root": True}))
+        assert r.kind == Kind.ERROR and "not a root" in r.meta["reason"]
+        r = await call(ls, Message(Kind.ASK_PULL, "ls:party-a", "gh", request_id=3,
+                                   meta={"ts": "sideways"}))
+        assert r.kind == Kind.ERROR and "no TSEngine overlay 'sideways'" in r.meta["reason"]
+        # the root: a merge naming a contributor twice, or a stranger, changes nothing
+        init = np.arange(10, dtype=np.float32)
+        await call(mw, Message(Kind.INIT, "mw", "gs:0", key=0, request_id=4,
+                               payloads=[Payload.of(init)]))
+        for rid, who in ((5, ["ls:party-a", "ls:party-a"]), (6, ["ls:party-a", "w:party-b:0"])):
+            r = await call(ls, Message(Kind.PUSH, "ls:party-a", "gs:0", key=0, request_id=rid,
+                                       meta={"ts": "inter", "ts_n": 2, "ts_from": who},
+                                       payloads=[Payload.of(np.ones(10, np.float32))]))
+            assert r.kind == Kind.ERROR and "once" in r.meta["reason"]
+        r = await call(ls, Message(Kind.PULL, "ls:party-a", "gs:0", key=0, request_id=7))
+        np.testing.assert_array_equal(r.payloads[0].data, init)
+        for n in (gh, gs):
+            n.stop()
+        await asyncio.gather(*nodes, return_exceptions=True)
+
+    run_virtual(scenario())

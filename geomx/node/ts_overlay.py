@@ -46,15 +46,25 @@ class TsCoordinatorRole:
     """The coordinator of one overlay, living in a scheduler node (GeoMX: the global
     scheduler for ``inter``, each DC's local scheduler for ``intra``)."""
 
-    def __init__(self, node: Any, overlay: str, settings: TsSettings, members: list[str]):
+    def __init__(self, node: Any, overlay: str, settings: TsSettings, members: list[str],
+                 roots: list[str]):
         self.node = node
         self.overlay = overlay
+        self._members = set(members)
+        self._roots = set(roots)
         self.policy = Coordinator(settings, members,
                                   node.services.rng(f"tsengine:{overlay}:{node.name}"))
         #: the pending ASK_PUSH of each queued node, answered when it is paired
         self._asks: dict[tuple[int, int, str], Message] = {}
 
+    def _check(self, msg: Message) -> None:
+        root = bool(msg.meta.get("root"))
+        if msg.src not in (self._roots if root else self._members):
+            raise ValueError(f"{msg.src} is not a{' root' if root else ' member'} of the "
+                             f"{self.overlay} overlay coordinated by {self.node.name}")
+
     def on_ask_push(self, msg: Message) -> None:
+        self._check(msg)
         key, part = msg.key, msg.part
         self._asks[(key, part, msg.src)] = msg
         for p in self.policy.ask_push(key, part, msg.src, root=bool(msg.meta.get("root")),
@@ -68,6 +78,8 @@ class TsCoordinatorRole:
             self.node.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
 
     def on_ask_pull(self, msg: Message) -> None:
+        if msg.src not in self._members | self._roots:
+            raise ValueError(f"{msg.src} is not in the {self.overlay} overlay of {self.node.name}")
         last = msg.meta.get("last")
         thr = float(msg.meta.get("thr", -1.0))
         if last is not None and thr > 0:
@@ -110,11 +122,13 @@ def install_coordinators(node: Any, job: Any) -> None:
     roles = []
     if ts.inter and node.name == job.global_scheduler and job.mode == "hips":
         roles.append(TsCoordinatorRole(node, "inter", ts,
-                                       [job.local_server_of[d] for d in job.party_dcs]))
+                                       [job.local_server_of[d] for d in job.party_dcs],
+                                       list(job.global_servers)))
     if ts.intra:
         for dc, lh in job.local_scheduler_of.items():
             if lh == node.name:
-                roles.append(TsCoordinatorRole(node, "intra", ts, list(job.workers_of[dc])))
+                roles.append(TsCoordinatorRole(node, "intra", ts, list(job.workers_of[dc]),
+                                               [job.local_server_of[dc]]))
     if roles:
         TsCoordinators(roles).install(node)
 
