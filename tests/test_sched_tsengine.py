@@ -113,6 +113,10 @@ def test_broadcast_reaches_every_member_once_per_round_then_done():
                 holders += [h, ch.receiver]  # the sender asks again, the receiver relays
         assert sorted(got) == members
         assert c.ask_pull(0, 0, "m0", r).mode == "done"  # a late ask of this round
+    # a member cannot relay a round it was not sent
+    c.ask_pull(0, 0, "root", 4)
+    with pytest.raises(TsEngineError, match="was not sent"):
+        c.ask_pull(0, 0, next(m for m in members if m not in c._state(0, 0).got), 4)
 
 
 def test_pairing_rules():
@@ -329,6 +333,18 @@ def test_coordinator_and_root_refuse_bad_overlay_messages(scenario_of):
             assert r.kind == Kind.ERROR and "once" in r.meta["reason"]
         r = await call(ls, Message(Kind.PULL, "ls:party-a", "gs:0", key=0, request_id=7))
         np.testing.assert_array_equal(r.payloads[0].data, init)
+        # only the overlay's peers may merge into or relay to a node
+        lsb = make_node(plan, "ls:party-b", fabric.transport("ls:party-b"), services)
+        nodes.append(asyncio.ensure_future(lsb.run()))
+        await asyncio.sleep(0)
+        r = await call(w, Message(Kind.PUSH, "w:party-a:0", "ls:party-b", key=0, request_id=8,
+                                  meta={"ts": "inter", "ts_n": 1, "ts_from": ["w:party-a:0"]},
+                                  payloads=[Payload.of(np.ones(10, np.float32))]))
+        assert r.kind == Kind.ERROR and "not a peer" in r.meta["reason"]
+        r = await call(mw, Message(Kind.RELAY, "mw", "ls:party-b", key=0, request_id=9,
+                                   meta={"ts": "inter"}, payloads=[Payload.of(init)]))
+        assert r.kind == Kind.ERROR and "not a peer" in r.meta["reason"]
+        lsb.stop()
         for n in (gh, gs):
             n.stop()
         await asyncio.gather(*nodes, return_exceptions=True)

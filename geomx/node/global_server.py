@@ -108,7 +108,7 @@ class GlobalServer(Node):
         #: broadcasts (geomx/node/ts_overlay.py); None = local servers push and pull directly
         self.ts: OverlayPeer | None = None
         if TsSettings.from_sched(job.sched).inter and job.mode == "hips":
-            self.ts = OverlayPeer(self, "inter", job.global_scheduler,
+            self.ts = OverlayPeer(self, "inter", job.global_scheduler, self.pushers,
                                   root_receive=self._ts_receive)
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)

@@ -85,9 +85,11 @@ class LocalServer(Node):
         # root of the one among this DC's workers
         ts = TsSettings.from_sched(job.sched)
         self.ts_inter: OverlayPeer | None = (
-            OverlayPeer(self, "inter", job.global_scheduler) if ts.inter else None)
+            OverlayPeer(self, "inter", job.global_scheduler,
+                        [*job.global_servers, *job.local_server_of.values()])
+            if ts.inter else None)
         self.ts_intra: OverlayPeer | None = (
-            OverlayPeer(self, "intra", job.local_scheduler_of[dc],
+            OverlayPeer(self, "intra", job.local_scheduler_of[dc], self.workers,
                         root_receive=self._ts_intra_receive) if ts.intra else None)
         if self.ts_inter is not None:
             self.on(Kind.RELAY, self.ts_inter.on_relay)

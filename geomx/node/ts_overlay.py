@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
+
+import numpy as np
 
 from geomx.node.values import Value, add_into, from_payload
 from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
@@ -154,11 +156,13 @@ class OverlayPeer:
     calls ``root_ready`` once per (key, part) it serves and ``broadcast`` per new round.
     """
 
-    def __init__(self, node: Any, overlay: str, coordinator: str, *,
+    def __init__(self, node: Any, overlay: str, coordinator: str, peers: Iterable[str], *,
                  root_receive: RootReceive | None = None):
         self.node = node
         self.overlay = overlay
         self.coordinator = coordinator
+        #: the nodes that may send this node merges and relays in this overlay
+        self.peers = frozenset(peers) - {node.name}
         self.root_receive = root_receive
         self._bufs: dict[tuple[int, int], _Merge] = {}
         #: latest broadcast message per (key, part) and the round last handed to the node
@@ -212,8 +216,14 @@ class OverlayPeer:
                          msg=what, overlay=self.overlay, key=data.key, part=data.part,
                          round=data.version, bytes=data.nbytes)
 
+    def _check_peer(self, msg: Message) -> None:
+        if msg.src not in self.peers:
+            raise ValueError(f"{msg.src} is not a peer of {self.node.name} in the "
+                             f"{self.overlay} overlay")
+
     def on_merge(self, msg: Message) -> None:
         """A merged push arrived: acknowledge it, add it, ask again."""
+        self._check_peer(msg)
         count = int(msg.meta.get(TS_COUNT, 1))
         senders = [str(s) for s in msg.meta.get(TS_FROM, [msg.src])]
         if len(msg.payloads) != 1 or count != len(senders) or count < 1:
@@ -282,6 +292,7 @@ class OverlayPeer:
 
     def on_relay(self, msg: Message) -> None:
         """The new model arrived: acknowledge (AUTOPULLREPLY), forward it, hand it over."""
+        self._check_peer(msg)
         self.node.post(msg.reply(Kind.RELAY_ACK, channel=0))
         k = (msg.key, msg.part)
         if self._consumed.get(k, 0) >= msg.version or \
@@ -314,6 +325,4 @@ class OverlayPeer:
 def _payload(v: Value) -> Payload:
     if isinstance(v, Payload):
         return v
-    import numpy as np
-
     return Payload.of(np.ascontiguousarray(v))

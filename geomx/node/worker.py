@@ -46,7 +46,8 @@ class Worker(Node):
         #: TSEngine inside the DC: this worker merges and relays (geomx/node/ts_overlay.py)
         self.ts: OverlayPeer | None = None
         if TsSettings.from_sched(job.sched).intra and job.mode == "hips" and not is_master:
-            self.ts = OverlayPeer(self, "intra", job.local_scheduler_of[dc])
+            self.ts = OverlayPeer(self, "intra", job.local_scheduler_of[dc],
+                                  [job.local_server_of[dc], *job.workers_of[dc]])
             self.on(Kind.PUSH, self.ts.on_merge)
             self.on(Kind.RELAY, self.ts.on_relay)
 

@@ -226,6 +226,9 @@ class Coordinator:
             # cannot start before every member holds the previous one)
             st.round = round_
             st.got = set()
+        if node in self.members and node not in st.got:
+            raise TsEngineError(f"{node} asks to relay round {round_} of key {key} part "
+                                f"{part}, which it was not sent")
         st.got.add(node)
         cands = [m for m in self.members if m not in st.got]
         if not cands:
