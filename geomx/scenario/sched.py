@@ -65,7 +65,8 @@ class SchedConfig(Section):
                                    "TSEngine across DCs (GeoMX ENABLE_INTER_TS): the global "
                                    "scheduler pairs local servers into a merge tree for their "
                                    "pushes (by measured throughput) and relays the new model "
-                                   "epidemically, each receiver forwarding it. FSA only.")
+                                   "epidemically, each receiver forwarding it. FSA and uncompressed "
+                                   "data only.")
     tsengine_intra: bool = setting(Flag(), False,
                                    "TSEngine inside each DC (GeoMX ENABLE_INTRA_TS): the DC's "
                                    "local scheduler builds the same overlay among its workers and "
