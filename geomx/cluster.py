@@ -21,6 +21,8 @@ from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
 from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
+from geomx.node.ts_overlay import install_coordinators
+from geomx.sched.tsengine import TsSettings
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
 from geomx.node.trainer import (TrainSpec, build_model, initial_params,
@@ -87,6 +89,14 @@ def dgt_config(s: Scenario) -> dict[str, Any]:
             "codec": s.codec.type}
 
 
+def tsengine_config(s: Scenario) -> dict[str, Any]:
+    """The scenario's TSEngine settings for ``geomx.sched.tsengine.TsSettings``."""
+    q = s.sched
+    mode = {(False, False): "off", (True, False): "inter", (False, True): "intra",
+            (True, True): "both"}[(q.tsengine_inter, q.tsengine_intra)]
+    return TsSettings(mode, q.tsengine_max_greed_rate, q.tsengine_expiry_iterations).to_dict()
+
+
 def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     """Name the nodes and describe the job. ``runtime`` ("emu"/"real", default the
     scenario's) only decides whether liveness timers run: in the emulator they are off
@@ -111,7 +121,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
         sched={"dgt": dgt_config(s), "p3": s.sched.p3,
-               "p3_slice_elements": s.sched.p3_slice_elements},
+               "p3_slice_elements": s.sched.p3_slice_elements,
+               "tsengine": tsengine_config(s)},
         state_server=layout.state_server,
     )
     runtime = runtime or s.run.runtime
@@ -260,9 +271,11 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
     job = plan.job
     dc = job.dc_of[name]
     if role in ("global_scheduler", "local_scheduler"):
-        return Scheduler(name, dc, transport, services, job.scheduler_members(name),
-                         heartbeat_timeout_s=job.heartbeat_timeout_s,
-                         register_timeout_s=job.register_timeout_s)
+        sch = Scheduler(name, dc, transport, services, job.scheduler_members(name),
+                        heartbeat_timeout_s=job.heartbeat_timeout_s,
+                        register_timeout_s=job.register_timeout_s)
+        install_coordinators(sch, job)  # TSEngine's overlays, when on
+        return sch
     if role == "global_server":
         return GlobalServer(name, dc, transport, services, job)
     if role == "state_server":

@@ -270,12 +270,38 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
         stats = p3_stats(iter_events(run_dir / "events.jsonl"))
         if stats is not None:
             summary.extra["p3"] = stats
+    if (s.sched.tsengine_inter or s.sched.tsengine_intra) and s.metrics.events \
+            and (run_dir / "events.jsonl").exists():
+        from geomx.metrics.recorder import iter_events
+        from geomx.metrics.ts_stats import ts_stats
+
+        stats = ts_stats(iter_events(run_dir / "events.jsonl"), _edge_bandwidth(s))
+        if stats is not None:
+            summary.extra["tsengine"] = stats
     write_summary(run_dir / "summary.json", summary)
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")
     if s.metrics.plot:
         caps = summary.extra.get("link_capacity_bps") if summary.extra else None
         write_run_plots(run_dir, caps)
+
+
+def _edge_bandwidth(s: Scenario) -> Callable[[str, str], float | None]:
+    """Bandwidth of the link between two nodes' DCs (the WAN link's, in its direction, or
+    the DC's NIC capacity inside one DC); None when no single link joins them."""
+    dc_of = plan_job(s).job.dc_of
+    lan = {d.name: d.lan_bandwidth_bps for d in s.dcs}
+    wan: dict[tuple[str, str], float] = {}
+    for w in s.wans:
+        wan[(w.a, w.b)] = w.bandwidth_bps
+        wan[(w.b, w.a)] = w.bandwidth_ba_bps or w.bandwidth_bps
+
+    def bw(src: str, dst: str) -> float | None:
+        a, b = dc_of.get(src), dc_of.get(dst)
+        if a is None or b is None:
+            return None
+        return lan.get(a) if a == b else wan.get((a, b))
+    return bw
 
 
 def _loop_running_here() -> bool:

@@ -16,7 +16,8 @@ nesting and would be dropped or drawn wrongly. Spans of each (node, kind) are th
 packed greedily into as many lanes (extra threads, "w:a:0 xfer 2", ...) as needed for
 no two spans in a lane to overlap. Events on a channel other than 0 (DGT's
 low-priority bands, heartbeats on 7) get tracks of their own, "ls:a xfer ch9", so the
-channels of one sender can be read apart. A lane remembers only its earliest start and latest
+channels of one sender can be read apart; spans with an ``edge`` field (TSEngine's
+overlay transfers) get a track per edge, "ls:a ts_xfer ->ls:b". A lane remembers only its earliest start and latest
 end, so the conversion streams in constant memory per lane and works for events in any
 order.
 
@@ -134,6 +135,9 @@ def chrome_trace_events(
         # a track per channel (DGT's bands, heartbeats): channel 0 stays on the node's own
         lane_kind = (f"{kind} ch{channel}" if isinstance(channel, int)
                      and not isinstance(channel, bool) and channel > 0 else kind)
+        if isinstance(event.get("edge"), str):
+            # a track per overlay edge (TSEngine's ts_xfer spans: "ls:a ts_xfer ->ls:b")
+            lane_kind = f"{kind} {event['edge']}"
         if isinstance(dur, (int, float)) and not isinstance(dur, bool):
             start = event.get("t_start")
             start_s = float(start) if isinstance(start, (int, float)) else t - float(dur)

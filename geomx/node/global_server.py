@@ -27,10 +27,12 @@ from typing import Any
 from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
+from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, from_payload, is_phantom
 from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
 from geomx.sched.p3 import wants_fused_reply
+from geomx.sched.tsengine import TS_FROM, TS_META, TsSettings
 from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
 from geomx.wire import Kind, Message
 
@@ -56,12 +58,20 @@ class Slot:
     contributors: set[str] = field(default_factory=set)
 
 
+def _snapshot(v: Value) -> Value:
+    """A copy the optimizer's next in-place update cannot change while it is relayed."""
+    return v if is_phantom(v) else v.copy()
+
+
 def switch_sync(node: Any, algorithm: Any) -> str:
     """``kv.create("dist_async")`` under ``[sync] algorithm = "auto"``: the node's job now
     runs MixedSync. Returns the problem, or "" when switched. Only before any key exists
     (GeoMX sends its sync mode at kvstore creation, before ``init``)."""
     if algorithm != "mixed":
         return f"set_sync: algorithm {algorithm!r}; allowed: 'mixed'"
+    if TsSettings.from_sched(node.job.sched).mode != "off":
+        return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
+                "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
                 f"{node.job.sync.get('algorithm')!r} explicitly")
@@ -94,6 +104,12 @@ class GlobalServer(Node):
         else:
             self.pushers = [job.local_server_of[d] for d in job.party_dcs]
         self._pullers = set(self.pushers) | {job.master_worker}
+        #: TSEngine across DCs: this server is the root of its (key, part)s' merge trees and
+        #: broadcasts (geomx/node/ts_overlay.py); None = local servers push and pull directly
+        self.ts: OverlayPeer | None = None
+        if TsSettings.from_sched(job.sched).inter and job.mode == "hips":
+            self.ts = OverlayPeer(self, "inter", job.global_scheduler, self.pushers,
+                                  root_receive=self._ts_receive)
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -184,6 +200,8 @@ class GlobalServer(Node):
             if self.optimizer is not None and not is_phantom(slot.store):
                 slot.opt_state = self.optimizer.create_state(msg.key, slot.store)
             self.record("init", key=msg.key, part=msg.part)
+            if self.ts is not None:
+                self.ts.root_ready(msg.key, msg.part)  # this shard roots its own tree
         self.post(msg.reply(Kind.INIT_ACK))
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
@@ -203,6 +221,12 @@ class GlobalServer(Node):
         slot = self._check_push(msg)
         if slot is None:
             return
+        if TS_META in msg.meta:
+            if self.ts is None:
+                self.reply_error(msg, "a TSEngine merge, but sched.tsengine_inter is off")
+                return
+            self.ts.on_merge(msg)  # acknowledges, then _ts_receive
+            return
         try:
             if DGT_META in msg.meta:
                 if self.dgt is None:
@@ -219,13 +243,36 @@ class GlobalServer(Node):
             self.stop_requested = True
         self.policy.on_push(self, msg, slot, value)
 
+    def _ts_receive(self, msg: Message, value: Value, count: int, senders: list[str]) -> None:
+        """TSEngine: a merged push of ``count`` local servers' sums (§4.5 step 5: the
+        server records it as that many pushes)."""
+        slot = self.slots[(msg.key, msg.part)]
+        assert slot.store is not None
+        if not is_phantom(value) and (is_phantom(slot.store) or value.size != slot.store.size):
+            raise ValueError(f"merged push of key {msg.key} part {msg.part} has "
+                             f"{getattr(value, 'size', '?')} elements, not {slot.store.size}")
+        if msg.meta.get("stop"):
+            self.stop_requested = True
+        self.policy.on_push(self, msg, slot, value.reshape(slot.store.shape)
+                            if not is_phantom(value) else value)
+
+    def contributors_of(self, msg: Message) -> list[str]:
+        """Whose pushes ``msg`` carries: its sender, or a TSEngine merge's senders."""
+        senders = [str(s) for s in msg.meta.get(TS_FROM, [])] if TS_FROM in msg.meta \
+            else [msg.src]
+        bad = [s for s in senders if s not in self.pushers]
+        if bad or len(set(senders)) != len(senders):
+            raise ValueError(f"merged push names {senders}: each must be one of "
+                             f"{sorted(self.pushers)}, once")
+        return senders
+
     # called by sync policies ---------------------------------------------------
-    def accumulate(self, slot: Slot, value: Value) -> None:
+    def accumulate(self, slot: Slot, value: Value, count: int = 1) -> None:
         if slot.merged is None:
             slot.merged = value  # decode() returned a fresh array: take it, no copy
         else:
             add_into(slot.merged, value)
-        slot.count += 1
+        slot.count += count
 
     def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None) -> None:
         """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``."""
@@ -239,6 +286,16 @@ class GlobalServer(Node):
         slot.version += 1
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
+        if TS_META in msg.meta and self.ts is not None:
+            # TSEngine: the merge was acknowledged on arrival; the new value goes out by
+            # the overlay broadcast (once per round, whichever merge completed it)
+            payloads, meta = self.codec.encode_pull(msg.key, _snapshot(slot.store),
+                                                    tier="wan",
+                                                    weights=self.optimizer is not None)
+            if self.stop_requested:
+                meta["stop"] = True
+            self.ts.broadcast(msg.key, msg.part, slot.version, payloads, meta)
+            return
         if wants_fused_reply(msg.meta):
             # P3 push/pull fusion: the acknowledgement is also the pull of the new value
             payloads, meta = self._pull_payloads(msg, slot)
@@ -285,6 +342,8 @@ class GlobalServer(Node):
     async def main(self) -> None:
         await register(self, self.job.global_scheduler)
         await self._done.wait()
+        if self.ts is not None:
+            await self.ts.drain()
         if self.dgt is not None:
             self.dgt.record_totals(self)
         self.record("server_done", versions=sum(s.version for s in self.slots.values()))

@@ -104,6 +104,11 @@ class KVStore:
             stores = node.kv_stores = []
         stores.append(self)
         self._loss: float | None = None
+        #: TSEngine inside the DC (the worker's overlay peer): pushes join the merge tree,
+        #: and a pull after a push takes the round's value from the overlay broadcast
+        self._ts = getattr(node, "ts", None)
+        self._ts_round: dict[int, int] = {}
+        self._ts_pushed: set[int] = set()
         dgt = job.sched.get("dgt") or {}
         # only a job whose local servers adapt DGT's K pays the bytes of carrying the loss
         self._carry_loss = dgt.get("mode", "off") != "off" and bool(dgt.get("adaptive_k"))
@@ -320,6 +325,13 @@ class KVStore:
         # GeoMX/MXNet without P3 sends FIFO: the priority only orders P3's send queues
         wire_priority = priority if p3 else 0
         sent = [0]
+        if self._ts is not None:
+            # TSEngine (geomx/node/ts_overlay.py): one part (the DC's local server), dense
+            rnd = self._ts_round[key] = self._ts_round.get(key, 0) + 1
+            self._ts_pushed.add(key)
+            v = value if isinstance(value, Payload) else np.array(value, copy=True)
+            self._learn([await self._ts.contribute(key, 0, rnd, v, meta)])
+            return
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
@@ -408,6 +420,10 @@ class KVStore:
         parts = self._parts(key)
         shape, dtype = self._wire_shapes[key]
         replies = self._fused.pop(key, None)
+        if replies is None and self._ts is not None and key in self._ts_pushed:
+            self._ts_pushed.discard(key)
+            replies = [await self._ts.receive(key, 0)]  # the round's overlay broadcast
+            self._learn(replies)
         if replies is None:
             prio = priority if self.p3.enabled else 0
             requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server],

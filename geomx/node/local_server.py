@@ -20,14 +20,21 @@ from typing import Any
 from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
+from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
 from geomx.sched.dgt import DgtSender, DgtSettings
 from geomx.sched.p3 import FUSE_META, P3Config, wants_fused_reply
 from geomx.sched.placement import place
+from geomx.sched.tsengine import TS_META, TsSettings
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
-from geomx.wire import Kind, Message
+from geomx.wire import Kind, Message, Payload
+
+
+def _snapshot(v: Value) -> Value:
+    """A copy for the relayed broadcast (the store may be replaced or updated meanwhile)."""
+    return v if isinstance(v, Payload) else v.copy()
 
 
 @dataclass
@@ -47,6 +54,7 @@ class LocalSlot:
     parts: list[Any] | None = None
     early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
     priority: int = 0          # P3: the workers' priority, carried on to the global tier
+    key: int = -1
 
 
 class LocalServer(Node):
@@ -73,6 +81,18 @@ class LocalServer(Node):
         self.on(Kind.COMMAND, self._on_command)
         self._commanded_codec: dict[str, Any] | None = None
         self._codec_told: set[str] = set()
+        # TSEngine (geomx/node/ts_overlay.py): a member of the overlay across DCs, the
+        # root of the one among this DC's workers
+        ts = TsSettings.from_sched(job.sched)
+        self.ts_inter: OverlayPeer | None = (
+            OverlayPeer(self, "inter", job.global_scheduler,
+                        [*job.global_servers, *job.local_server_of.values()])
+            if ts.inter else None)
+        self.ts_intra: OverlayPeer | None = (
+            OverlayPeer(self, "intra", job.local_scheduler_of[dc], self.workers,
+                        root_receive=self._ts_intra_receive) if ts.intra else None)
+        if self.ts_inter is not None:
+            self.on(Kind.RELAY, self.ts_inter.on_relay)
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
@@ -81,6 +101,10 @@ class LocalServer(Node):
         ``set_sync`` (a ``dist_async`` store under ``[sync] algorithm = "auto"``) switches
         this server to MixedSync's local policy."""
         cmd = msg.meta.get("cmd")
+        if cmd == "set_gradient_compression" and (self.ts_inter or self.ts_intra):
+            self.reply_error(msg, "set_gradient_compression: TSEngine (sched.tsengine_inter / "
+                                  "tsengine_intra) runs on uncompressed data only")
+            return
         if msg.src not in self.job.global_servers or cmd not in ("set_gradient_compression",
                                                                    "set_sync"):
             self.reply_error(msg, "local servers take only set_gradient_compression and "
@@ -128,7 +152,7 @@ class LocalServer(Node):
         if msg.key in self.slots:
             self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
             return
-        slot = LocalSlot(shape=p.shape, dtype=p.dtype, phantom=p.is_phantom)
+        slot = LocalSlot(shape=p.shape, dtype=p.dtype, phantom=p.is_phantom, key=msg.key)
         slot.store = from_payload(p)
         self.slots[msg.key] = slot
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
@@ -136,6 +160,15 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
+        overlay = msg.meta.get(TS_META)
+        if overlay is not None:
+            peer = self.ts_inter if overlay == "inter" else \
+                self.ts_intra if overlay == "intra" else None
+            if peer is None:
+                self.reply_error(msg, f"a TSEngine {overlay!r} merge, but that overlay is off")
+                return
+            peer.on_merge(msg)  # a merge from a peer LS (inter) or from workers (intra)
+            return
         slot = self.slots.get(msg.key)
         if slot is not None and not slot.initialized and msg.src in self.workers:
             # GeoMX: init then push without a pull; the push waits for the global value
@@ -176,11 +209,57 @@ class LocalServer(Node):
             stop, slot.stop_requested = slot.stop_requested, False
             self.spawn(self.policy.on_round(self, msg.key, slot, merged, waiting, stop))
 
+    def _ts_intra_receive(self, msg: Message, value: Value, count: int,
+                          senders: list[str]) -> None:
+        """TSEngine inside the DC: a merged push of ``count`` workers' gradients counts as
+        that many pushes (geomx-behaviour.md §4.5 steps 5-7)."""
+        slot = self.slots.get(msg.key)
+        if slot is None or not slot.initialized:
+            raise ValueError(f"key {msg.key} is not initialised yet")
+        bad = [s for s in senders if s not in self.workers or s in slot.contributors]
+        if bad or len(set(senders)) != len(senders):
+            raise ValueError(f"merged push names {senders}: {bad or 'a duplicate'} is not a "
+                             f"worker of {self.dc} pushing once this round")
+        slot.contributors.update(senders)
+        if slot.merged is None:
+            slot.merged = value
+        else:
+            add_into(slot.merged, value)
+        slot.count += count
+        if msg.meta.get("stop"):
+            slot.stop_requested = True
+        if slot.count == len(self.workers):
+            merged, slot.merged = slot.merged, None
+            slot.count = 0
+            slot.contributors.clear()
+            stop, slot.stop_requested = slot.stop_requested, False
+            self.spawn(self.policy.on_round(self, msg.key, slot, merged, [], stop))
+
+    async def _ts_exchange(self, key: int, slot: LocalSlot, value: Value,
+                           meta: dict[str, Any]) -> Value:
+        """TSEngine across DCs: each part joins its global server's merge tree, and the
+        new value comes by the overlay broadcast (no pull, §4.5 step 5)."""
+        parts = self._parts(key, slot)
+        assert self.ts_inter is not None
+        peer = self.ts_inter
+
+        async def one(part) -> tuple[Any, Message]:
+            v = flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
+            v = v if isinstance(v, Payload) else v.copy()
+            await peer.contribute(key, part.index, slot.round, v, meta)
+            return part, await peer.receive(key, part.index)
+
+        results = ([await one(parts[0])] if len(parts) == 1
+                   else list(await asyncio.gather(*(one(p) for p in parts))))
+        return self._assemble(slot, results)
+
     # called by sync policies -------------------------------------------------------
     async def exchange_global(self, key: int, slot: LocalSlot, value: Value, *,
                               stop: bool) -> Value:
         """Push ``value`` to the global server(s) owning ``key``, wait for every part's
         acknowledgement, then pull the new global value back and return it."""
+        if self.ts_inter is not None:
+            return await self._ts_exchange(key, slot, value, {"stop": True} if stop else {})
         parts = self._parts(key, slot)
         meta_stop: dict[str, Any] = {"stop": True} if stop else {}
         if self.p3.enabled:
@@ -209,6 +288,12 @@ class LocalServer(Node):
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
         reply_meta = {"stop": True} if self.global_stop else {}
+        if self.ts_intra is not None:
+            # TSEngine inside the DC: the workers get the round's value by the broadcast
+            assert slot.store is not None
+            payloads, meta = self.codec.encode_pull(slot.key, _snapshot(slot.store), tier="lan")
+            meta.update(reply_meta)
+            self.ts_intra.broadcast(slot.key, 0, slot.round, payloads, meta)
         for req in waiting:
             if wants_fused_reply(req.meta):
                 # P3 push/pull fusion: the acknowledgement carries the new value
@@ -259,6 +344,8 @@ class LocalServer(Node):
         slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
         self.policy.on_initialized(self, key, slot)
+        if self.ts_intra is not None:
+            self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
         self.record("init", key=key)
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
@@ -296,6 +383,9 @@ class LocalServer(Node):
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
         await self._done.wait()
+        for peer in (self.ts_inter, self.ts_intra):
+            if peer is not None:
+                await peer.drain()  # TSEngine: forward what this node still owes
         for gs in self.job.global_servers:
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if self.dgt is not None:

@@ -17,6 +17,8 @@ from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import barrier, leave, register
 from geomx.node.spec import JobSpec
+from geomx.node.ts_overlay import OverlayPeer
+from geomx.sched.tsengine import TsSettings
 from geomx.wire import Kind, Message
 
 Program = Callable[["Worker"], Awaitable[Any]]
@@ -41,6 +43,13 @@ class Worker(Node):
         self.push_tier = "wan" if (job.mode == "flat_ps" or is_master) else "lan"
         # The codec policy decides per tier (Bi-Sparse only on "wan", FP16 on both, ...).
         self.lan_codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
+        #: TSEngine inside the DC: this worker merges and relays (geomx/node/ts_overlay.py)
+        self.ts: OverlayPeer | None = None
+        if TsSettings.from_sched(job.sched).intra and job.mode == "hips" and not is_master:
+            self.ts = OverlayPeer(self, "intra", job.local_scheduler_of[dc],
+                                  [job.local_server_of[dc], *job.workers_of[dc]])
+            self.on(Kind.PUSH, self.ts.on_merge)
+            self.on(Kind.RELAY, self.ts.on_relay)
 
     def _barrier_scheduler(self) -> str:
         if self.job.mode == "hips" and not self.is_master:
@@ -61,6 +70,8 @@ class Worker(Node):
             await register(self, s)
         current_node.set(self)
         self.result = await self.program(self)
+        if self.ts is not None:
+            await self.ts.drain()  # TSEngine: forward the last rounds before leaving
         if not self.is_master:
             # unbounded: a worker that finished early may wait for a slower one's whole
             # remaining training (flat PS, asynchronous); liveness is the heartbeats' job

@@ -10,7 +10,7 @@ field it means, or is refused with an error that names the field to use instead.
 
 One row per variable; ``geomx node`` (``runtime/dmlc_env.py``) and ``geomx run``/``launch``
 (``cli.py``, so the emulator runs what the processes would) apply the same table.
-P3, DGT and TSEngine switches are added by their schedulers' modules.
+P3's and TSEngine's switches are rows here; DGT's are in ``runtime/config.py`` (``DGT_ENV``).
 """
 
 from __future__ import annotations
@@ -72,6 +72,20 @@ def _enable_p3(value: str) -> list[str]:
     return ["sched.p3=" + ("true" if _flag("ENABLE_P3", value) else "false")]
 
 
+def _to_flag(var: str, field: str) -> Callable[[str], list[str]]:
+    return lambda value: [f"{field}=" + ("true" if _flag(var, value) else "false")]
+
+
+def _greed_rate(value: str) -> list[str]:
+    try:
+        rate = float(value.strip())
+    except ValueError:
+        raise SwitchError(f"MAX_GREED_RATE_TS={value!r}: expected a number in [0, 1]") from None
+    if not 0.0 <= rate <= 1.0:
+        raise SwitchError(f"MAX_GREED_RATE_TS={value!r}: allowed: a number in [0, 1]")
+    return [f"sched.tsengine_max_greed_rate={rate!r}"]
+
+
 def _refuse_unless_off(var: str, field: str, why: str) -> Callable[[str], list[str]]:
     def check(value: str) -> list[str]:
         if value.strip() in ("", "0"):
@@ -94,6 +108,14 @@ SWITCHES: tuple[Switch, ...] = (
            "slice size (GeoMX uses the one bound for both)"),
     Switch("ENABLE_P3", "sched.p3", _enable_p3,
            "1: P3 priority propagation (`sched.p3 = true`); 0: off"),
+    Switch("ENABLE_INTER_TS", "sched.tsengine_inter",
+           _to_flag("ENABLE_INTER_TS", "sched.tsengine_inter"),
+           "1: TSEngine overlay between local and global servers (`sched.tsengine_inter`)"),
+    Switch("ENABLE_INTRA_TS", "sched.tsengine_intra",
+           _to_flag("ENABLE_INTRA_TS", "sched.tsengine_intra"),
+           "1: TSEngine overlay among a DC's workers and local server (`sched.tsengine_intra`)"),
+    Switch("MAX_GREED_RATE_TS", "sched.tsengine_max_greed_rate", _greed_rate,
+           "TSEngine's cap on the greedy (fastest known edge) probability"),
     Switch("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound",
            _to_field("MXNET_KVSTORE_SIZE_LOWER_BOUND", "codec.size_lower_bound", 0, 2**62),
            "smallest tensor Bi-Sparse / MPQ compress"),

@@ -240,6 +240,44 @@ def _check_dgt(s: Scenario) -> None:
 
 
 @scenario_check
+def _check_tsengine(s: Scenario) -> None:
+    """TSEngine's overlays merge and relay whole dense values of a synchronous round
+    (geomx/sched/tsengine.py): what they cannot run with is refused here, by field."""
+    q = s.sched
+    if not (q.tsengine_inter or q.tsengine_intra):
+        return
+    field = "sched.tsengine_inter" if q.tsengine_inter else "sched.tsengine_intra"
+    if s.topology.kind == "flat":
+        raise ScenarioError(
+            f"{field} = true builds overlays between local and global servers, which "
+            "topology.kind = 'flat' does not have; allowed with flat: false",
+            path=field, value=True, allowed="false")
+    algorithm = s.sync.resolved_algorithm
+    if algorithm != "fsa":
+        raise ScenarioError(
+            f"{field} = true merges one synchronous round's pushes and broadcasts its model; "
+            f"sync.algorithm = {s.sync.algorithm!r} is not that; allowed with TSEngine: 'fsa' "
+            "(or 'auto' with a dist_sync store)",
+            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'auto'")
+    if s.codec.type != "none":
+        raise ScenarioError(
+            f"{field} = true adds values at relaying nodes, so it runs on uncompressed data only "
+            f"(GeoMX: intra-TS applies to uncompressed data); codec.type = {s.codec.type!r}; "
+            "allowed with TSEngine: 'none'",
+            path="codec.type", value=s.codec.type, allowed="'none'")
+    if q.p3:
+        raise ScenarioError(
+            f"sched.p3 = true slices keys and fuses pulls into push replies, which {field} = true "
+            "replaces by its overlay; allowed: one of them", path="sched.p3", value=True,
+            allowed="false with TSEngine")
+    if q.dgt != "off":
+        raise ScenarioError(
+            f"sched.dgt = {q.dgt!r} sends local -> global pushes as blocks, which {field} = true "
+            "replaces by its merge tree; allowed: one of them", path="sched.dgt", value=q.dgt,
+            allowed="'off' with TSEngine")
+
+
+@scenario_check
 def _check_real(s: Scenario) -> None:
     r = s.real
     central_i = next(i for i, d in enumerate(s.dcs) if d.central)

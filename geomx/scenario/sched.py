@@ -20,8 +20,7 @@ DGT_CODECS = ("none", "fp16", "bf16")
 class SchedConfig(Section):
     """In which order and over which path transfers leave.
 
-    P3 and DGT are here; TSEngine will add its settings when it is built (until then a
-    scenario that names it is refused as an unknown key)."""
+    P3, DGT and TSEngine (geomx/sched/p3.py, dgt.py, tsengine.py)."""
 
     bigarray_bound: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Tensors with more elements are split across the global servers.")
@@ -59,6 +58,27 @@ class SchedConfig(Section):
     dgt_alpha: float = setting(Fraction(percent=False), 0.3,
                                "DGT: weight of the old value in the per-block contribution EWMA "
                                "(DGT_CONTRIBUTION_ALPHA).")
+
+    # TSEngine (geomx/sched/tsengine.py; GeoMX's ENABLE_INTER_TS / ENABLE_INTRA_TS /
+    # MAX_GREED_RATE_TS -- geomx-behaviour.md §4.5, algorithms.md §2)
+    tsengine_inter: bool = setting(Flag(), False,
+                                   "TSEngine across DCs (GeoMX ENABLE_INTER_TS): the global "
+                                   "scheduler pairs local servers into a merge tree for their "
+                                   "pushes (by measured throughput) and relays the new model "
+                                   "epidemically, each receiver forwarding it. FSA and uncompressed "
+                                   "data only.")
+    tsengine_intra: bool = setting(Flag(), False,
+                                   "TSEngine inside each DC (GeoMX ENABLE_INTRA_TS): the DC's "
+                                   "local scheduler builds the same overlay among its workers and "
+                                   "local server. FSA and uncompressed data only.")
+    tsengine_max_greed_rate: float = setting(
+        Fraction(percent=False), 0.9,
+        "TSEngine: cap on the probability of sending the model over the fastest measured edge "
+        "(p_greedy = min(known/candidates, this)); the rest explores (MAX_GREED_RATE_TS).")
+    tsengine_expiry_iterations: int = setting(
+        Integer(min=1, max=1000), 5,
+        "TSEngine: rounds after which a throughput measurement is forgotten, so links are "
+        "re-explored (algorithms.md §2; GeoMX records the age but never uses it).")
 
     def _check(self, path: str) -> None:
         if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:
