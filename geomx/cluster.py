@@ -19,6 +19,8 @@ from typing import Any
 
 from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
+from geomx.node.mesh_controller import MeshController
+from geomx.node.mesh_server import MeshServer
 from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
@@ -144,6 +146,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
         sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
     )
+    if s.topology.kind in ("netstorm", "mlnet"):
+        job.mesh = mesh_config(s, train)
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
@@ -158,6 +162,23 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
                                  else auto_request_timeout_s(s, job, train, compute_s))
     return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles),
                    compute_scale=compute_scale)
+
+
+def mesh_config(s: Scenario, train: TrainSpec) -> dict[str, Any]:
+    """What the NETSTORM/MLNET controller and servers read (``JobSpec.mesh``): the
+    ``[netstorm]`` settings, the mesh's links (a, b, one-way delay) and the global
+    optimizer the roots apply (installed at start, so no round can beat the master's
+    ``set_optimizer``)."""
+    n = s.netstorm
+    return {"kind": s.topology.kind, "seed": s.run.seed,
+            "links": [[w.a, w.b, w.latency_s] for w in s.wans],
+            "roots": n.roots, "chunk_elements": n.chunk_elements,
+            "report_bytes": n.report_bytes, "report_samples": n.report_samples,
+            "report_rate": n.report_rate, "check_period_s": n.check_period_s,
+            "update_rate": n.update_rate, "multipath": n.multipath,
+            "awareness": n.awareness, "cost": n.cost, "dynamic_roots": n.dynamic_roots,
+            "send_window": n.send_window, "mlnet_fan_in": n.mlnet_fan_in,
+            "optimizer": train.global_optimizer}
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.
@@ -232,6 +253,12 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
         return Scheduler(name, dc, transport, services, job.scheduler_members(name),
                          heartbeat_timeout_s=job.heartbeat_timeout_s,
                          register_timeout_s=job.register_timeout_s)
+    if role == "mesh_controller":
+        return MeshController(name, dc, transport, services, job.scheduler_members(name), job,
+                              heartbeat_timeout_s=job.heartbeat_timeout_s,
+                              register_timeout_s=job.register_timeout_s)
+    if role == "mesh_server":
+        return MeshServer(name, dc, transport, services, job)
     if role == "global_server":
         return GlobalServer(name, dc, transport, services, job)
     if role == "state_server":

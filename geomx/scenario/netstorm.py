@@ -34,9 +34,10 @@ class NetstormConfig(Section):
     report_rate: float = setting(Real(min=0), 0.0,
                                  "Relative change of a link estimate that triggers a "
                                  "SPEED_REPORT to the controller (REPORT_RATE; 0 = every estimate).")
-    check_period_s: float = setting(Duration(positive=True), "2s",
+    check_period_s: float = setting(Duration(), "2s",
                                     "How often the controller considers replanning "
-                                    "(CHECK_PERIOD), checked at iteration boundaries.",
+                                    "(CHECK_PERIOD), checked at iteration boundaries; 0 = at "
+                                    "every boundary.",
                                     key="check_period")
     update_rate: float = setting(Real(min=0), 0.0,
                                  "Mean relative change of the rate matrix since the last plan "
