@@ -122,15 +122,18 @@ def test_chunks_follow_perf_shares_and_cover_every_key():
     assert owned["a"] <= math.ceil(0.75 * 12_007) + 1000 and owned["a"] > 2 * owned["b"]
 
 
-def test_mlnet_tree_has_bounded_fan_in_and_one_root():
+def test_mlnet_trees_have_bounded_fan_in_and_equal_shares():
     plan = plan_mlnet(DCS, LINKS, fan_in=2)
-    assert plan.roots == ["1"]
-    for dc in DCS:
-        assert len(plan.children("1", dc)) <= 2
-    assert len(plan.parent["1"]) == 8
+    assert plan.roots == DCS and len(set(plan.shares().values())) == 1
+    for r in DCS:
+        assert len(plan.parent[r]) == 8 and r not in plan.parent[r]
+        for dc in DCS:
+            assert len(plan.children(r, dc)) <= 2
+    mesh = {frozenset((str(a), str(b))) for a, b, _ in TABLE}
     for key, (route,) in plan.routes.items():
-        assert all(frozenset(e) in {frozenset((str(a), str(b))) for a, b, _ in TABLE}
-                   for e in zip(route, route[1:]))
+        assert all(frozenset(e) in mesh for e in zip(route, route[1:]))
+    # not network-aware: the same trees whatever the rates
+    assert plan_mlnet(DCS, LINKS, fan_in=2).parent == plan.parent
 
 
 def test_plan_survives_json():

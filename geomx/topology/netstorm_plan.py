@@ -287,36 +287,41 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                     kind="netstorm")
 
 
-def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, root: str | None = None,
-               fan_in: int = 5, plan_id: int = 0) -> MeshPlan:
-    """MLNET's static overlay (algorithms.md §6.6): one root (the first DC), a balanced
-    ``fan_in``-ary tree over the DCs in breadth-first order of the mesh from the root (hop
-    counts only: not network-aware), each overlay edge routed over a fewest-hop path."""
+def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,
+               plan_id: int = 0) -> MeshPlan:
+    """MLNET's static overlay (algorithms.md §6.6) on the stock PS's sharding: every DC's
+    server owns an equal share of the parameters (as MXNET shards them) and aggregates it
+    over its own balanced ``fan_in``-ary tree, laid over the DCs in breadth-first order of
+    the mesh from that root (hop counts only: not network-aware); each overlay edge is
+    routed over a fewest-hop path and relayed hop by hop."""
     if fan_in < 1:
         raise ValueError(f"fan_in = {fan_in}; allowed: an integer >= 1")
     dcs = list(dcs)
-    root = root or dcs[0]
     g = nx.Graph()
     g.add_nodes_from(dcs)
     g.add_edges_from((ln.a, ln.b) for ln in links)
-    order = [root] + [v for _, v in nx.bfs_edges(g, root)]
-    if len(order) != len(dcs):
-        raise ValueError("the links do not connect the DCs")
-    parent = {order[i]: order[(i - 1) // fan_in] for i in range(1, len(order))}
+    parents: dict[str, dict[str, str]] = {}
     routes: dict[str, list[list[str]]] = {}
-    for j, p in parent.items():
-        for u, v in ((j, p), (p, j)):
-            routes[route_key(u, v)] = [list(nx.shortest_path(g, u, v))]
-    perf = {d: (1.0 if d == root else 0.0) for d in dcs}
-    return MeshPlan(plan_id=plan_id, dcs=dcs, perf=perf, parent={root: parent}, routes=routes,
-                    kind="mlnet")
+    for root in dcs:
+        order = [root] + [v for _, v in nx.bfs_edges(g, root)]
+        if len(order) != len(dcs):
+            raise ValueError("the links do not connect the DCs")
+        parent = {order[i]: order[(i - 1) // fan_in] for i in range(1, len(order))}
+        parents[root] = parent
+        for j, p in parent.items():
+            for u, v in ((j, p), (p, j)):
+                if route_key(u, v) not in routes:
+                    routes[route_key(u, v)] = [list(nx.shortest_path(g, u, v))]
+    return MeshPlan(plan_id=plan_id, dcs=dcs, perf={d: 1.0 for d in dcs}, parent=parents,
+                    routes=routes, kind="mlnet")
 
 
 def chunk_table(key_sizes: Mapping[int, int], chunk_elements: int,
                 perf: Mapping[str, float]) -> list[Chunk]:
-    """Cut every key (in key order) into chunks of at most ``chunk_elements`` and give them
-    to the roots in proportion to ``perf`` (round-robin, skipping roots whose quota
-    ``ceil(perf_r / sum perf * total)`` is full): NETSTORM's task division."""
+    """Cut every key (in key order) into chunks of ``chunk_elements`` (the last one of a key
+    shorter) and give them to the roots in proportion to ``perf`` (round-robin, skipping
+    roots whose quota ``ceil(perf_r / sum perf * total)`` is full): NETSTORM's task
+    division."""
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements = {chunk_elements}; allowed: >= 1")
     roots = [r for r, p in perf.items() if p > 0]
@@ -332,7 +337,8 @@ def chunk_table(key_sizes: Mapping[int, int], chunk_elements: int,
         n = key_sizes[key]
         pieces = max(1, math.ceil(n / chunk_elements))
         for i in range(pieces):
-            lo, hi = round(n * i / pieces), round(n * (i + 1) / pieces)
+            # full chunks, then the rest: a full chunk is a full-size awareness sample
+            lo, hi = i * chunk_elements, min(n, (i + 1) * chunk_elements)
             for _ in range(len(roots)):
                 r = roots[turn % len(roots)]
                 turn += 1
