@@ -249,14 +249,14 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
 def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: Any) -> Any:
     job = plan.job
     dc = job.dc_of[name]
+    if role == "global_scheduler" and job.mode == "netstorm":
+        return MeshController(name, dc, transport, services, job.scheduler_members(name), job,
+                              heartbeat_timeout_s=job.heartbeat_timeout_s,
+                              register_timeout_s=job.register_timeout_s)
     if role in ("global_scheduler", "local_scheduler"):
         return Scheduler(name, dc, transport, services, job.scheduler_members(name),
                          heartbeat_timeout_s=job.heartbeat_timeout_s,
                          register_timeout_s=job.register_timeout_s)
-    if role == "mesh_controller":
-        return MeshController(name, dc, transport, services, job.scheduler_members(name), job,
-                              heartbeat_timeout_s=job.heartbeat_timeout_s,
-                              register_timeout_s=job.register_timeout_s)
     if role == "mesh_server":
         return MeshServer(name, dc, transport, services, job)
     if role == "global_server":

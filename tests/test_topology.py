@@ -74,7 +74,7 @@ def test_netstorm_puts_a_server_in_every_dc_and_the_controller_in_the_first():
     assert lay.nodes == ["gh", "ns:x", "ns:y", "mw", "w:x:0", "w:y:0", "w:y:1"]
     assert lay.local_server_of == {"x": "ns:x", "y": "ns:y"} and lay.local_scheduler_of == {}
     assert lay.dc_of["ns:y"] == "y" and lay.dc_of["gh"] == "x" and lay.dc_of["mw"] == "x"
-    assert lay.roles["gh"] == "mesh_controller" and lay.roles["ns:x"] == "mesh_server"
+    assert lay.roles["gh"] == "global_scheduler" and lay.roles["ns:x"] == "mesh_server"
 
 
 def test_mxnet_spreads_one_global_server_per_dc():

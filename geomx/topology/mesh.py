@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from geomx.topology.base import (GLOBAL_SCHEDULER, MASTER_WORKER, DCShape, NodeLayout,
-                                 assemble_layout, global_server_name)
+from geomx.topology.base import (MASTER_WORKER, DCShape, NodeLayout, assemble_layout,
+                                 global_server_name)
 
 #: JobSpec mode of NETSTORM and MLNET jobs (one tree-aggregating server per DC).
 MODE = "netstorm"
@@ -49,7 +49,8 @@ def plan_tree(central_dc: str, parties: Sequence[DCShape], *, global_servers: in
     for d in parties:
         lay.dc_of[mesh_server_name(d.name)] = d.name
         lay.roles[mesh_server_name(d.name)] = "mesh_server"
-    lay.roles[GLOBAL_SCHEDULER] = "mesh_controller"
+    # the controller keeps the global scheduler's role (every runtime starts, books and
+    # addresses it as one); cluster.make_node builds the planning scheduler for this mode
     lay.dc_of[MASTER_WORKER] = central_dc
     return lay
 
