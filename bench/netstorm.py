@@ -188,14 +188,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="6 static iterations, 200 s dynamic")
     ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE")
     ap.add_argument("--skip-dynamic", action="store_true")
+    ap.add_argument("--skip-static", action="store_true",
+                    help="only the dynamic table and the planner timings")
     args = ap.parse_args()
     if args.quick:
         args.static_iterations, args.dynamic_horizon = 6, 200.0
     with tempfile.TemporaryDirectory() as out:
-        static_table(out, args.static_iterations, args.set)
+        if not args.skip_static:
+            static_table(out, args.static_iterations, args.set)
         if not args.skip_dynamic:
             dynamic_table(out, args.dynamic_horizon, args.set)
-        awareness_accuracy(out, 4, args.set)
+        if not args.skip_static:
+            awareness_accuracy(out, 4, args.set)
     planner_timings()
 
 

@@ -54,6 +54,11 @@ from geomx.wire import Kind, Message, Payload
 __all__ = ["MeshServer"]
 
 UP, DOWN = "u", "d"
+#: Chunks travel on their own reliable channel, a lower priority class than channel 0,
+#: where their RELAY_ACKs and the control messages go: an acknowledgement never waits
+#: behind the 4 MB chunks its receiver sends back the other way (which would stall the
+#: sender's window).
+DATA_CHANNEL = 1
 
 
 @dataclass
@@ -321,7 +326,7 @@ class MeshServer(Node):
             meta["stop"] = True
         self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[1]], key=ch.key,
                                 part=ch.index, version=rnd.version, meta=meta,
-                                payloads=[payload]))
+                                payloads=[payload], channel=DATA_CHANNEL))
 
     def _on_relay(self, msg: Message) -> None:
         problem = self._relay_problem(msg)
@@ -329,7 +334,7 @@ class MeshServer(Node):
             self.rejected += 1
             self.reply_error(msg, problem)
             return
-        self.post(msg.reply(Kind.RELAY_ACK))
+        self.post(msg.reply(Kind.RELAY_ACK, channel=0))
         src_dc = self.dc_of_server[msg.src]
         if self.awareness and "ts" in msg.meta:
             est = self.meter.observe((src_dc, self.dc), msg.nbytes, float(msg.meta["ts"]),
@@ -345,7 +350,7 @@ class MeshServer(Node):
             meta["hop"] = hop + 1
             self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[hop + 1]],
                                     key=msg.key, part=msg.part, version=msg.version, meta=meta,
-                                    payloads=list(msg.payloads)))
+                                    payloads=list(msg.payloads), channel=DATA_CHANNEL))
             return
         self._arrive(msg)
 
