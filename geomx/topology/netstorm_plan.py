@@ -184,7 +184,7 @@ def _aux_routes(g: nx.DiGraph, src: str, dst: str, main: list[str], max_aux: int
 
     for _ in range(max_aux):
         try:
-            path = nx.dijkstra_path(g, src, dst, weight=weight)
+            _, path = nx.bidirectional_dijkstra(g, src, dst, weight=weight)
         except nx.NetworkXNoPath:
             break
         out.append(list(path))
