@@ -163,3 +163,28 @@ def test_malformed_relays_are_rejected_and_counted():
     for meta, src in bad:
         assert srv._relay_problem(Message(Kind.RELAY, src, "ns:b", key=0, meta=meta,
                                           payloads=pay))
+
+
+def test_the_9dc_scenarios_are_the_papers_mesh(scenario_of):
+    static = scenario_of("netstorm_9dc.toml")
+    dynamic = scenario_of("netstorm_9dc_dynamic.toml")
+    table = {frozenset((w.a, w.b)): w.bandwidth_bps / 1e6 for w in static.wans}
+    assert len(table) == 13 and sorted(table.values()).count(100.0) == 5
+    assert table[frozenset(("dc6", "dc9"))] == 100.0 and table[frozenset(("dc8", "dc9"))] == 500.0
+    assert all((w.trace, w.trace_low_bps, w.trace_high_bps, w.trace_period_s)
+               == ("uniform", 20e6, 155e6, 180.0) for w in dynamic.wans)
+    from geomx.cluster import plan_job
+
+    plan = plan_job(static)
+    assert len(plan.job.global_servers) == 9 and plan.job.num_all_workers == 9
+    assert plan.job.mesh["roots"] == 0 and plan.job.mesh["chunk_elements"] == 1_000_000
+
+
+def test_run_folder_has_the_trees_the_estimates_and_plan_markers(scenario_of):
+    r = run_scenario(scenario_of("netstorm_4dc.toml", "run.iterations=12", "run.eval_every=12"))
+    assert (r.run_dir / "topology.png").stat().st_size > 0
+    assert (r.run_dir / "link_estimates.png").stat().st_size > 0
+    trace = json.loads((r.run_dir / "trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    marks = [e for e in events if e.get("ph") == "i" and e.get("name", "").startswith("plan")]
+    assert marks
