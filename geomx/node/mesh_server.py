@@ -209,6 +209,8 @@ class MeshServer(Node):
         plan_json = reply.meta.get("plan")
         if plan_json is not None:
             self.plan = MeshPlan.from_json(plan_json)
+            for old in [p for p in self._chunks if p < self.plan.plan_id - 1]:
+                del self._chunks[old]  # no iteration in progress here uses them any more
             self.record("plan_commit", plan=self.plan.plan_id, iteration=rnd.version)
         if self.plan is None or self.plan.plan_id != reply.meta.get("plan_id"):
             raise RuntimeError(f"{self.name}: the controller kept plan "
