@@ -16,6 +16,14 @@ of 9, 50 and 200 DCs (average degree 3, rates uniform in [20, 155] Mbit/s), and 
 awareness accuracy: the controller's estimate against the true rate of every link measured
 after the first few static iterations.
 
+Reading the static figures from the link table: its 500 Mbit/s links (1-2, 2-3, 2-5,
+4-5, 5-7, 6-7, 7-8, 8-9) form a spanning tree, so once measured every root's FAPT is that
+tree and each of its links carries the whole model each way per iteration: NETSTORM's
+bound is 25.6M x 32 bit / 500 Mbit/s = 1.64 s per iteration, MXNET's is its busiest
+100 Mbit/s link on the fewest-hop all-to-all paths (printed). Any auxiliary route must
+leave that tree, i.e. cross a 100 Mbit/s link, which is why the queue-length multipath
+rule can lose time here.
+
 TSEngine is not in this repository yet (no ``[sched] tsengine``), so the paper's "vs
 TSEngine" row is left out.
 
