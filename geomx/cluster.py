@@ -19,6 +19,8 @@ from typing import Any
 
 from geomx.node.global_server import GlobalServer
 from geomx.node.local_server import LocalServer
+from geomx.node.mesh_controller import MeshController
+from geomx.node.mesh_server import MeshServer
 from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.ts_overlay import install_coordinators
@@ -159,6 +161,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if t.layer_compute != "off":
         train.layer_shares = layer_shares(s, train)
         train.backward_fraction = t.layer_backward_fraction
+    if s.topology.kind in ("netstorm", "mlnet"):
+        job.mesh = mesh_config(s, train)
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
@@ -200,6 +204,23 @@ def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
 
         weights = [float(f) for f in model_key_flops(build_model(train))]
     return normalised_shares(weights, num_keys)
+
+
+def mesh_config(s: Scenario, train: TrainSpec) -> dict[str, Any]:
+    """What the NETSTORM/MLNET controller and servers read (``JobSpec.mesh``): the
+    ``[netstorm]`` settings, the mesh's links (a, b, one-way delay) and the global
+    optimizer the roots apply (installed at start, so no round can beat the master's
+    ``set_optimizer``)."""
+    n = s.netstorm
+    return {"kind": s.topology.kind, "seed": s.run.seed,
+            "links": [[w.a, w.b, w.latency_s] for w in s.wans],
+            "roots": n.roots, "chunk_elements": n.chunk_elements,
+            "report_bytes": n.report_bytes, "report_samples": n.report_samples,
+            "report_rate": n.report_rate, "check_period_s": n.check_period_s,
+            "update_rate": n.update_rate, "multipath": n.multipath,
+            "awareness": n.awareness, "cost": n.cost, "dynamic_roots": n.dynamic_roots,
+            "send_window": n.send_window, "mlnet_fan_in": n.mlnet_fan_in,
+            "optimizer": train.global_optimizer}
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.
@@ -270,12 +291,18 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
 def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: Any) -> Any:
     job = plan.job
     dc = job.dc_of[name]
+    if role == "global_scheduler" and job.mode == "netstorm":
+        return MeshController(name, dc, transport, services, job.scheduler_members(name), job,
+                              heartbeat_timeout_s=job.heartbeat_timeout_s,
+                              register_timeout_s=job.register_timeout_s)
     if role in ("global_scheduler", "local_scheduler"):
         sch = Scheduler(name, dc, transport, services, job.scheduler_members(name),
                         heartbeat_timeout_s=job.heartbeat_timeout_s,
                         register_timeout_s=job.register_timeout_s)
         install_coordinators(sch, job)  # TSEngine's overlays, when on
         return sch
+    if role == "mesh_server":
+        return MeshServer(name, dc, transport, services, job)
     if role == "global_server":
         return GlobalServer(name, dc, transport, services, job)
     if role == "state_server":

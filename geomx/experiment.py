@@ -284,6 +284,26 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
     if s.metrics.plot:
         caps = summary.extra.get("link_capacity_bps") if summary.extra else None
         write_run_plots(run_dir, caps)
+        if s.topology.kind in ("netstorm", "mlnet") and s.metrics.events:
+            from geomx.metrics.netstorm_plots import write_netstorm_plots
+
+            write_netstorm_plots(run_dir, [(w.a, w.b) for w in s.wans], true_rate_bps(s))
+
+
+def true_rate_bps(s: Scenario) -> Callable[[str, str, float], float]:
+    """``rate(a, b, t)``: the scenario's rate of WAN direction a -> b at time t (its trace,
+    drawn with the seeds build_network uses, or its constant capacity)."""
+    rates: dict[tuple[str, str], Any] = {}
+    for i, w in enumerate(s.wans):
+        for src, dst, k, rev in ((w.a, w.b, 0, False), (w.b, w.a, 1, True)):
+            trace = make_trace(w, seed=s.run.seed * 7919 + 2 * i + k, reverse=rev)
+            rates[(src, dst)] = trace if trace is not None else w.capacity_bps(src, dst)
+
+    def rate(a: str, b: str, t: float) -> float:
+        r = rates[(a, b)]
+        return float(r) if isinstance(r, (int, float)) else float(r.rate_at(t))
+
+    return rate
 
 
 def _edge_bandwidth(s: Scenario) -> Callable[[str, str], float | None]:

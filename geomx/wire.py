@@ -75,6 +75,9 @@ class Kind(enum.IntEnum):
     RELAY_ACK = 54
     PROBE = 55
     PROBE_REPLY = 56
+    ROUTE_RELEASE = 57     # NETSTORM: a server reached an iteration boundary (a barrier)
+    ROUTE_PLAN = 58        # NETSTORM: the controller's answer: the plan for that iteration
+    SPEED_REPORT = 59      # NETSTORM: a server's passive estimate of one incoming link
 
 
 _KIND_VALUES = frozenset(int(k) for k in Kind)

@@ -150,7 +150,7 @@ def test_unknown_key_in_an_array_item_names_the_item():
 def test_unknown_section_suggests_the_closest():
     msg = str(error_of({"trainig": {}}))
     assert "unknown section [trainig]" in msg and "did you mean 'training'" in msg
-    assert "allowed sections: run, network, dc, wan, topology, training, sync, codec, sched, metrics" in msg
+    assert "allowed sections: run, network, dc, wan, topology, netstorm, training, sync, codec, sched, metrics" in msg
 
 
 @pytest.mark.parametrize("section, key, value, expected", [

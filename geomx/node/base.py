@@ -32,7 +32,7 @@ Handler = Callable[[Message], Any]
 REPLY_KINDS = frozenset({
     Kind.REGISTER_ACK, Kind.BARRIER_RELEASE, Kind.HEARTBEAT_ACK, Kind.COMMAND_ACK,
     Kind.INIT_ACK, Kind.PUSH_ACK, Kind.PULL_REPLY, Kind.STATE_REPLY, Kind.SCHED_REPLY,
-    Kind.RELAY_ACK, Kind.PROBE_REPLY, Kind.ERROR,
+    Kind.RELAY_ACK, Kind.PROBE_REPLY, Kind.ROUTE_PLAN, Kind.ERROR,
 })
 
 

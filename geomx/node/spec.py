@@ -30,7 +30,7 @@ class KeySpec:
 class JobSpec:
     """Who is in the job and how it synchronises. Identical on every node."""
 
-    mode: str                                  # "hips" | "flat_ps"
+    mode: str                                  # "hips" | "flat_ps" | "netstorm"
     central_dc: str
     party_dcs: list[str]
     global_scheduler: str
@@ -50,6 +50,9 @@ class JobSpec:
     register_timeout_s: float = 0.0
     request_timeout_s: float = 0.0             # 0 = requests wait forever
     state_server: str = ""                     # ESync's state server ("" = none)
+    #: NETSTORM / MLNET (mode "netstorm"): the controller's and servers' settings, plain
+    #: values from [netstorm] and the mesh (geomx/node/mesh_server.py reads them)
+    mesh: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_all_workers(self) -> int:
@@ -69,7 +72,9 @@ class JobSpec:
         """Nodes that register with ``scheduler`` (excluding itself)."""
         if scheduler == self.global_scheduler:
             members = list(self.global_servers) + [self.master_worker]
-            if self.mode == "flat_ps":
+            if self.mode in ("flat_ps", "netstorm"):
+                # flat PS: workers talk to the global tier; netstorm: the controller is
+                # every node's one scheduler (the local servers are the global_servers)
                 members += self.all_workers
             else:
                 members += [self.local_server_of[d] for d in self.party_dcs]

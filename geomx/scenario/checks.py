@@ -15,7 +15,7 @@ from geomx.scenario.model import Scenario
 from geomx.scenario.sched import DGT_CODECS
 from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
 from geomx.sync.policy import needs_state_server
-from geomx.topology import DCShape, plan_nodes
+from geomx.topology import MESH_KINDS, DCShape, plan_nodes
 
 __all__ = ["SCENARIO_CHECKS", "scenario_check"]
 
@@ -42,6 +42,9 @@ def _check_dcs(s: Scenario) -> None:
         seen[dc.name] = i
     central = [i for i, dc in enumerate(s.dcs) if dc.central]
     names = quote_list(dc.name for dc in s.dcs)
+    if s.topology.kind in MESH_KINDS:
+        _check_mesh_dcs(s, central)
+        return
     if not central:
         raise ScenarioError(f"no central DC among {names}; allowed: exactly one DC with central = true",
                             path="dc", allowed="exactly one DC with central = true")
@@ -66,6 +69,52 @@ def _check_dcs(s: Scenario) -> None:
             raise ScenarioError(f"only the central DC hosts global servers; set global_servers on "
                                 f"{s.central_dc.name!r} instead; allowed: 1 (the default) on party DCs",
                                 path=f"dc[{i}].global_servers", value=dc.global_servers, allowed="1")
+
+
+def _check_mesh_dcs(s: Scenario, central: list[int]) -> None:
+    """NETSTORM, MLNET and MXNET run over a mesh: one server and at least one worker in
+    every DC, no central DC (the controller sits in the first DC)."""
+    kind = s.topology.kind
+    if central:
+        i = central[0]
+        raise ScenarioError(f"topology.kind = {kind!r} has no central DC (every DC hosts a "
+                            f"server and workers; the controller sits in the first DC); "
+                            f"allowed: central = false", path=f"dc[{i}].central", value=True,
+                            allowed="false")
+    for i, dc in enumerate(s.dcs):
+        if dc.workers < 1:
+            raise ScenarioError(f"DC {dc.name!r} has no workers; allowed with topology.kind = "
+                                f"{kind!r}: an integer >= 1", path=f"dc[{i}].workers",
+                                value=dc.workers, allowed="an integer >= 1")
+        if dc.global_servers != 1:
+            raise ScenarioError(f"topology.kind = {kind!r} runs one server per DC; allowed: 1",
+                                path=f"dc[{i}].global_servers", value=dc.global_servers,
+                                allowed="1")
+
+
+@scenario_check
+def _check_mesh(s: Scenario) -> None:
+    """What the tree-aggregating servers do not implement: codecs, DGT, and sync
+    algorithms other than FSA (they aggregate every round over the trees)."""
+    kind = s.topology.kind
+    if kind not in ("netstorm", "mlnet"):
+        return
+    if s.sync.resolved_algorithm != "fsa":
+        raise ScenarioError(f"topology.kind = {kind!r} aggregates every round over its trees; "
+                            f"allowed: sync.algorithm = 'fsa' (or 'auto')", path="sync.algorithm",
+                            value=s.sync.algorithm, allowed="'fsa', 'auto'")
+    if s.codec.type != "none":
+        raise ScenarioError(f"topology.kind = {kind!r} relays dense chunks; allowed: codec.type "
+                            f"= 'none'", path="codec.type", value=s.codec.type, allowed="'none'")
+    if s.sched.dgt != "off":
+        raise ScenarioError(f"topology.kind = {kind!r} has no local -> global pushes for DGT; "
+                            f"allowed: 'off'", path="sched.dgt", value=s.sched.dgt,
+                            allowed="'off'")
+    n = len(s.dcs)
+    if s.netstorm.roots > n:
+        raise ScenarioError(f"roots = {s.netstorm.roots} but the mesh has {n} DCs; allowed: 0 "
+                            f"(all) .. {n}", path="netstorm.roots", value=s.netstorm.roots,
+                            allowed=f"0 .. {n}")
 
 
 @scenario_check
@@ -161,7 +210,7 @@ def _check_membership(s: Scenario) -> None:
 
 @scenario_check
 def _check_sync(s: Scenario) -> None:
-    if s.topology.kind == "flat" and s.sync.algorithm not in ("auto", "fsa", "mixed"):
+    if s.topology.kind in ("flat", "mxnet") and s.sync.algorithm not in ("auto", "fsa", "mixed"):
         raise ScenarioError(
             f"{s.sync.algorithm!r} needs local servers, which topology.kind = 'flat' does not have; "
             "allowed with flat: 'fsa', 'mixed'",
@@ -220,7 +269,7 @@ def _check_layer_compute(s: Scenario) -> None:
 def _check_dgt(s: Scenario) -> None:
     if s.sched.dgt == "off":
         return
-    if s.topology.kind == "flat":
+    if s.topology.kind in ("flat", "mxnet"):
         raise ScenarioError(
             f"sched.dgt = {s.sched.dgt!r} acts on local -> global server pushes, which "
             "topology.kind = 'flat' does not have; allowed with flat: 'off'",
@@ -280,7 +329,7 @@ def _check_tsengine(s: Scenario) -> None:
 @scenario_check
 def _check_real(s: Scenario) -> None:
     r = s.real
-    central_i = next(i for i, d in enumerate(s.dcs) if d.central)
+    central_i = next((i for i, d in enumerate(s.dcs) if d.central), 0)
     central = s.dcs[central_i]
     if r.global_scheduler and central.scheduler_port:
         port = int(r.global_scheduler.rpartition(":")[2])

@@ -18,6 +18,7 @@ from geomx.scenario.errors import quote_list
 from geomx.scenario.kinds import settings_of
 from geomx.scenario.membership import FaultConfig, MembershipConfig
 from geomx.scenario.metrics import MetricsConfig
+from geomx.scenario.netstorm import NetstormConfig
 from geomx.scenario.real import RealConfig, SecurityConfig
 from geomx.scenario.run import RunConfig
 from geomx.scenario.sched import SchedConfig
@@ -57,6 +58,7 @@ class Scenario:
     dcs: tuple[DCConfig, ...] = _section("dc", DCConfig, array=True, default=DEFAULT_DCS)
     wans: tuple[WanConfig, ...] = _section("wan", WanConfig, array=True, default=DEFAULT_WANS)
     topology: TopologyConfig = _section("topology", TopologyConfig)
+    netstorm: NetstormConfig = _section("netstorm", NetstormConfig)
     training: TrainingConfig = _section("training", TrainingConfig)
     sync: SyncConfig = _section("sync", SyncConfig)
     codec: CodecConfig = _section("codec", CodecConfig)
@@ -75,8 +77,9 @@ class Scenario:
 
     @property
     def central_dc(self) -> DCConfig:
-        """The DC that hosts the global scheduler, the global servers and the master worker."""
-        return next(dc for dc in self.dcs if dc.central)
+        """The DC that hosts the global scheduler, the global servers and the master worker
+        (a mesh topology has none: its first DC hosts the controller and master worker)."""
+        return next((dc for dc in self.dcs if dc.central), self.dcs[0])
 
     @property
     def party_dcs(self) -> tuple[DCConfig, ...]:

@@ -2,8 +2,9 @@
 
 ``[topology] kind`` picks a planner from :data:`PLANNERS`; each is a module here that
 implements :class:`~geomx.topology.base.TopologyPlanner` (``hips``: GeoMX's two tiers;
-``flat``: the vanilla parameter server). NETSTORM trees and MLNET will be added as
-further modules. This is a policy package: it takes plain values and imports nothing
+``flat``: the vanilla parameter server; ``netstorm``, ``mlnet``, ``mxnet``: one server per
+DC over a mesh, :mod:`geomx.topology.mesh`, planned by :mod:`geomx.topology.netstorm_plan`).
+This is a policy package: it takes plain values and imports nothing
 from the scenario, the cluster, the nodes or the runtimes.
 """
 
@@ -11,17 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from geomx.topology import flat, hips
+from geomx.topology import flat, hips, mesh
 from geomx.topology.base import (GLOBAL_SCHEDULER, MASTER_WORKER, STATE_SERVER, DCShape,
                                  NodeLayout, TopologyPlanner)
 
 __all__ = [
     "GLOBAL_SCHEDULER", "MASTER_WORKER", "STATE_SERVER", "DCShape", "NodeLayout",
-    "TopologyPlanner", "PLANNERS", "KINDS", "plan_nodes",
+    "TopologyPlanner", "PLANNERS", "KINDS", "MESH_KINDS", "plan_nodes",
 ]
 
 #: ``[topology] kind`` -> planner.
-PLANNERS: dict[str, TopologyPlanner] = {"hips": hips.plan, "flat": flat.plan}
+PLANNERS: dict[str, TopologyPlanner] = {"hips": hips.plan, "flat": flat.plan,
+                                        "netstorm": mesh.plan_tree, "mlnet": mesh.plan_tree,
+                                        "mxnet": mesh.plan_mxnet}
+#: Kinds over a mesh of DCs, without a central DC (algorithms.md §1).
+MESH_KINDS: tuple[str, ...] = mesh.MESH_KINDS
 KINDS: tuple[str, ...] = tuple(PLANNERS)
 
 

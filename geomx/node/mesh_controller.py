@@ -1,0 +1,157 @@
+"""The NETSTORM controller: the job's scheduler that also plans the trees.
+
+algorithms.md §1 (b) (fengwenjiao/netstorm ``van.cc``: Route_Manager, speed reports,
+ROUTE_RELEASE handling). Besides registration, barriers and liveness (it *is* a
+:class:`~geomx.node.scheduler.Scheduler`), it keeps the directed rate matrix
+``rates[(u, v)]`` in bit/s:
+
+* before any measurement, seeded pseudo-random values (the repo's [0, 100) MB/s), so the
+  first plan is effectively random; with ``awareness`` off it is never replaced (the
+  ablation's "random first plan");
+* SPEED_REPORTs from receiving servers overwrite entries (no probe traffic);
+* a dead link (a SPEED_REPORT of 0 bit/s, or ``link_down`` below) is left out of the graph.
+
+ROUTE_RELEASE is a barrier per iteration over all servers. When the last server of
+iteration v arrives, the controller decides: if ``check_period`` has passed since the
+last check and the mean relative change of the entries that changed since the last plan
+exceeds ``update_rate`` (or a link died), it computes a new plan
+(:func:`geomx.topology.netstorm_plan.plan_netstorm`) and answers every server with it;
+otherwise with "keep". Checking at the barrier instead of on a free-running timer keeps the
+emulation finite and deterministic, and a plan can only take effect at a boundary anyway.
+MLNET jobs get their static tree once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geomx.node.scheduler import Scheduler
+from geomx.node.spec import JobSpec
+from geomx.topology.netstorm_plan import Link, MeshPlan, initial_rates, plan_mlnet, plan_netstorm
+from geomx.wire import Kind, Message
+
+__all__ = ["MeshController"]
+
+
+class MeshController(Scheduler):
+    role = "mesh_controller"
+
+    def __init__(self, name: str, dc: str, transport: Any, services: Any, members: list[str],
+                 job: JobSpec, **kw: Any):
+        super().__init__(name, dc, transport, services, members, **kw)
+        cfg = job.mesh
+        self.job = job
+        self.cfg = cfg
+        self.kind = str(cfg.get("kind", "netstorm"))
+        self.dcs = list(job.party_dcs)
+        self.servers = [job.local_server_of[d] for d in self.dcs]
+        self.links = [Link(str(a), str(b), float(d)) for a, b, d in cfg.get("links", [])]
+        self.linked = {(ln.a, ln.b) for ln in self.links} | {(ln.b, ln.a) for ln in self.links}
+        self.awareness = bool(cfg.get("awareness", True)) and self.kind == "netstorm"
+        self.check_period_s = float(cfg.get("check_period_s", 2.0))
+        self.update_rate = float(cfg.get("update_rate", 0.0))
+        self.rates: dict[tuple[str, str], float] = initial_rates(self.links,
+                                                                  int(cfg.get("seed", 0)))
+        self.dead: set[frozenset[str]] = set()
+        self._plan_rates = dict(self.rates)
+        self._dead_at_plan: set[frozenset[str]] = set()
+        self._last_check_s = 0.0
+        self._releases: dict[int, list[Message]] = {}
+        self._sent_plan_id = -1
+        self.plans: list[MeshPlan] = []
+        self.plan = self._make_plan(0)
+        self.on(Kind.ROUTE_RELEASE, self._on_release)
+        self.on(Kind.SPEED_REPORT, self._on_speed)
+
+    # ------------------------------------------------------------------ planning
+    def _live_rates(self) -> dict[tuple[str, str], float]:
+        return {e: (0.0 if frozenset(e) in self.dead else bw) for e, bw in self.rates.items()}
+
+    def _make_plan(self, plan_id: int) -> MeshPlan:
+        c = self.cfg
+        if self.kind == "mlnet":
+            plan = plan_mlnet(self.dcs, self.links, fan_in=int(c.get("mlnet_fan_in", 5)),
+                              plan_id=plan_id)
+        else:
+            plan = plan_netstorm(self.dcs, self.links, self._live_rates(), plan_id=plan_id,
+                                 roots=int(c.get("roots", 0)),
+                                 dynamic_roots=bool(c.get("dynamic_roots", False)),
+                                 multipath=bool(c.get("multipath", True)),
+                                 cost=str(c.get("cost", "bandwidth")),
+                                 chunk_bytes=4.0 * int(c.get("chunk_elements", 1_000_000)))
+        self.plans.append(plan)
+        return plan
+
+    def _changed(self) -> float:
+        """Mean relative change of the entries that changed since the last plan."""
+        diffs = [abs(bw - self._plan_rates[e]) / self._plan_rates[e]
+                 for e, bw in self.rates.items()
+                 if bw != self._plan_rates.get(e) and self._plan_rates.get(e, 0) > 0]
+        return sum(diffs) / len(diffs) if diffs else 0.0
+
+    def _decide(self, version: int) -> None:
+        now = self.now()
+        links_died = self.dead != self._dead_at_plan
+        due = self.awareness and now - self._last_check_s >= self.check_period_s
+        if not (due or links_died):
+            return
+        if due:
+            self._last_check_s = now
+        change = self._changed()
+        if not links_died and not (change > self.update_rate and change > 0):
+            return
+        try:
+            plan = self._make_plan(self.plan.plan_id + 1)
+        except ValueError as e:  # the live links no longer connect the DCs: keep going
+            self.record("plan_failed", iteration=version, reason=str(e))
+            return
+        self.plan = plan
+        self._plan_rates = dict(self.rates)
+        self._dead_at_plan = set(self.dead)
+        self.record("plan_switch", plan=plan.plan_id, iteration=version, change=change,
+                    dead=sorted("-".join(sorted(d)) for d in self.dead))
+
+    # ------------------------------------------------------------------ messages
+    def _on_release(self, msg: Message) -> None:
+        if msg.src not in self.servers:
+            self.reply_error(msg, f"{msg.src} is not a server of this job")
+            return
+        waiting = self._releases.setdefault(msg.version, [])
+        if any(m.src == msg.src for m in waiting):
+            self.reply_error(msg, f"{msg.src} already released iteration {msg.version}")
+            return
+        waiting.append(msg)
+        if len(waiting) < len(self.servers):
+            return
+        del self._releases[msg.version]
+        if self._sent_plan_id >= 0:
+            self._decide(msg.version)
+        new = self.plan.plan_id != self._sent_plan_id
+        if new:
+            self._sent_plan_id = self.plan.plan_id
+            self.record("plan", plan=self.plan.plan_id, iteration=msg.version,
+                        kind=self.plan.kind, shares=self.plan.shares(),
+                        parent=self.plan.parent)
+        meta = {"plan_id": self.plan.plan_id, "plan": self.plan.to_json() if new else None}
+        for req in waiting:
+            self.post(req.reply(Kind.ROUTE_PLAN, meta=meta))
+
+    def _on_speed(self, msg: Message) -> None:
+        link, bps = msg.meta.get("link"), msg.meta.get("bps")
+        if msg.src not in self.servers or not isinstance(link, list) or len(link) != 2 \
+                or tuple(link) not in self.linked or not isinstance(bps, (int, float)) \
+                or bps < 0:
+            self.record("reject", src=msg.src, msg=msg.kind.name, reason="malformed SPEED_REPORT")
+            return
+        e = (str(link[0]), str(link[1]))
+        if bps == 0:
+            self.dead.add(frozenset(e))
+        else:
+            self.rates[e] = float(bps)
+        self.record("speed_report", link=list(e), bps=float(bps))
+
+    def link_down(self, a: str, b: str) -> None:
+        """A WAN link failed (a ``[[fault]] kind = "link_down"``): plan around it at the next
+        iteration boundary."""
+        self.dead.add(frozenset((a, b)))
+        self.record("link_down", link=[a, b])
