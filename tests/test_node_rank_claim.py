@@ -17,6 +17,10 @@ class _Book:
         self.book: dict[str, str] = {}
 
     def set_address_book(self, book: dict[str, str]) -> None:
+        from geomx.runtime.tcp import parse_address
+
+        for address in book.values():
+            parse_address(address)  # ValueError, as the real transport's
         self.book = dict(book)
 
 
@@ -33,6 +37,9 @@ class _Services:
         return 0.0
 
     def record(self, *a, **k) -> None:
+        pass
+
+    def count_bytes(self, msg) -> None:
         pass
 
 
@@ -83,3 +90,32 @@ def test_kind_prefix_of_names(kind):
     from geomx.runtime.rank_claim import _kind_prefix
 
     assert _kind_prefix(kind + "3") == kind
+
+
+def test_an_unreachable_claimant_does_not_stop_the_scheduler():
+    """A stranger's claim with an address nobody listens at: the answer fails to send,
+    and the scheduler goes on (a failed send to a member would fail it by name)."""
+    import asyncio
+
+    class Unreachable(_Book):
+        async def send(self, msg):
+            raise ConnectionError(f"cannot reach {msg.dst}")
+
+    async def main():
+        sched = Scheduler("lh:a", "a", Unreachable(), _Services(), ["ls:a", "w:a:0"])
+        outbox: asyncio.PriorityQueue = asyncio.PriorityQueue()
+        outbox.put_nowait((0, 1, Message(Kind.REGISTER_ACK, "lh:a", f"{CLAIM_PREFIX}x")))
+        outbox.put_nowait((0, 2, None))
+        await asyncio.wait_for(sched._send_loop(outbox), 5)  # returns: no NodeFailure
+        outbox.put_nowait((0, 3, Message(Kind.REGISTER_ACK, "lh:a", "w:a:0")))
+        with pytest.raises(Exception, match="could not deliver"):
+            await asyncio.wait_for(sched._send_loop(outbox), 5)
+    asyncio.run(main())
+
+
+def test_claims_without_a_usable_address_get_no_answer():
+    sched, sent = _scheduler()
+    for address in ("", "no-port", "host:notaport"):
+        sched._on_register(Message(Kind.REGISTER, f"{CLAIM_PREFIX}t", "lh:a", request_id=1,
+                                   meta={"claim": "t", "kind": "w:a:", "address": address}))
+    assert sent == [] and sched._claims == {} and not sched._claimants

@@ -29,6 +29,10 @@ Handler = Callable[[Message], Any]
 
 #: Kinds that answer a request; they resolve the requester's future when ``request_id``
 #: matches an outstanding request.
+#: Provisional name of a process that claims a rank before it starts (not a member of the
+#: job; see geomx/runtime/rank_claim.py): answers to it are best effort.
+CLAIM_PREFIX = "claim:"
+
 REPLY_KINDS = frozenset({
     Kind.REGISTER_ACK, Kind.BARRIER_RELEASE, Kind.HEARTBEAT_ACK, Kind.COMMAND_ACK,
     Kind.INIT_ACK, Kind.PUSH_ACK, Kind.PULL_REPLY, Kind.STATE_REPLY, Kind.SCHED_REPLY,
@@ -201,6 +205,11 @@ class Node:
                 await self.transport.send(msg)
             except (ConnectionError, OSError) as e:
                 self.record("send_failed", dst=msg.dst, msg=msg.kind.name, reason=str(e))
+                if msg.dst.startswith(CLAIM_PREFIX):
+                    # a process claiming a rank, not a member: nobody in the job waits on
+                    # this answer, and a stranger's bad address must not stop the node
+                    log.info("%s: did not answer %s: %s", self.name, msg.dst[:80], e)
+                    continue
                 if self._stopping or msg.dst in self.gone:
                     # leaving, or the peer said goodbye: nobody waits for this message
                     log.info("%s: did not send %s to %s (%s): %s", self.name, msg.kind.name,

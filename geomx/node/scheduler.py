@@ -16,14 +16,11 @@ import asyncio
 import logging
 from typing import Any
 
-from geomx.node.base import Node, NodeFailure
+from geomx.node.base import CLAIM_PREFIX, Node, NodeFailure
 from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
 
-
-#: Provisional name prefix of a process claiming a rank (geomx/runtime/rank_claim.py).
-CLAIM_PREFIX = "claim:"
 
 #: Open barrier groups a scheduler keeps at most (bad input cannot grow it further).
 MAX_OPEN_BARRIERS = 4096
@@ -105,11 +102,16 @@ class Scheduler(Node):
             self.record("reject", src=msg.src[:100], msg="REGISTER", reason="claim refused")
             return  # a stranger flooding claims gets nothing, and cannot grow our book
         kind = str(msg.meta.get("kind", ""))
-        address = str(msg.meta.get("address", ""))
-        if address:  # to answer the claimant (bounded by _max_claimants)
-            self._claimants.add(msg.src)
+        address = str(msg.meta.get("address", ""))[:300]
+        if not address:
+            return  # nowhere to answer
+        try:  # to answer the claimant (at most _max_claimants of them)
             self.address_book[msg.src] = address
             self.transport.set_address_book(dict(self.address_book))
+        except ValueError:  # not host:port
+            self.address_book.pop(msg.src, None)
+            return
+        self._claimants.add(msg.src)
         granted = [m for m, t in self._claims.items() if t == token]
         free = [m for m in self.members if kind.endswith(":") and m.startswith(kind)
                 and m not in self._register_requests and m not in self._claims]
