@@ -161,3 +161,24 @@ def test_a_member_that_fails_tells_its_scheduler_which_stops_everyone(scenario_o
             assert f"reported by {members[0]}" in msg.meta["reason"]
 
     run_virtual(scenario())
+
+
+def test_a_failure_set_before_the_node_runs_stops_it_at_once(scenario_of):
+    """The launcher's abort line can arrive before the node has started (it is still
+    claiming its rank): run() honours the earlier stop() and raises the failure."""
+    import asyncio
+
+    from geomx.node.base import NodeFailure
+    from geomx.sim.loop import run_virtual
+
+    lh, _, _ = _lone_scheduler(scenario_of)
+    lh.failure = NodeFailure("node w:party-a:1 was killed by signal 9 (seen by the launcher)")
+    lh.stop()
+
+    async def scenario():
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(NodeFailure, match="seen by the launcher"):
+            await lh.run()
+        assert asyncio.get_running_loop().time() - t0 < 1.0
+
+    run_virtual(scenario())

@@ -312,6 +312,8 @@ class Node:
         """Serve until ``main`` returns or ``stop`` is called; re-raise a task failure."""
         self._running = True
         self._stop_event = asyncio.Event()
+        if self._stopping:  # stop() came first (an abort before the node started): honour it
+            self._stop_event.set()
         receiver = self.spawn(self._recv_loop())
         main = self.spawn(self.main(), "main")
         stopper = asyncio.ensure_future(self._stop_event.wait())
