@@ -104,6 +104,12 @@ class Node:
     def on(self, kind: Kind, handler: Handler) -> None:
         self._handlers[kind] = handler
 
+    def learn_addresses(self, book: dict[str, str]) -> None:
+        """Add peers' addresses to what this node knows and hand them to its transport
+        (which refuses a malformed one with ValueError, leaving both unchanged)."""
+        self.transport.set_address_book({**self.address_book, **book})
+        self.address_book.update(book)
+
     def record(self, ev: str, **fields: Any) -> None:
         self.services.record(ev, self.name, **fields)
 

@@ -73,8 +73,7 @@ class Scheduler(Node):
         if self.addresses[msg.src]:
             # members heartbeat while they wait for the others: answer them (an address
             # is only ever installed, never used to reach a stranger)
-            self.address_book[msg.src] = self.addresses[msg.src]
-            self.transport.set_address_book(dict(self.address_book))
+            self.learn_addresses({msg.src: self.addresses[msg.src]})
         self.last_seen[msg.src] = self.now()
         self.record("register", member=msg.src)
         if len(self._register_requests) == len(self.members):
@@ -87,8 +86,7 @@ class Scheduler(Node):
                 self.last_seen[m] = now
             book = dict(self.addresses)
             book[self.name] = self.transport.local_address()
-            self.address_book.update(book)
-            self.transport.set_address_book(dict(self.address_book))
+            self.learn_addresses(book)
             for m in self.members:
                 req = self._register_requests[m]
                 self.post(req.reply(Kind.REGISTER_ACK, meta={"book": book}))
@@ -106,10 +104,8 @@ class Scheduler(Node):
         if not address:
             return  # nowhere to answer
         try:  # to answer the claimant (at most _max_claimants of them)
-            self.address_book[msg.src] = address
-            self.transport.set_address_book(dict(self.address_book))
+            self.learn_addresses({msg.src: address})
         except ValueError:  # not host:port
-            self.address_book.pop(msg.src, None)
             return
         self._claimants.add(msg.src)
         granted = [m for m, t in self._claims.items() if t == token]
@@ -254,8 +250,7 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
         raise NodeFailure(f"scheduler {scheduler} did not complete the registration within "
                           f"{timeout_s:g} s") from None
     book = dict(reply.meta.get("book", {}))
-    node.address_book.update(book)
-    node.transport.set_address_book(dict(node.address_book))
+    node.learn_addresses(book)
     return book
 
 

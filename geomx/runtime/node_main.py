@@ -133,14 +133,14 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
 
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
     """
+    plan = plan_job(cfg.scenario, "real")  # the job's plan: the same whatever rank is claimed
     token = ""
     if cfg.claim_rank:
         from geomx.runtime.rank_claim import claim_rank
 
-        cfg, token = await claim_rank(cfg, _start_transport)
-    transport = await _start_transport(cfg, cfg.name)
+        cfg, token = await claim_rank(cfg, plan, _start_transport)
+    transport = await _start_transport(cfg, plan, cfg.name)
     s, name = cfg.scenario, cfg.name
-    plan = plan_job(s, "real")
     nodes_dir = cfg.run_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
     recorder = EventRecorder(nodes_dir / f"{safe_name(name)}.events.jsonl",
@@ -178,7 +178,7 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     return result
 
 
-async def _start_transport(cfg: NodeConfig, name: str, *, shape: bool = True) -> Any:
+async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool = True) -> Any:
     """The node's TCP transport, listening, with the schedulers' addresses installed
     (``shape=False``: unshaped, as a rank claim's short-lived transport is)."""
     from geomx.runtime.tcp import TcpTransport
@@ -188,8 +188,7 @@ async def _start_transport(cfg: NodeConfig, name: str, *, shape: bool = True) ->
     transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
                              advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
                              secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
-                             shaper=(build_shaper(s, plan_job(s, "real"), name)
-                                     if cfg.shape and shape else None),
+                             shaper=build_shaper(s, plan, name) if cfg.shape and shape else None,
                              connect_timeout_s=cfg.connect_timeout_s,
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,

@@ -26,7 +26,6 @@ from dataclasses import replace
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from geomx.cluster import plan_job
 from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.wire import Kind, Message
 
@@ -42,21 +41,21 @@ def _kind_prefix(name: str) -> str:
     return name.rsplit(":", 1)[0] + ":"
 
 
-async def claim_rank(cfg: Any, start_transport: Callable[..., Awaitable[Any]], *,
+async def claim_rank(cfg: Any, plan: Any, start_transport: Callable[..., Awaitable[Any]], *,
                      reply_timeout_s: float = 30.0) -> tuple[Any, str]:
-    """``(cfg under the claimed name, token)`` for a node config with ``claim_rank`` set.
+    """``(cfg under the claimed name, token)`` for a node config with ``claim_rank`` set;
+    ``plan`` is the job's plan (``cluster.plan_job``).
 
-    ``start_transport(cfg, name, shape=False)`` starts the provisional transport. Raises
+    ``start_transport(cfg, plan, name, shape=False)`` starts the provisional transport. Raises
     ``ConnectionError`` when the scheduler does not answer and ``ConfigError`` when every
     rank of the kind is taken (more such processes than the scenario has nodes of it)."""
     from geomx.runtime.config import ConfigError
 
-    plan = plan_job(cfg.scenario, "real")
     token = secrets.token_hex(8)
     provisional = f"{CLAIM_PREFIX}{token}"
     scheduler = plan.job.schedulers_of(cfg.name)[-1]  # its own tier's scheduler
     kind = _kind_prefix(cfg.name)
-    transport = await start_transport(cfg, provisional, shape=False)
+    transport = await start_transport(cfg, plan, provisional, shape=False)
     try:
         await transport.send(Message(Kind.REGISTER, provisional, scheduler, request_id=1,
                                      meta={"address": transport.local_address(),

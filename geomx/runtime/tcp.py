@@ -187,7 +187,6 @@ class TcpTransport:
         self.max_pending_handshakes = max_pending_handshakes
         self._partial_frame_bytes = 0
         self._budget_waiters: deque[Conn] = deque()
-        self._conn_limit_refusals = 0
         self._tasks: set[asyncio.Task] = set()
         self._peers: dict[str, PeerCounters] = {}
         self._rejects = RejectLog(name, log)
@@ -430,7 +429,7 @@ class TcpTransport:
         pending = sum(1 for c in self._incoming if c.state == HANDSHAKE)
         if len(self._incoming) >= self.max_incoming_connections \
                 or pending >= self.max_pending_handshakes:
-            self._conn_limit_refusals += 1
+            self._refused += 1
             what = ("connections" if len(self._incoming) >= self.max_incoming_connections
                     else "handshakes in progress")
             self._rejects.reject(conn.label, f"too many {what} (limit "
@@ -506,7 +505,7 @@ class TcpTransport:
             "msgs_received": sum(c["msgs_received"] for c in peers.values()),
             "rejected_frames": self._rejects.total,
             "rejected": dict(self._rejects.categories),
-            "refused_connections": self._refused + self._conn_limit_refusals,
+            "refused_connections": self._refused,
             "partial_frame_bytes": self._partial_frame_bytes,
             "dropped_messages": self._dropped,
             "queued_bytes": sum(o.queued_bytes for o in outs),

@@ -83,7 +83,6 @@ class Conn(asyncio.BufferedProtocol):
         self.state = HANDSHAKE
         self.aborted = False
         self.write_paused = False
-        self.reading_paused = False
         #: why reading is paused: "inbox" (the transport's inbox is full), "budget" (a
         #: large frame waits for the transport's budget); reading resumes when none is left
         self._pause_reasons: set[str] = set()
@@ -166,14 +165,18 @@ class Conn(asyncio.BufferedProtocol):
                 and not self.transport.is_closing():
             self.transport.pause_reading()
         self._pause_reasons.add(reason)
-        self.reading_paused = True
 
     def unpause(self, reason: str) -> None:
+        if reason not in self._pause_reasons:
+            return
         self._pause_reasons.discard(reason)
-        if not self._pause_reasons and self.reading_paused:
-            self.reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+        if not self._pause_reasons and self.transport is not None \
+                and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    @property
+    def reading_paused(self) -> bool:
+        return bool(self._pause_reasons)
 
     async def drain(self) -> None:
         if self.state == CLOSED:
