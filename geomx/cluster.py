@@ -17,20 +17,22 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from geomx.ml.flops import model_key_flops, preset_key_flops
 from geomx.node.global_server import GlobalServer
+from geomx.node.layered import normalised_shares
 from geomx.node.local_server import LocalServer
 from geomx.node.mesh_controller import MeshController
 from geomx.node.mesh_server import MeshServer
 from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
-from geomx.node.ts_overlay import install_coordinators
-from geomx.sched.tsengine import TsSettings
 from geomx.node.spec import JobSpec
 from geomx.node.state_server import StateServer
+from geomx.node.ts_overlay import install_coordinators
 from geomx.node.trainer import (TrainSpec, build_model, initial_params,
                                 iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
-from geomx.scenario import Scenario
+from geomx.scenario import Scenario, ScenarioError
+from geomx.sched.tsengine import TsSettings
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
 from geomx.topology import STATE_SERVER, DCShape, plan_nodes
 
@@ -182,9 +184,6 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
 def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
     """Per-key compute shares of the per-layer compute model (``[training] layer_compute``):
     from FLOPs (phantom presets, numpy models) or the scenario's list, normalised."""
-    from geomx.node.layered import normalised_shares
-    from geomx.scenario import ScenarioError
-
     t = s.training
     num_keys = len(train.phantom_sizes) if t.model == "phantom" else len(build_model(train).params)
     if t.layer_compute == "shares":
@@ -196,12 +195,8 @@ def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
                 path="training.layer_compute_shares", value=len(weights),
                 allowed=f"{num_keys} numbers")
     elif t.model == "phantom":
-        from geomx.ml.flops import preset_key_flops
-
         weights = [float(f) for f in preset_key_flops(t.phantom_preset)]
     else:
-        from geomx.ml.flops import model_key_flops
-
         weights = [float(f) for f in model_key_flops(build_model(train))]
     return normalised_shares(weights, num_keys)
 
