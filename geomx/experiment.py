@@ -25,7 +25,8 @@ from geomx.metrics.plots import write_run_plots
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import EventRecorder
 from geomx.metrics.summary import Summary, build_summary, write_summary
-from geomx.scenario import Scenario, scenario_to_toml
+from geomx.scenario import Scenario, link_faults, scenario_to_toml
+from geomx.topology.link_faults import link_timeline
 from geomx.transport import BaseServices
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,8 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
 
     loop = asyncio.get_running_loop()
     for f in faults:
-        loop.call_at(f.at_s, crash, f.node)
+        if f.kind == "crash":
+            loop.call_at(f.at_s, crash, f.node)
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -171,6 +173,26 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
             node = tasks[first]
             exc = first.exception()
             raise JobFailed(f"node {node.name} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _set_link_state(network: Any, recorder: EventRecorder, state: Any) -> None:
+    """A step of the ``link_down`` faults' timeline: links fail, routes converge, links return."""
+    network.set_link_state(state.down, state.rerouted)
+    recorder.record("link_state", "network", down=sorted("-".join(sorted(e)) for e in state.down),
+                    rerouted=sorted("-".join(sorted(e)) for e in state.rerouted))
+
+
+def _deadlock_hint(s: Scenario) -> str:
+    crashes = [f.node for f in s.faults if f.kind == "crash"]
+    links = ["-".join(f.link) for f in s.faults if f.kind == "link_down"]
+    hint = []
+    if crashes:
+        hint.append(f"the injected crash of {', '.join(crashes)} (turn on "
+                    "membership.in_emulator to detect it by heartbeats)")
+    if links:
+        hint.append(f"the failed WAN link {', '.join(links)} (do the other links still "
+                    "connect every DC?)")
+    return " after " + " and ".join(hint) if hint else ""
 
 
 def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
@@ -216,12 +238,13 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
     workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
     asyncio.set_event_loop(loop)
+    for state in link_timeline(link_faults(s.faults)):
+        loop.call_at(state.t_s, _set_link_state, network, recorder, state)
     try:
         loop.run_until_complete(_run_nodes(nodes, s.faults))
     except EmulationDeadlock as e:
-        why = (f" after the injected crash of {', '.join(f.node for f in s.faults)} (turn on "
-               f"membership.in_emulator to detect it by heartbeats)" if s.faults else "")
-        raise JobFailed(f"the emulated job deadlocked (every node is waiting){why}: {e}") from e
+        raise JobFailed(f"the emulated job deadlocked (every node is waiting)"
+                        f"{_deadlock_hint(s)}: {e}") from e
     finally:
         from geomx.sim.loop import _cancel_remaining
 

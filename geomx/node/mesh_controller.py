@@ -98,7 +98,7 @@ class MeshController(Scheduler):
         if due:
             self._last_check_s = now
         change = self._changed()
-        if not links_died and not (change > self.update_rate and change > 0):
+        if not links_died and not change > max(self.update_rate, 1e-9):  # not float noise
             return
         try:
             plan = self._make_plan(self.plan.plan_id + 1)

@@ -250,7 +250,8 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     bar = ProgressBar(plan.train.iterations, enabled=progress, time_label="wall")
     seen = 0
     failure: str | None = None
-    faults = sorted(s.faults, key=lambda f: f.at_s)
+    # crashes are the launcher's to inject; link faults are each sender's shaper's
+    faults = sorted((f for f in s.faults if f.kind == "crash"), key=lambda f: f.at_s)
     # After a node dies, the others get this long to notice (heartbeats) and exit on their
     # own, non-zero, naming it; stragglers are then killed.
     hb = s.membership

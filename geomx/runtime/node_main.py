@@ -32,7 +32,7 @@ from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
 from geomx.runtime.services import RealServices
-from geomx.runtime.wan_shapes import dc_link_shapes
+from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
 from geomx.wire import Kind, Message
 
@@ -41,20 +41,28 @@ log = logging.getLogger(__name__)
 __all__ = ["safe_name", "build_shaper", "run_node", "node_main", "MembersOnly"]
 
 
-def build_shaper(s: Scenario, plan: Any, name: str):
-    """Per-peer shapes for ``name``'s traffic to nodes in other DCs (None: no WAN)."""
-    from geomx.runtime.shaper import Shaper
+def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None):
+    """Per-peer shapes for ``name``'s traffic to nodes in other DCs (None: no WAN).
+
+    ``start_epoch`` (Unix seconds of the job's start, the same on every node) places the
+    ``link_down`` faults' phases on this process's shaper clock."""
+    from geomx.runtime.shaper import Shaper, now_s
 
     shapes_by_dc = dc_link_shapes(s)
+    phases_by_dc = dc_link_phases(s)
+    zero = now_s() - (0.0 if start_epoch is None else time.time() - start_epoch)  # job start
     my_dc = plan.job.dc_of[name]
-    shapes = {}
+    shapes, phases = {}, {}
     for peer in plan.nodes:
-        shape = shapes_by_dc.get((my_dc, plan.job.dc_of[peer]))
+        pair = (my_dc, plan.job.dc_of[peer])
+        shape = shapes_by_dc.get(pair)
         if shape is not None:
             shapes[peer] = shape
+            if pair in phases_by_dc:
+                phases[peer] = [(zero + t, sh) for t, sh in phases_by_dc[pair]]
     if not shapes:
         return None
-    return Shaper(shapes, seed=s.run.seed)
+    return Shaper(shapes, seed=s.run.seed, phases=phases)
 
 
 class MembersOnly:
@@ -188,7 +196,8 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
     transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
                              advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
                              secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
-                             shaper=build_shaper(s, plan, name) if cfg.shape and shape else None,
+                             shaper=(build_shaper(s, plan, name, cfg.start_epoch)
+                                     if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,

@@ -181,15 +181,45 @@ class TokenBucket:
         return max(self._finish, now)
 
 
-class ShapedLink:
-    """The shaping state of one peer: the shared bandwidth bucket, seeded jitter and loss."""
+#: Where a link stalls for good (a partitioned WAN), bytes are due this far ahead.
+STALLED_S = 365 * 86400.0
 
-    def __init__(self, peer: str, shape: LinkShape, seed: int):
+
+class ShapedLink:
+    """The shaping state of one peer: the shared bandwidth bucket, seeded jitter and loss.
+
+    ``phases`` (optional): ``[(t, shape or None), ...]`` in :func:`now_s` time, in order: from
+    ``t`` on the link has that shape, or carries nothing (``None``: a failed WAN link on the
+    route, :func:`geomx.runtime.wan_shapes.dc_link_phases`). Bytes paced while it is stalled
+    leave when the next phase starts, at that phase's rate; bytes already paced keep their
+    times (they were on the wire).
+    """
+
+    def __init__(self, peer: str, shape: LinkShape, seed: int,
+                 phases: list[tuple[float, LinkShape | None]] | None = None):
         self.peer = peer
         self.shape = shape
         self.bucket = TokenBucket(shape.rate_Bps, shape.burst)
         self._rng = random.Random(derive_seed(seed, f"shaper:{peer}"))
         self.datagrams_lost = 0
+        self.stalled = False
+        self._phases: deque[tuple[float, LinkShape | None]] | None = (
+            deque(sorted(phases, key=lambda p: p[0])) if phases else None)
+
+    def _advance(self, now: float) -> None:
+        """Enter every phase that has started by ``now``."""
+        ph = self._phases
+        while ph and ph[0][0] <= now:
+            t, shape = ph.popleft()
+            if shape is None:
+                self.stalled = True
+                continue
+            self.stalled = False
+            if shape != self.shape:
+                finish = self.bucket._finish
+                self.shape = shape
+                self.bucket = TokenBucket(shape.rate_Bps, shape.burst)
+                self.bucket._finish = finish  # what was paced keeps its place
 
     def flow_bucket(self) -> TokenBucket | None:
         """A per-connection bucket for a reliable channel (the Mathis cap), or None."""
@@ -200,15 +230,27 @@ class ShapedLink:
 
     def transmit(self, nbytes: int, now: float, flow: TokenBucket | None = None) -> float:
         """Pace ``nbytes``: the time their transmission ends on this link (>= ``now``)."""
+        if self._phases is not None:
+            self._advance(now)
+            while self.stalled:
+                if not self._phases:
+                    return now + STALLED_S
+                now = self._phases[0][0]
+                self._advance(now)
         t = self.bucket.transmit(nbytes, now)
         if flow is not None:
             t = max(t, flow.transmit(nbytes, now))
         return t
 
     def sample_delay(self) -> float:
-        """One-way delay plus a fresh jitter sample."""
-        j = self.shape.jitter_s
-        return self.shape.delay_s + (self._rng.random() * j if j > 0 else 0.0)
+        """One-way delay plus a fresh jitter sample (of the shape the next bytes will have)."""
+        shape = self.shape
+        if self._phases is not None:
+            self._advance(now_s())
+            if self.stalled:
+                shape = next((s for _, s in self._phases if s is not None), shape)
+        j = shape.jitter_s
+        return shape.delay_s + (self._rng.random() * j if j > 0 else 0.0)
 
     def lose(self) -> bool:
         """Draw whether an unreliable datagram is lost."""
@@ -234,7 +276,8 @@ class Shaper:
     """
 
     def __init__(self, shapes: dict[str, LinkShape], seed: int = 0, *,
-                 default: LinkShape | None = None):
+                 default: LinkShape | None = None,
+                 phases: dict[str, list[tuple[float, LinkShape | None]]] | None = None):
         for peer, shape in shapes.items():
             if not isinstance(shape, LinkShape):
                 raise TypeError(f"Shaper: shape for {peer!r} must be a LinkShape, "
@@ -242,6 +285,7 @@ class Shaper:
         self.shapes = dict(shapes)
         self.seed = int(seed)
         self.default = default
+        self.phases = dict(phases or {})  # peer -> ShapedLink phases (now_s() times)
         self._links: dict[str, ShapedLink] = {}
 
     def shape_for(self, peer: str) -> LinkShape | None:
@@ -254,7 +298,8 @@ class Shaper:
             shape = self.shape_for(peer)
             if shape is None:
                 return None
-            link = self._links[peer] = ShapedLink(peer, shape, self.seed)
+            link = self._links[peer] = ShapedLink(peer, shape, self.seed,
+                                                  self.phases.get(peer))
         return link
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -34,7 +34,7 @@ from geomx.scenario.checks import SCENARIO_CHECKS, scenario_check
 from geomx.scenario.codec import CodecConfig
 from geomx.scenario.errors import ScenarioError
 from geomx.scenario.kinds import AUTO, Setting, setting, settings_of
-from geomx.scenario.membership import FaultConfig, MembershipConfig
+from geomx.scenario.membership import FaultConfig, MembershipConfig, link_faults
 from geomx.scenario.metrics import MetricsConfig
 from geomx.scenario.model import Scenario, SectionSpec, scenario_to_dict, sections
 from geomx.scenario.overrides import apply_override, override_scenario
@@ -64,6 +64,7 @@ __all__ = [
     "MetricsConfig",
     "MembershipConfig",
     "FaultConfig",
+    "link_faults",
     "RealConfig",
     "SecurityConfig",
     "Setting",

@@ -191,11 +191,30 @@ def _check_faults(s: Scenario) -> None:
                        [DCShape(d.name, d.workers) for d in s.party_dcs],
                        global_servers=central.global_servers,
                        state_server=needs_state_server(s.sync.resolved_algorithm)).nodes
+    wans = {frozenset(w.endpoints): f"{w.a}-{w.b}" for w in s.wans}
     for i, f in enumerate(s.faults):
+        if f.kind == "link_down":
+            _check_link_fault(i, f, wans)
+            continue
+        if f.link:
+            raise ScenarioError("a crash names a node, not a link; for a WAN link failure "
+                                "write kind = 'link_down'", path=f"fault[{i}].link",
+                                value=list(f.link))
         if f.node not in nodes:
             raise ScenarioError(f"unknown node {f.node!r}{did_you_mean(f.node, nodes)}; "
                                 f"allowed: {quote_list(nodes)}", path=f"fault[{i}].node",
                                 value=f.node, allowed=quote_list(nodes))
+
+
+def _check_link_fault(i: int, f, wans: dict[frozenset[str], str]) -> None:
+    allowed = quote_list(wans.values()) if wans else "none (this scenario has no [[wan]] link)"
+    if f.node:
+        raise ScenarioError("a link_down fault names a link (link = [dc_a, dc_b]), not a node",
+                            path=f"fault[{i}].node", value=f.node)
+    if len(f.link) != 2 or frozenset(f.link) not in wans:
+        raise ScenarioError(f"link {list(f.link)!r} is not a [[wan]] link of this scenario; "
+                            f"allowed: the two DC names of one of {allowed}",
+                            path=f"fault[{i}].link", value=list(f.link), allowed=allowed)
 
 
 @scenario_check

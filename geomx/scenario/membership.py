@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geomx.scenario.kinds import Choice, Duration, Flag, Section, Text, setting
+from collections.abc import Iterable
+
+from geomx.scenario.kinds import Choice, Duration, Flag, ListOf, Section, Text, setting
+from geomx.topology.link_faults import LinkFault
 
 
 @dataclass(frozen=True)
@@ -36,12 +39,36 @@ class MembershipConfig(Section):
 
 @dataclass(frozen=True)
 class FaultConfig(Section):
-    """A fault to inject, the same way in both runtimes (testing failure handling)."""
+    """A fault to inject, the same way in both runtimes (testing failure handling).
 
-    node: str = setting(Text(non_empty=True), doc="Node to crash, e.g. `w:party-a:1`, `ls:party-b`.")
+    `crash` kills a node; `link_down` takes a WAN link down (both directions) and lets the
+    network reroute around it after `converge`, as link-state routing does
+    (geomx/topology/link_faults.py). Times count from the job's start, which over real
+    sockets includes the processes' start-up (seconds); `--set fault.0.kind=link_down`
+    adds a fault from the command line.
+    """
+
+    node: str = setting(Text(), "", "`crash`: the node to crash, e.g. `w:party-a:1`, "
+                                    "`ls:party-b`.")
+    link: tuple[str, ...] = setting(ListOf(Text(non_empty=True)), [],
+                                    '`link_down`: the `[[wan]]` link, as its two DC names, '
+                                    'e.g. `["b", "c"]`.')
     at_s: float = setting(Duration(), "1s", "When, from the job's start (emulated or wall seconds).",
                           key="at")
-    kind: str = setting(Choice("crash"), "crash",
+    kind: str = setting(Choice("crash", "link_down"), "crash",
                         "`crash`: the node stops dead (its process is killed with SIGKILL in the "
-                        "real runtime; its task is cancelled and its messages dropped in the emulator).")
+                        "real runtime; its task is cancelled and its messages dropped in the "
+                        "emulator). `link_down`: the WAN link carries nothing from `at`; traffic "
+                        "that crossed it stalls, then is rerouted over the other WAN links "
+                        "`converge` later (in the real runtime, by each sender's shaper).")
+    duration_s: float = setting(Duration(), "0s", "`link_down`: how long the link stays down "
+                                "(0 = to the end of the run).", key="duration")
+    converge_s: float = setting(Duration(), "1s", "`link_down`: routing convergence, from the "
+                                "failure until traffic is rerouted around the link.",
+                                key="converge")
 
+
+def link_faults(faults: Iterable[FaultConfig]) -> list[LinkFault]:
+    """The ``link_down`` faults, as the runtimes' shared timeline takes them."""
+    return [LinkFault(f.link[0], f.link[1], f.at_s, f.duration_s, f.converge_s)
+            for f in faults if f.kind == "link_down"]

@@ -43,6 +43,12 @@ def _select_item(items: list, selector: str, spec: SectionSpec, path: str) -> di
         index = int(selector)
         if index < len(items):
             return items[index]
+        if spec.key == "fault" and index == len(items):
+            items.append({})  # faults are added from the command line: the next index
+            return items[-1]
+        if spec.key == "fault":
+            raise ScenarioError(f"index {index} is out of range; allowed: 0..{len(items)} "
+                                f"({len(items)} adds a fault)", path=path, value=index)
         raise ScenarioError(f"index {index} is out of range; allowed: 0..{len(items) - 1}"
                             if items else f"there is no [[{spec.key}]] to change", path=path, value=index)
     if spec.key == "dc":
@@ -67,7 +73,8 @@ def apply_override(raw: Mapping[str, Any], assignment: str) -> dict[str, Any]:
 
     ``PATH`` is ``section.key`` (``training.lr``), or ``section.SELECTOR.key`` for arrays
     of tables where SELECTOR is an index (``dc.1.workers``, also ``dc[1].workers``), a DC
-    name (``dc.party-a.workers``) or, for links, ``a:b`` (``wan.party-a:central.loss``).
+    name (``dc.party-a.workers``) or, for links, ``a:b`` (``wan.party-a:central.loss``);
+    the next free index adds a ``[[fault]]`` (``fault.0.kind=link_down``).
     ``VALUE`` is read as a TOML value (``0.05``, ``true``, ``[1, 10]``, ``"x"``), falling
     back to the bare text (``100Mbps``). The value itself is checked by
     :func:`parse_scenario`; an unknown path raises :class:`ScenarioError` here.

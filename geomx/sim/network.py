@@ -123,7 +123,7 @@ class Link:
     __slots__ = (
         "name", "src", "dst", "capacity_bps", "delay_s", "loss", "jitter_s", "is_wan",
         "trace", "n_active", "busy_s", "_busy_since", "_trace_timer",
-        "_rmark", "_cmark", "_resid", "_n",
+        "_rmark", "_cmark", "_resid", "_n", "down", "_up_bps",
     )
 
     def __init__(self, name: str, src: str, dst: str, *, capacity_bps: float, delay_s: float,
@@ -146,6 +146,8 @@ class Link:
         self._cmark = -1
         self._resid = 0.0
         self._n = 0
+        self.down = False      # a failed link: capacity 0 until it comes back
+        self._up_bps = self.capacity_bps
 
     def __repr__(self) -> str:
         return (f"Link({self.name!r}, {self.capacity_bps:g} bps, {self.delay_s:g} s"
@@ -302,6 +304,8 @@ class Network:
         self._links: dict[str, Link] = {}
         self._wan: dict[tuple[str, str], Link] = {}
         self._paths: dict[tuple[str, str], _Path] = {}
+        self._retired_paths: list[_Path] = []  # replaced by rerouting; their bytes still count
+        self._rerouted: frozenset[frozenset[str]] = frozenset()  # links routes avoid
         self._dc_routes: dict[tuple[str, str], list[str]] = {}
         self._conns: dict[tuple[str, str, int], _Connection] = {}
         # running state
@@ -463,10 +467,22 @@ class Network:
         key = (dc_a, dc_b)
         route = self._dc_routes.get(key)
         if route is None:
-            try:
-                route = nx.shortest_path(self._graph, dc_a, dc_b, weight="route_weight")
-            except nx.NetworkXNoPath:
-                raise NetworkError(f"no WAN route from DC {dc_a!r} to DC {dc_b!r}") from None
+            route = None
+            if self._rerouted:
+                # after a link failure: around the failed links if the rest still
+                # connects the DCs, else over them (the traffic stalls until they return)
+                avoid = self._rerouted
+                live = nx.subgraph_view(self._graph,
+                                        filter_edge=lambda u, v: frozenset((u, v)) not in avoid)
+                try:
+                    route = nx.shortest_path(live, dc_a, dc_b, weight="route_weight")
+                except nx.NetworkXNoPath:
+                    pass
+            if route is None:
+                try:
+                    route = nx.shortest_path(self._graph, dc_a, dc_b, weight="route_weight")
+                except nx.NetworkXNoPath:
+                    raise NetworkError(f"no WAN route from DC {dc_a!r} to DC {dc_b!r}") from None
             self._dc_routes[key] = route
         return route
 
@@ -578,7 +594,7 @@ class Network:
             for link in conn.links:
                 n = link.n_active
                 cap = link.capacity_bps
-                if not n and link.trace is not None:
+                if not n and link.trace is not None and not link.down:
                     cap = link.trace.rate_at(now)
                 share = cap / (n + 1)
                 if share < rate:
@@ -608,7 +624,7 @@ class Network:
                 self._busy_links[link] = None
                 link._busy_since = now
                 trace = link.trace
-                if trace is not None:
+                if trace is not None and not link.down:
                     link.capacity_bps = trace.rate_at(now)
                     self._arm_trace(link, now)
             link.n_active += 1
@@ -649,13 +665,82 @@ class Network:
         if link.n_active == 0:
             return
         now = self._loop.time()
-        rate = link.trace.rate_at(now)
+        rate = 0.0 if link.down else link.trace.rate_at(now)
         if rate != link.capacity_bps:
             link.capacity_bps = rate
             if not self._dirty:
                 self._dirty = True
                 self._schedule_idle(self._recompute)
         self._arm_trace(link, now)
+
+    # -- link failures ---------------------------------------------------------------
+
+    def set_link_state(self, down: frozenset[frozenset[str]],
+                       rerouted: frozenset[frozenset[str]]) -> None:
+        """Apply a routing state of :func:`geomx.topology.link_faults.link_timeline`.
+
+        ``down`` WAN links (both directions) get capacity 0, so flows over them stall with
+        their bytes kept; ``rerouted`` ones are left out of routes, and every connection
+        moves to its new route, a flow in progress included (its remaining bytes continue
+        there). Messages already past a failed link's serialisation arrive (they were on
+        the wire); partially sent ones are counted on the route they finish on.
+        """
+        for edge in set(down) | set(rerouted):
+            pair = tuple(edge)
+            if len(pair) != 2 or pair not in self._wan:
+                raise NetworkError(f"link state: {sorted(edge)} is not a WAN link")
+        now = self._loop.time() if self._loop is not None else 0.0
+        changed = False
+        for (a, b), link in self._wan.items():
+            fail = frozenset((a, b)) in down
+            if fail == link.down:
+                continue
+            changed = True
+            link.down = fail
+            if fail:
+                link._up_bps = link.capacity_bps
+                link.capacity_bps = 0.0
+            else:
+                link.capacity_bps = (link.trace.rate_at(now) if link.trace is not None
+                                     else link._up_bps)
+        if frozenset(rerouted) != self._rerouted:
+            self._rerouted = frozenset(rerouted)
+            self._dc_routes.clear()
+            self._retired_paths.extend(self._paths.values())
+            self._paths.clear()
+            for conn in self._conns.values():
+                if not conn.loopback:
+                    self._move(conn, self._path(self.host_of(conn.src), self.host_of(conn.dst)),
+                               now)
+            changed = True
+        if changed and self._active and self._loop is not None and not self._dirty:
+            self._dirty = True
+            self._schedule_idle(self._recompute)
+
+    def _move(self, conn: _Connection, path: _Path, now: float) -> None:
+        """Put ``conn`` on ``path`` (a reroute), keeping the links' flow counts right."""
+        active = conn in self._active
+        if active:
+            for link in conn.links:
+                link.n_active -= 1
+                if link.n_active == 0:
+                    del self._busy_links[link]
+                    link.busy_s += now - link._busy_since
+                    if link._trace_timer is not None:
+                        link._trace_timer.cancel()
+                        link._trace_timer = None
+        conn.path = path
+        conn.links = path.links
+        conn.cap_bps = path.reliable_cap_bps if conn.reliable else _INF
+        if active:
+            for link in conn.links:
+                if link.n_active == 0:
+                    self._busy_links[link] = None
+                    link._busy_since = now
+                    if link.trace is not None and not link.down:
+                        link.capacity_bps = link.trace.rate_at(now)
+                        self._arm_trace(link, now)
+                link.n_active += 1
 
     # -- rate allocation --------------------------------------------------------------
 
@@ -885,7 +970,7 @@ class Network:
         now = self._loop.time() if self._loop is not None else 0.0
         link_bytes = {name: 0 for name in self._links}
         dc_bytes: dict[tuple[str, str], int] = {}
-        for path in self._paths.values():
+        for path in (*self._paths.values(), *self._retired_paths):
             if not path.bytes:
                 continue
             for name in path.link_names:
