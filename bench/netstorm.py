@@ -24,8 +24,11 @@ bound is 25.6M x 32 bit / 500 Mbit/s = 1.64 s per iteration, MXNET's is its busi
 leave that tree, i.e. cross a 100 Mbit/s link, which is why the queue-length multipath
 rule can lose time here.
 
-TSEngine is not in this repository yet (no ``[sched] tsengine``), so the paper's "vs
-TSEngine" row is left out.
+TSEngine is GeoMX's HiPS with ``[sched] tsengine_inter`` (MAX_GREED_RATE 0.9, the paper's
+setting) on the same mesh: HiPS needs a central DC without workers, so dc5 (three
+500 Mbit/s links) hosts the global server and gives up its worker (8 workers, not 9).
+Then: a tree link (dc5-dc7) failing mid-run, and the emulated time to a test accuracy with
+a real 4.3M-parameter MLP on digits (static and dynamic), for every system.
 
     python bench/netstorm.py [--static-iterations 12] [--dynamic-iterations 24] [--quick]
 """
@@ -57,9 +60,16 @@ PAPER_SPEEDUP = (6.5, 9.2)
 PAPER_AWARENESS_GAIN = 0.20
 PAPER_MULTIPATH_GAIN = 0.65
 
+#: GeoMX's HiPS on the same mesh needs a central DC without workers: dc5, the best
+#: connected (three 500 Mbit/s links), hosts the global server and gives up its worker.
+HIPS_ON_MESH = ("topology.kind=hips", "dc.dc5.central=true", "dc.dc5.workers=0")
+
 SYSTEMS: list[tuple[str, tuple[str, ...]]] = [
     ("mxnet", ("topology.kind=mxnet",)),
     ("mlnet", ("topology.kind=mlnet",)),
+    ("hips", HIPS_ON_MESH),
+    ("tsengine", (*HIPS_ON_MESH, "sched.tsengine_inter=true",
+                  "sched.tsengine_max_greed_rate=0.9")),
     ("random plan", ("netstorm.awareness=false", "netstorm.multipath=false")),
     ("awareness", ("netstorm.multipath=false",)),
     ("netstorm", ()),
@@ -112,7 +122,8 @@ def dynamic_table(out: str, iterations: int, extra: list[str]) -> dict[str, floa
     print(f"\n== dynamic 9-DC mesh (netstorm_9dc_dynamic.toml), s/iteration after the first ==")
     per_iter: dict[str, float] = {}
     for name, sets in SYSTEMS:
-        n = iterations if name not in ("mxnet", "mlnet") else max(6, iterations // 2)
+        n = iterations if name not in ("mxnet", "mlnet", "hips", "tsengine") \
+            else max(6, iterations // 2)
         t0 = time.perf_counter()
         summary, rows = _run(DYNAMIC, out, sets, [f"run.iterations={n}", *extra])
         per_iter[name] = (rows[-1].t - rows[0].t) / (len(rows) - 1)
@@ -130,12 +141,73 @@ def _ratios(t: dict[str, float]) -> None:
         print(f"  NETSTORM vs MXNET: {t['mxnet'] / t['netstorm']:.2f}x   (paper {lo}-{hi}x)")
     if "mlnet" in t and "netstorm" in t:
         print(f"  NETSTORM vs MLNET: {t['mlnet'] / t['netstorm']:.2f}x   (paper: NETSTORM faster)")
+    if "tsengine" in t and "netstorm" in t:
+        print(f"  NETSTORM vs TSEngine: {t['tsengine'] / t['netstorm']:.2f}x   (paper: NETSTORM "
+              f"faster; TSEngine vs HiPS on this mesh {t['hips'] / t['tsengine']:.2f}x)")
     if "random plan" in t and "awareness" in t:
         print(f"  awareness vs random first plan: {t['random plan'] / t['awareness'] - 1:+.0%}"
               f"   (paper {PAPER_AWARENESS_GAIN:+.0%})")
     if "awareness" in t and "netstorm" in t:
         print(f"  multipath on top of awareness: {t['awareness'] / t['netstorm'] - 1:+.0%}"
               f"   (paper {PAPER_MULTIPATH_GAIN:+.0%})")
+
+
+#: A real model whose transfers matter (4.3M parameters, 17 MB) on the 9-DC mesh.
+TTA_MODEL = ("training.model=mlp", "training.hidden=[2048, 2048]", "training.dataset=digits",
+             "training.optimizer=adam", "training.lr=0.0005", "training.batch_size=32",
+             "run.eval_every=5", "run.iterations=400")
+
+
+def tta_table(path: Path, out: str, target: float, extra: list[str]) -> None:
+    """Emulated time to a test accuracy with a real model (the paper's accuracy-vs-time
+    figure reduced to one point per system)."""
+    print(f"\n== time to {target:.2f} test accuracy, MLP 64-2048-2048-10 on digits "
+          f"({path.name}) ==")
+    tta: dict[str, float] = {}
+    for name, sets in SYSTEMS:
+        if name in ("random plan", "awareness", "hips"):
+            continue
+        t0 = time.perf_counter()
+        summary, rows = _run(path, out, sets, [*TTA_MODEL, f"run.target_accuracy={target}",
+                                                *extra])
+        if summary.time_to_target_s is None:
+            print(f"{name:12s} did not reach {target} in {summary.iterations} iterations")
+            continue
+        tta[name] = summary.time_to_target_s
+        print(f"{name:12s} {tta[name]:8.1f} emulated s to {target} ({summary.iterations} "
+              f"iterations, final {summary.final_accuracy:.3f})   "
+              f"(wall {time.perf_counter() - t0:5.1f} s)")
+    for other in ("mxnet", "mlnet", "tsengine"):
+        if other in tta and "netstorm" in tta:
+            print(f"  NETSTORM vs {other.upper()}: {tta[other] / tta['netstorm']:.2f}x faster "
+                  "to the target")
+
+
+def link_failure(out: str, extra: list[str], *, fail_at_s: float = 30.0,
+                 iterations: int = 16) -> None:
+    """A tree link (dc5-dc7, 500 Mbit/s) fails for good at ``fail_at_s`` (routing converges
+    1 s later): s/iteration before and after, for the systems that plan (NETSTORM) and
+    those that do not (MLNET's static tree, MXNET's all-to-all: the network reroutes)."""
+    print(f"\n== link dc5-dc7 down at {fail_at_s:g} s (static mesh): s/iteration before -> "
+          "after ==")
+    fault = ["fault.0.kind=link_down", 'fault.0.link=["dc5", "dc7"]', f"fault.0.at={fail_at_s}s",
+             "fault.0.converge=1s"]
+    for name, sets in SYSTEMS:
+        if name not in ("mxnet", "mlnet", "netstorm"):
+            continue
+        n = iterations if name == "netstorm" else max(6, iterations // 3)
+        at = fail_at_s if name == "netstorm" else 3 * fail_at_s
+        fault[2] = f"fault.0.at={at}s"
+        _, rows = _run(STATIC, out, sets, [f"run.iterations={n}", *fault, *extra])
+        before = [r for r in rows if r.t < at]
+        after = [r for r in rows if r.t > at]
+        b = (before[-1].t - before[len(before) // 2 - 1].t) / (len(before) - len(before) // 2) \
+            if len(before) >= 2 else float("nan")
+        # steady state after the failure: the last third of the iterations after it
+        k = max(1, len(after) // 3)
+        a = (after[-1].t - after[-k - 1].t) / k if len(after) > k else float("nan")
+        print(f"{name:12s} {b:8.2f} -> {a:8.2f} s/it  (failed at {at:g} s, {len(after)} "
+              f"iterations after)")
 
 
 def random_mesh(n: int, *, seed: int, degree: float = 3.0) -> nx.Graph:
@@ -214,6 +286,9 @@ def main() -> None:
     ap.add_argument("--skip-dynamic", action="store_true")
     ap.add_argument("--skip-static", action="store_true",
                     help="only the dynamic table and the planner timings")
+    ap.add_argument("--skip-tta", action="store_true", help="no time-to-accuracy runs")
+    ap.add_argument("--target", type=float, default=0.95,
+                    help="test accuracy for the time-to-accuracy table (default 0.95)")
     args = ap.parse_args()
     if args.quick:
         args.static_iterations, args.dynamic_iterations = 6, 12
@@ -224,6 +299,11 @@ def main() -> None:
             dynamic_table(out, args.dynamic_iterations, args.set)
         if not args.skip_static:
             awareness_accuracy(out, 4, args.set)
+            link_failure(out, args.set)
+        if not args.skip_tta:
+            tta_table(STATIC, out, args.target, args.set)
+            if not args.skip_dynamic:
+                tta_table(DYNAMIC, out, args.target, args.set)
     planner_timings()
 
 

@@ -27,6 +27,7 @@ from geomx.metrics.recorder import EventRecorder
 from geomx.metrics.summary import Summary, build_summary, write_summary
 from geomx.scenario import Scenario, link_faults, scenario_to_toml
 from geomx.topology.link_faults import link_timeline
+from geomx.traces import wan_traces
 from geomx.transport import BaseServices
 
 log = logging.getLogger(__name__)
@@ -84,24 +85,13 @@ def build_network(s: Scenario, plan: JobPlan):
     for node in plan.nodes:
         d = by_name[plan.job.dc_of[node]]
         net.add_host(node, d.name, nic_bandwidth_bps=d.lan_bandwidth_bps)
-    for i, w in enumerate(s.wans):
-        trace_ab = make_trace(w, seed=s.run.seed * 7919 + 2 * i)
-        trace_ba = make_trace(w, seed=s.run.seed * 7919 + 2 * i + 1, reverse=True)
+    traces = wan_traces(s.wans, s.run.seed)
+    for w in s.wans:
+        trace_ab, trace_ba = traces.get((w.a, w.b)), traces.get((w.b, w.a))
         net.add_wan(w.a, w.b, bandwidth_bps=w.bandwidth_bps, delay_s=w.latency_s, loss=w.loss,
                     jitter_s=w.jitter_s, trace_ab=trace_ab, trace_ba=trace_ba,
                     bandwidth_ba_bps=w.bandwidth_ba_bps)
     return net
-
-
-def make_trace(w: Any, *, seed: int, reverse: bool = False):
-    """The bandwidth trace of one WAN direction, or None for a constant link."""
-    from geomx.traces import CsvTrace, UniformRandomTrace
-
-    if not w.trace:
-        return None
-    if w.trace == "uniform":
-        return UniformRandomTrace(w.trace_low_bps, w.trace_high_bps, w.trace_period_s, seed=seed)
-    return CsvTrace(w.trace)
 
 
 def _transfer_recorder(recorder: EventRecorder, dc_of: dict[str, str]):
@@ -317,10 +307,10 @@ def true_rate_bps(s: Scenario) -> Callable[[str, str, float], float]:
     """``rate(a, b, t)``: the scenario's rate of WAN direction a -> b at time t (its trace,
     drawn with the seeds build_network uses, or its constant capacity)."""
     rates: dict[tuple[str, str], Any] = {}
-    for i, w in enumerate(s.wans):
-        for src, dst, k, rev in ((w.a, w.b, 0, False), (w.b, w.a, 1, True)):
-            trace = make_trace(w, seed=s.run.seed * 7919 + 2 * i + k, reverse=rev)
-            rates[(src, dst)] = trace if trace is not None else w.capacity_bps(src, dst)
+    traces = wan_traces(s.wans, s.run.seed)
+    for w in s.wans:
+        for src, dst in ((w.a, w.b), (w.b, w.a)):
+            rates[(src, dst)] = traces.get((src, dst), w.capacity_bps(src, dst))
 
     def rate(a: str, b: str, t: float) -> float:
         r = rates[(a, b)]

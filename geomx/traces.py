@@ -25,13 +25,13 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 __all__ = [
     "BandwidthTrace", "ConstantTrace", "CsvTrace", "StepTrace", "TraceError",
-    "UniformRandomTrace",
+    "UniformRandomTrace", "link_trace", "wan_traces",
 ]
 
 
@@ -267,3 +267,25 @@ class UniformRandomTrace:
     def __repr__(self) -> str:
         return (f"UniformRandomTrace({self.low_bps:g}..{self.high_bps:g} bps, "
                 f"every {self.period_s:g} s, seed={self.seed})")
+
+
+def link_trace(w: Any, *, seed: int) -> BandwidthTrace | None:
+    """The trace of one direction of a ``[[wan]]`` link ``w`` (None: constant capacity;
+    a CSV file drives both directions alike, a ``"uniform"`` one draws per direction)."""
+    if not w.trace:
+        return None
+    if w.trace == "uniform":
+        return UniformRandomTrace(w.trace_low_bps, w.trace_high_bps, w.trace_period_s, seed=seed)
+    return CsvTrace(w.trace)
+
+
+def wan_traces(wans: Sequence[Any], run_seed: int) -> dict[tuple[str, str], BandwidthTrace]:
+    """``(src DC, dst DC) -> trace`` of every traced WAN direction, with the seeds both
+    runtimes use (so a ``"uniform"`` link draws the same rates in each)."""
+    out: dict[tuple[str, str], BandwidthTrace] = {}
+    for i, w in enumerate(wans):
+        for src, dst, k in ((w.a, w.b, 0), (w.b, w.a, 1)):
+            trace = link_trace(w, seed=run_seed * 7919 + 2 * i + k)
+            if trace is not None:
+                out[(src, dst)] = trace
+    return out

@@ -83,7 +83,10 @@ def test_jitter_and_loss_are_seeded():
 
     d1, l1 = draws(7)
     assert (d1, l1) == draws(7) and (d1, l1) != draws(8)
-    assert all(0.01 <= d <= 0.015 for d in d1)
+    assert all(0.005 <= d <= 0.015 for d in d1)  # the emulator's: delay +- jitter
+    assert abs(sum(d1) / len(d1) - 0.01) < 0.0015  # centred on the delay (mean jitter 0)
+    big = Shaper({"p": LinkShape(1e6, 0.001, jitter_s=0.01)}, seed=3).link("p")
+    assert min(big.sample_delay() for _ in range(100)) == 0.0  # never negative
     assert 30 < sum(l1) < 90
     assert Shaper({}, seed=1).link("p") is None
     assert Shaper({}, default=shape).link("p").shape is shape

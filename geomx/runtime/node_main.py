@@ -58,8 +58,8 @@ def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = 
         shape = shapes_by_dc.get(pair)
         if shape is not None:
             shapes[peer] = shape
-            if pair in phases_by_dc:
-                phases[peer] = [(zero + t, sh) for t, sh in phases_by_dc[pair]]
+            if pair in phases_by_dc:  # one lazy reading of the pair's phases per peer
+                phases[peer] = ((zero + t, sh) for t, sh in phases_by_dc[pair]())
     if not shapes:
         return None
     return Shaper(shapes, seed=s.run.seed, phases=phases)

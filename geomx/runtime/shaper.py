@@ -14,8 +14,9 @@ The model, per peer
   sleeps to absolute times, which keeps the average rate exact even when the loop's
   timers fire late or the process is briefly descheduled.
 * **Delay and jitter** -- a byte whose transmission ends at ``t`` is written to the real
-  socket at ``t + delay_s + jitter`` where ``jitter`` is drawn uniformly from
-  ``[0, jitter_s]`` (seeded; one draw per message, applied to all of its bytes). The
+  socket at ``t + max(0, delay_s + jitter)`` where ``jitter`` is drawn uniformly from
+  ``[-jitter_s, jitter_s]`` (the emulator's distribution; seeded; one draw per message,
+  applied to all of its bytes). The
   delay does **not** serialise the link: pacing happens in the
   sender's writer, then pieces wait in a :class:`DelayLine` that writes each one when
   it is due while the writer already paces the next. Writes are kept in order per
@@ -53,7 +54,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from geomx.transport import derive_seed
@@ -85,8 +86,8 @@ class LinkShape:
     """One direction of a link as the sender sees it.
 
     ``bandwidth_bps`` in bits per second (``0`` or ``math.inf`` = unlimited),
-    ``delay_s`` one-way propagation delay, ``jitter_s`` extra delay drawn uniformly from
-    ``[0, jitter_s]``, ``loss`` probability in ``[0, 1)`` (``1`` allowed for tests: every
+    ``delay_s`` one-way propagation delay, ``jitter_s`` delay varying uniformly within
+    ``+-jitter_s`` (never below 0), ``loss`` probability in ``[0, 1)`` (``1`` allowed for tests: every
     datagram lost), ``burst_bytes`` token-bucket depth (default: the larger of 64 KiB
     and 10 ms of traffic), ``rtt_s`` the round trip used by the per-connection caps
     (default ``2 * delay_s``), ``tcp_window_bytes`` an optional ``window / RTT`` cap on
@@ -188,29 +189,31 @@ STALLED_S = 365 * 86400.0
 class ShapedLink:
     """The shaping state of one peer: the shared bandwidth bucket, seeded jitter and loss.
 
-    ``phases`` (optional): ``[(t, shape or None), ...]`` in :func:`now_s` time, in order: from
-    ``t`` on the link has that shape, or carries nothing (``None``: a failed WAN link on the
-    route, :func:`geomx.runtime.wan_shapes.dc_link_phases`). Bytes paced while it is stalled
+    ``phases`` (optional): ``(t, shape or None)`` pairs in :func:`now_s` time, in time
+    order, possibly endless (read as time goes by): from ``t`` on the link has that shape
+    (a trace's rate), or carries nothing (``None``: a failed WAN link on the route;
+    :func:`geomx.runtime.wan_shapes.dc_link_phases`). Bytes paced while it is stalled
     leave when the next phase starts, at that phase's rate; bytes already paced keep their
     times (they were on the wire).
     """
 
     def __init__(self, peer: str, shape: LinkShape, seed: int,
-                 phases: list[tuple[float, LinkShape | None]] | None = None):
+                 phases: Iterable[tuple[float, LinkShape | None]] | None = None):
         self.peer = peer
         self.shape = shape
         self.bucket = TokenBucket(shape.rate_Bps, shape.burst)
         self._rng = random.Random(derive_seed(seed, f"shaper:{peer}"))
         self.datagrams_lost = 0
         self.stalled = False
-        self._phases: deque[tuple[float, LinkShape | None]] | None = (
-            deque(sorted(phases, key=lambda p: p[0])) if phases else None)
+        self._phases: Iterator[tuple[float, LinkShape | None]] | None = (
+            iter(phases) if phases is not None else None)
+        self._next = next(self._phases, None) if self._phases is not None else None
 
     def _advance(self, now: float) -> None:
         """Enter every phase that has started by ``now``."""
-        ph = self._phases
-        while ph and ph[0][0] <= now:
-            t, shape = ph.popleft()
+        while self._next is not None and self._next[0] <= now:
+            t, shape = self._next
+            self._next = next(self._phases, None)  # type: ignore[arg-type]
             if shape is None:
                 self.stalled = True
                 continue
@@ -233,9 +236,9 @@ class ShapedLink:
         if self._phases is not None:
             self._advance(now)
             while self.stalled:
-                if not self._phases:
+                if self._next is None:
                     return now + STALLED_S
-                now = self._phases[0][0]
+                now = self._next[0]
                 self._advance(now)
         t = self.bucket.transmit(nbytes, now)
         if flow is not None:
@@ -247,10 +250,13 @@ class ShapedLink:
         shape = self.shape
         if self._phases is not None:
             self._advance(now_s())
-            if self.stalled:
-                shape = next((s for _, s in self._phases if s is not None), shape)
+            if self.stalled and self._next is not None and self._next[1] is not None:
+                shape = self._next[1]
         j = shape.jitter_s
-        return shape.delay_s + (self._rng.random() * j if j > 0 else 0.0)
+        if j <= 0:
+            return shape.delay_s
+        # the emulator's distribution: uniform within +-jitter of the delay, never negative
+        return max(0.0, shape.delay_s + (2.0 * self._rng.random() - 1.0) * j)
 
     def lose(self) -> bool:
         """Draw whether an unreliable datagram is lost."""
@@ -277,7 +283,7 @@ class Shaper:
 
     def __init__(self, shapes: dict[str, LinkShape], seed: int = 0, *,
                  default: LinkShape | None = None,
-                 phases: dict[str, list[tuple[float, LinkShape | None]]] | None = None):
+                 phases: dict[str, Iterable[tuple[float, LinkShape | None]]] | None = None):
         for peer, shape in shapes.items():
             if not isinstance(shape, LinkShape):
                 raise TypeError(f"Shaper: shape for {peer!r} must be a LinkShape, "

@@ -7,8 +7,9 @@ summed one-way delay and jitter, and combined loss. Traffic inside a DC is not s
 Fidelity to the emulator (``geomx/sim/network.py``), which is the reference:
 
 * **route** -- the emulator's: fewest WAN hops, ties broken by the lower delay;
-* **failed links** -- ``[[fault]] kind = "link_down"``: each pair's shape has phases
-  (:func:`dc_link_phases`): stalled, then the route around the link, then back;
+* **traces and failed links** -- ``[[wan]] trace`` and ``[[fault]] kind = "link_down"``
+  give a pair's shape phases (:func:`dc_link_phases`): the route's lowest current rate;
+  stalled, then the route around a failed link, then back;
 * **delay** -- the emulator's path from a node to a node in another DC crosses the
   sender's NIC link, the WAN links and the receiver's NIC link, each with its delay; so
   the shaped delay is ``lan_latency(src DC) + WAN route delay + lan_latency(dst DC)``;
@@ -23,11 +24,18 @@ Fidelity to the emulator (``geomx/sim/network.py``), which is the reference:
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterator
+
 import networkx as nx
 
 from geomx.runtime.shaper import LinkShape
 from geomx.scenario import Scenario, link_faults
 from geomx.topology.link_faults import link_timeline
+from geomx.traces import wan_traces
 
 
 def _wan_graph(s: Scenario) -> nx.DiGraph:
@@ -81,7 +89,8 @@ def dc_routes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
             out[(a, b)] = {"bandwidth_bps": min(e["bw"] for e in edges),
                            "delay_s": sum(e["delay"] for e in edges),
                            "jitter_s": sum(e["jitter"] for e in edges),
-                           "loss": 1.0 - keep, "route": path}
+                           "loss": 1.0 - keep, "route": path,
+                           "bw": {(u, v): g.edges[u, v]["bw"] for u, v in zip(path, path[1:])}}
     return out
 
 
@@ -107,26 +116,73 @@ def dc_link_shapes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
     return out
 
 
-def dc_link_phases(s: Scenario) -> dict[tuple[str, str], list[tuple[float, LinkShape | None]]]:
-    """(src DC, dst DC) -> ``[(job seconds, shape or None = stalled), ...]`` for the pairs
-    whose shape the ``link_down`` faults change (:func:`geomx.topology.link_faults.link_timeline`,
-    the emulator's reading of the same faults): stalled while their route crosses a failed
-    link that routing has not converged around, then the shape of the route around it,
-    then the original shape when the link returns."""
+Phases = Iterator[tuple[float, "LinkShape | None"]]
+
+
+def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
+    """(src DC, dst DC) -> a fresh reading of the times (job seconds) its shape changes,
+    generated lazily: ``(t, shape)``, or ``(t, None)`` while it carries nothing. Only pairs
+    whose shape can change are listed; call the value once per shaped peer.
+
+    Two things change a pair's shape, as they change the emulator's links:
+
+    * **traces** (``[[wan]] trace``): the shape's bandwidth is the lowest current rate on
+      its route (:func:`geomx.traces.wan_traces`, the emulator's seeds, so a "uniform"
+      link draws the same rates in both runtimes); an endless trace gives endless phases,
+      generated as time goes by;
+    * **failed links** (:func:`geomx.topology.link_faults.link_timeline`): stalled while
+      the route crosses a failed link routing has not converged around, then the route
+      around it, then the original route when the link returns.
+    """
     timeline = link_timeline(link_faults(s.faults))
-    if not timeline:
+    traces = wan_traces(s.wans, s.run.seed)
+    if not timeline and not traces:
         return {}
-    base = dc_link_shapes(s)
-    out: dict[tuple[str, str], list[tuple[float, LinkShape | None]]] = {}
-    for state in timeline:
-        routes = dc_routes(s, state.rerouted)
-        shapes = dc_link_shapes(s, state.rerouted)
-        for pair in base:
-            r = routes.get(pair)
-            crossed = {frozenset(e) for e in zip(r["route"], r["route"][1:])} if r else set()
-            shape = None if r is None or crossed & state.down else shapes[pair]
-            phases = out.setdefault(pair, [])
-            last = phases[-1][1] if phases else base[pair]
-            if shape != last:
-                phases.append((state.t_s, shape))
-    return {pair: ph for pair, ph in out.items() if ph}
+    cache: dict[frozenset, tuple[dict, dict]] = {}
+
+    def routing(rerouted: frozenset) -> tuple[dict, dict]:
+        if rerouted not in cache:
+            cache[rerouted] = (dc_routes(s, rerouted), dc_link_shapes(s, rerouted))
+        return cache[rerouted]
+
+    base_routes, base = routing(frozenset())
+    out: dict[tuple[str, str], Callable[[], Phases]] = {}
+    for pair in base:
+        routes = [base_routes[pair]["route"]]
+        routes += [routing(st.rerouted)[0][pair]["route"] for st in timeline
+                   if pair in routing(st.rerouted)[0]]
+        hops = {e for r in routes for e in zip(r, r[1:])}
+        failed = {e for st in timeline for e in st.down}
+        if len({tuple(r) for r in routes}) > 1 or {frozenset(h) for h in hops} & failed \
+                or hops & set(traces):
+            out[pair] = functools.partial(_phases, pair, base[pair], timeline, traces, routing)
+    return out
+
+
+def _phases(pair: tuple[str, str], base: LinkShape, timeline: list, traces: dict,
+            routing: Callable[[frozenset], tuple[dict, dict]]) -> Phases:
+    fault_times = [st.t_s for st in timeline]
+    last: LinkShape | None = base
+    t = 0.0
+    while True:
+        i = bisect.bisect_right(fault_times, t) - 1
+        state = timeline[i] if i >= 0 else None
+        routes, shapes = routing(state.rerouted if state else frozenset())
+        route = routes.get(pair, {}).get("route")
+        hops = list(zip(route, route[1:])) if route else []
+        shape: LinkShape | None = None
+        if route and not (state and {frozenset(h) for h in hops} & state.down):
+            shape = shapes[pair]
+            if any(h in traces for h in hops):
+                bw = min(traces[h].rate_at(t) if h in traces else float(routes[pair]["bw"][h])
+                         for h in hops)
+                # a trace at 0 bit/s carries nothing (a LinkShape of 0 means unlimited)
+                shape = dataclasses.replace(shape, bandwidth_bps=bw) if bw > 0 else None
+        if shape != last:
+            yield (t, shape)
+            last = shape
+        later = [ft for ft in fault_times if ft > t]
+        later += [traces[h].next_change_after(t) for h in hops if h in traces]
+        t = min(later, default=math.inf)
+        if math.isinf(t):
+            return
