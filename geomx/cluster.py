@@ -47,6 +47,9 @@ class JobPlan:
     compute_s: dict[str, float]     # worker -> emulated compute seconds per iteration
     roles: dict[str, str]           # node -> role
     compute_scale: dict[str, float] = dataclasses.field(default_factory=dict)  # heterogeneity x slowdown
+    #: node -> ``(start_s, end_s, factor)`` periods of ``[[fault]] kind = "slow"``
+    slow_periods: dict[str, tuple[tuple[float, float, float], ...]] = dataclasses.field(
+        default_factory=dict)
 
     @property
     def nodes(self) -> list[str]:
@@ -177,8 +180,14 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if runtime == "real" or m.in_emulator:
         job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
                                  else auto_request_timeout_s(s, job, train, compute_s))
+    slow: dict[str, list[tuple[float, float, float]]] = {}
+    for f in s.faults:
+        if f.kind == "slow":
+            end = f.at_s + f.duration_s if f.duration_s > 0 else float("inf")
+            slow.setdefault(f.node, []).append((f.at_s, end, f.factor))
     return JobPlan(job=job, train=train, compute_s=compute_s, roles=dict(layout.roles),
-                   compute_scale=compute_scale)
+                   compute_scale=compute_scale,
+                   slow_periods={n: tuple(p) for n, p in slow.items()})
 
 
 def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
@@ -280,6 +289,7 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     node.heartbeat_timeout_s = job.heartbeat_timeout_s
     node.register_timeout_s = job.register_timeout_s
     node.request_timeout_s = job.request_timeout_s
+    node.slow_periods = plan.slow_periods.get(name, ())
     return node
 
 

@@ -308,3 +308,45 @@ def test_the_shaper_follows_the_emulators_traces_on_every_hop_of_a_route():
     xy = list(islice(dc_link_phases(s)[("x", "y")](), 4))
     assert [t for t, _ in xy] == [2.5, 3.0, 4.0, 5.0]
     assert all(sh.bandwidth_bps == min(rate("x", "z", t), rate("z", "y", t)) for t, sh in xy)
+
+
+# -- faults x sync algorithms (issue 12's matrix, in the emulator) -----------------------------
+
+def _hetero(scenario_of, alg, *fault):
+    s = scenario_of("heterogeneous.toml", f"sync.algorithm={alg}", "run.target_accuracy=0",
+                    "run.max_emulated_time=0s", "run.iterations=100", "run.eval_every=50",
+                    "metrics.plot=false", "metrics.trace=false", *fault)
+    return run_scenario(s).summary
+
+
+LINK_2S = ("fault.0.kind=link_down", 'fault.0.link=["party-a", "central"]', "fault.0.at=1s",
+           "fault.0.duration=2s")
+SLOW_2S = ("fault.0.kind=slow", "fault.0.node=w:party-a:0", "fault.0.at=1s",
+           "fault.0.duration=2s", "fault.0.factor=20")
+
+
+@pytest.mark.parametrize("alg", ["fsa", "mixed", "hfa", "esync"])
+def test_every_sync_algorithm_rides_out_a_link_outage_and_a_straggler(scenario_of, alg):
+    clean = _hetero(scenario_of, alg)
+    link = _hetero(scenario_of, alg, *LINK_2S)
+    slow = _hetero(scenario_of, alg, *SLOW_2S)
+    assert clean.iterations == link.iterations == slow.iterations == 100
+    lost_link = link.emulated_seconds - clean.emulated_seconds
+    lost_slow = slow.emulated_seconds - clean.emulated_seconds
+    print(f"\n{alg}: clean {clean.emulated_seconds:.2f} s, link outage +{lost_link:.2f} s, "
+          f"straggler +{lost_slow:.2f} s")
+    if alg == "fsa":  # every round waits for party-a: it loses the outage, less its slack
+        assert 1.0 < lost_link <= 2.0 + 1e-9 and lost_slow > 1.0
+        assert link.final_accuracy == clean.final_accuracy  # the same rounds, later
+    if alg == "mixed":  # party-b (the evaluator's DC) trains on while party-a is cut off
+        assert lost_link == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_slow_fault_names_a_worker(scenario_of):
+    with pytest.raises(ScenarioError, match="only workers compute") as err:
+        scenario_of("quickstart.toml", "fault.0.kind=slow", "fault.0.node=ls:party-a")
+    assert err.value.path == "fault[0].node"
+    with pytest.raises(ScenarioError) as err:
+        scenario_of("quickstart.toml", "fault.0.kind=slow", "fault.0.node=w:party-a:0",
+                    "fault.0.factor=0.5")
+    assert err.value.path == "fault[0].factor"

@@ -98,6 +98,9 @@ class Node:
         #: Default bound on a request's reply (0 = none): a lost reply fails the node by
         #: name instead of hanging it (``[membership] request_timeout``).
         self.request_timeout_s = 0.0
+        #: ``(start_s, end_s, factor)``: compute started in [start, end) takes factor x as
+        #: long (``[[fault]] kind = "slow"``: a straggler for a while, in both runtimes)
+        self.slow_periods: tuple[tuple[float, float, float], ...] = ()
         self.on(Kind.NODE_FAILED, self._on_node_failed)
 
     # ---------------------------------------------------------------- plumbing
@@ -115,6 +118,16 @@ class Node:
 
     def now(self) -> float:
         return self.services.now()
+
+    def compute_factor(self) -> float:
+        """How many times slower compute starting now is (1 outside ``slow`` faults)."""
+        factor = 1.0
+        if self.slow_periods:
+            t = self.now()
+            for start, end, f in self.slow_periods:
+                if start <= t < end:
+                    factor *= f
+        return factor
 
     def post(self, msg: Message) -> None:
         """Queue ``msg`` for sending without waiting.

@@ -70,7 +70,8 @@ class LayeredGradientSync:
 
     async def _charge(self, declared_s: float, measured_s: float = 0.0) -> None:
         if declared_s > 0 or measured_s > 0:
-            await self.node.services.compute(declared_s, measured_s)
+            await self.node.services.compute(declared_s * self.node.compute_factor(),
+                                             measured_s)
 
     async def forward(self, iteration: int) -> None:
         """Forward pass: layer ``k`` computes once its parameters of the last step are in."""

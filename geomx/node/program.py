@@ -244,7 +244,7 @@ class ProgramContext:
         cpu = time.process_time()
         measured = (cpu - self._cpu_mark) if measured_s is None else float(measured_s)
         t0 = node.now()
-        await node.services.compute(declared, max(0.0, measured))
+        await node.services.compute(declared * node.compute_factor(), max(0.0, measured))
         node.record("compute", t_start=t0, dur=node.now() - t0, iteration=node.iteration)
         self._cpu_mark = time.process_time()
         if self._spec.max_emulated_s > 0 and node.now() >= self._spec.max_emulated_s:

@@ -215,7 +215,8 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             shared = True  # once settled (below, only when evaluating)
         else:
             t_compute = node.now()
-            await node.services.compute(node.compute_s_per_iter, measured)
+            await node.services.compute(node.compute_s_per_iter * node.compute_factor(),
+                                        measured)
             node.record("compute", t_start=t_compute, dur=node.now() - t_compute, iteration=it)
             shared = await sync.step(it, grads)
         if evaluator and shared and spec.eval_every > 0 and it >= next_eval:

@@ -197,13 +197,15 @@ def _check_faults(s: Scenario) -> None:
             _check_link_fault(i, f, wans)
             continue
         if f.link:
-            raise ScenarioError("a crash names a node, not a link; for a WAN link failure "
+            raise ScenarioError(f"a {f.kind} fault names a node, not a link; for a WAN link failure "
                                 "write kind = 'link_down'", path=f"fault[{i}].link",
                                 value=list(f.link))
-        if f.node not in nodes:
-            raise ScenarioError(f"unknown node {f.node!r}{did_you_mean(f.node, nodes)}; "
-                                f"allowed: {quote_list(nodes)}", path=f"fault[{i}].node",
-                                value=f.node, allowed=quote_list(nodes))
+        allowed = nodes if f.kind == "crash" else [n for n in nodes if n.startswith("w:")]
+        if f.node not in allowed:
+            what = "node" if f.kind == "crash" else "worker (only workers compute)"
+            raise ScenarioError(f"unknown {what} {f.node!r}{did_you_mean(f.node, allowed)}; "
+                                f"allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
+                                value=f.node, allowed=quote_list(allowed))
 
 
 def _check_link_fault(i: int, f, wans: dict[frozenset[str], str]) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from collections.abc import Iterable
 
-from geomx.scenario.kinds import Choice, Duration, Flag, ListOf, Section, Text, setting
+from geomx.scenario.kinds import Choice, Duration, Flag, ListOf, Real, Section, Text, setting
 from geomx.topology.link_faults import LinkFault
 
 
@@ -41,7 +41,7 @@ class MembershipConfig(Section):
 class FaultConfig(Section):
     """A fault to inject, the same way in both runtimes (testing failure handling).
 
-    `crash` kills a node; `link_down` takes a WAN link down (both directions) and lets the
+    `crash` kills a node; `slow` makes a worker a straggler for a while; `link_down` takes a WAN link down (both directions) and lets the
     network reroute around it after `converge`, as link-state routing does
     (geomx/topology/link_faults.py). Times count from the job's start, which over real
     sockets includes the processes' start-up (seconds); `--set fault.0.kind=link_down`
@@ -55,14 +55,18 @@ class FaultConfig(Section):
                                     'e.g. `["b", "c"]`.')
     at_s: float = setting(Duration(), "1s", "When, from the job's start (emulated or wall seconds).",
                           key="at")
-    kind: str = setting(Choice("crash", "link_down"), "crash",
+    kind: str = setting(Choice("crash", "link_down", "slow"), "crash",
                         "`crash`: the node stops dead (its process is killed with SIGKILL in the "
                         "real runtime; its task is cancelled and its messages dropped in the "
                         "emulator). `link_down`: the WAN link carries nothing from `at`; traffic "
                         "that crossed it stalls, then is rerouted over the other WAN links "
-                        "`converge` later (in the real runtime, by each sender's shaper).")
-    duration_s: float = setting(Duration(), "0s", "`link_down`: how long the link stays down "
-                                "(0 = to the end of the run).", key="duration")
+                        "`converge` later (in the real runtime, by each sender's shaper). "
+                        "`slow`: the worker `node` computes `factor` times slower from `at` "
+                        "for `duration` (a straggler).")
+    duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`: how long the fault "
+                                "lasts (0 = to the end of the run).", key="duration")
+    factor: float = setting(Real(min=1.0), 4.0, "`slow`: how many times longer the node's "
+                            "compute takes.")
     converge_s: float = setting(Duration(), "1s", "`link_down`: routing convergence, from the "
                                 "failure until traffic is rerouted around the link.",
                                 key="converge")
