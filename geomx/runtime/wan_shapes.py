@@ -146,13 +146,13 @@ def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
         return cache[rerouted]
 
     base_routes, base = routing(frozenset())
+    state_routes = [routing(st.rerouted)[0] for st in timeline]
+    failed = {e for st in timeline for e in st.down}
     out: dict[tuple[str, str], Callable[[], Phases]] = {}
     for pair in base:
         routes = [base_routes[pair]["route"]]
-        routes += [routing(st.rerouted)[0][pair]["route"] for st in timeline
-                   if pair in routing(st.rerouted)[0]]
+        routes += [r[pair]["route"] for r in state_routes if pair in r]
         hops = {e for r in routes for e in zip(r, r[1:])}
-        failed = {e for st in timeline for e in st.down}
         if len({tuple(r) for r in routes}) > 1 or {frozenset(h) for h in hops} & failed \
                 or hops & set(traces):
             out[pair] = functools.partial(_phases, pair, base[pair], timeline, traces, routing)
@@ -181,7 +181,7 @@ def _phases(pair: tuple[str, str], base: LinkShape, timeline: list, traces: dict
         if shape != last:
             yield (t, shape)
             last = shape
-        later = [ft for ft in fault_times if ft > t]
+        later = fault_times[i + 1:i + 2]  # the next fault state (bisect_right: strictly later)
         later += [traces[h].next_change_after(t) for h in hops if h in traces]
         t = min(later, default=math.inf)
         if math.isinf(t):

@@ -619,7 +619,14 @@ class Network:
             self._active_by_class[conn.cls] = {conn: None}
         else:
             group[conn] = None
-        for link in conn.links:
+        self._occupy(conn.links, now)
+        if not self._dirty:
+            self._dirty = True
+            self._schedule_idle(self._recompute)
+
+    def _occupy(self, links: tuple[Link, ...], now: float) -> None:
+        """One more flow on each of ``links``: an idle link becomes busy (and reads its trace)."""
+        for link in links:
             if link.n_active == 0:
                 self._busy_links[link] = None
                 link._busy_since = now
@@ -628,9 +635,17 @@ class Network:
                     link.capacity_bps = trace.rate_at(now)
                     self._arm_trace(link, now)
             link.n_active += 1
-        if not self._dirty:
-            self._dirty = True
-            self._schedule_idle(self._recompute)
+
+    def _vacate(self, links: tuple[Link, ...], now: float) -> None:
+        """One flow fewer on each of ``links``: a link left idle books its busy time."""
+        for link in links:
+            link.n_active -= 1
+            if link.n_active == 0:
+                del self._busy_links[link]
+                link.busy_s += now - link._busy_since
+                if link._trace_timer is not None:
+                    link._trace_timer.cancel()
+                    link._trace_timer = None
 
     def _deactivate(self, conn: _Connection, now: float) -> None:
         del self._active[conn]
@@ -641,14 +656,7 @@ class Network:
         conn.rate = 0.0
         conn.finish = _INF
         conn.gen += 1
-        for link in conn.links:
-            link.n_active -= 1
-            if link.n_active == 0:
-                del self._busy_links[link]
-                link.busy_s += now - link._busy_since
-                if link._trace_timer is not None:
-                    link._trace_timer.cancel()
-                    link._trace_timer = None
+        self._vacate(conn.links, now)
         if not self._dirty:
             self._dirty = True
             self._schedule_idle(self._recompute)
@@ -721,26 +729,12 @@ class Network:
         """Put ``conn`` on ``path`` (a reroute), keeping the links' flow counts right."""
         active = conn in self._active
         if active:
-            for link in conn.links:
-                link.n_active -= 1
-                if link.n_active == 0:
-                    del self._busy_links[link]
-                    link.busy_s += now - link._busy_since
-                    if link._trace_timer is not None:
-                        link._trace_timer.cancel()
-                        link._trace_timer = None
+            self._vacate(conn.links, now)
         conn.path = path
         conn.links = path.links
         conn.cap_bps = path.reliable_cap_bps if conn.reliable else _INF
         if active:
-            for link in conn.links:
-                if link.n_active == 0:
-                    self._busy_links[link] = None
-                    link._busy_since = now
-                    if link.trace is not None and not link.down:
-                        link.capacity_bps = link.trace.rate_at(now)
-                        self._arm_trace(link, now)
-                link.n_active += 1
+            self._occupy(conn.links, now)
 
     # -- rate allocation --------------------------------------------------------------
 
