@@ -180,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates must chain to")
     node.add_argument("--shape", action=argparse.BooleanOptionalAction, default=None,
                       help="shape WAN traffic like the scenario's links (default: [real].shape)")
+    node.add_argument("--link-budget", metavar="PATH",
+                      help="the job's shared link budget file on this host (launchers create "
+                           "it; or GEOMX_LINK_BUDGET; default: the node keeps its own)")
+    node.add_argument("--kernel-shapes", choices=("rate", "all"), default=None,
+                      help="the kernel already shapes the WAN's bandwidth (rate) or everything "
+                           "(all: netem too); launchers with [real] shaper = \"kernel\" set it")
     node.add_argument("--print-config", action="store_true",
                       help="print the resolved settings and where each came from, then exit")
     node.add_argument("--watch-stdin", dest="parent_watch", action="store_true", default=None,
@@ -190,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     from geomx.cli_analysis import add_parsers
 
     add_parsers(sub, _add_scenario_args)
+    from geomx.fidelity import add_parser as add_fidelity_parser
+
+    add_fidelity_parser(sub)
     return parser
 
 
@@ -221,7 +230,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if args.command in ("sweep", "compare"):
+    if args.command in ("sweep", "compare", "fidelity"):
         return args.handler(args)
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
@@ -275,6 +284,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"# OK: {args.scenario} is valid", file=sys.stderr)
         return 0
     from geomx.experiment import JobFailed, run_scenario
+    from geomx.runtime.netns import NetnsUnavailable
 
     try:
         if args.command == "launch":
@@ -285,7 +295,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except JobFailed as e:
         print(f"geomx: job failed: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
+    except (FileNotFoundError, ValueError, NetnsUnavailable) as e:  # ConfigError: a ValueError
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     s = result.summary

@@ -144,10 +144,13 @@ def test_the_shaper_phases_follow_the_emulators_routes():
     assert dc_routes(s)[("x", "y")]["route"] == ["x", "y"]
     phases = dc_link_phases(s)
     assert set(phases) == {("x", "y"), ("y", "x")}
-    (t0, stalled), (t1, around), (t2, back) = phases[("x", "y")]()
-    assert (t0, stalled, t1, t2) == (2.0, None, 2.5, 7.0)
+    (t0, stalled, none), (t1, around, via_z), (t2, back, direct) = phases[("x", "y")]()
+    assert (t0, stalled, none, t1, t2) == (2.0, None, (), 2.5, 7.0)
     assert around.bandwidth_bps == 8e6 and around.delay_s == pytest.approx(0.02, abs=1e-3)
     assert back.bandwidth_bps == 80e6
+    # the hops each piece reserves bandwidth on, with their rates
+    assert via_z == ((("x", "z"), 8e6), (("z", "y"), 8e6))
+    assert direct == ((("x", "y"), 80e6),)
 
 
 def _triangle_scenario():
@@ -299,15 +302,18 @@ def test_the_shaper_follows_the_emulators_traces_on_every_hop_of_a_route():
     phases = dc_link_phases(s)
     assert ("x", "y") not in phases  # its direct route has no trace
     xz = list(islice(phases[("x", "z")](), 5))
-    assert [t for t, _ in xz] == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert all(sh.bandwidth_bps == rate("x", "z", t) for t, sh in xz)
-    assert len({sh.bandwidth_bps for _, sh in xz}) == 5
+    assert [t for t, _, _ in xz] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert all(sh.bandwidth_bps == rate("x", "z", t) for t, sh, _ in xz)
+    assert all(hops == ((("x", "z"), rate("x", "z", t)),) for t, _, hops in xz)
+    assert len({sh.bandwidth_bps for _, sh, _ in xz}) == 5
     # a fault sends x -> y round by z: its rate is the lower of the two traced hops
     raw["fault"] = [{"kind": "link_down", "link": ["x", "y"], "at": "2.5s", "converge": "0s"}]
     s = parse_scenario(raw)
     xy = list(islice(dc_link_phases(s)[("x", "y")](), 4))
-    assert [t for t, _ in xy] == [2.5, 3.0, 4.0, 5.0]
-    assert all(sh.bandwidth_bps == min(rate("x", "z", t), rate("z", "y", t)) for t, sh in xy)
+    assert [t for t, _, _ in xy] == [2.5, 3.0, 4.0, 5.0]
+    assert all(sh.bandwidth_bps == min(rate("x", "z", t), rate("z", "y", t)) for t, sh, _ in xy)
+    assert all(hops == ((("x", "z"), rate("x", "z", t)), (("z", "y"), rate("z", "y", t)))
+               for t, _, hops in xy)
 
 
 # -- faults x sync algorithms (issue 12's matrix, in the emulator) -----------------------------

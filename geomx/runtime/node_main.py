@@ -16,6 +16,7 @@ them (and collects ``logs/<name>.log``, the process's output).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -41,28 +42,67 @@ log = logging.getLogger(__name__)
 __all__ = ["safe_name", "build_shaper", "run_node", "node_main", "MembersOnly"]
 
 
-def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None):
-    """Per-peer shapes for ``name``'s traffic to nodes in other DCs (None: no WAN).
+def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None,
+                 budget_path: str | None = None, kernel_shapes: str | None = None):
+    """Per-peer shapes for ``name``'s traffic (None: nothing to shape).
 
-    ``start_epoch`` (Unix seconds of the job's start, the same on every node) places the
-    ``link_down`` faults' phases on this process's shaper clock."""
+    Peers in other DCs get their route's shape (:func:`dc_link_shapes`); peers inside a
+    DC whose NICs are modelled (``lan_bandwidth`` at most
+    :data:`~geomx.runtime.wan_shapes.NIC_SHAPED_MAX_BPS`) get the LAN's. Bandwidth is
+    reserved per scenario link in the budget file at ``budget_path`` (shared with every
+    node of the job on this host, :mod:`geomx.runtime.link_budget`), or in one of this
+    process's own when there is none. ``start_epoch`` (Unix seconds of the job's start,
+    the same on every node) places traces' and ``link_down`` faults' phases on this
+    process's shaper clock. ``kernel_shapes`` (``[real] shaper = "kernel"``,
+    :mod:`geomx.runtime.kernel_wan`): the kernel already paces the WAN links ("rate": the
+    node adds their delay, jitter and loss) or does everything ("all")."""
+    from geomx.runtime.link_budget import LinkBudget, SharedLinkBudget
     from geomx.runtime.shaper import Shaper, now_s
+    from geomx.runtime.wan_shapes import LinkTable, dc_routes, lan_shape, route_hops
 
     shapes_by_dc = dc_link_shapes(s)
     phases_by_dc = dc_link_phases(s)
+    routes = dc_routes(s)
+    dc_of = plan.job.dc_of
+    table = LinkTable(s, list(plan.nodes), dc_of)
     zero = now_s() - (0.0 if start_epoch is None else time.time() - start_epoch)  # job start
-    my_dc = plan.job.dc_of[name]
-    shapes, phases = {}, {}
+    my_dc = dc_of[name]
+    lan = {d.name: d.lan_latency_s for d in s.dcs}
+    shapes, phases, hops = {}, {}, {}
     for peer in plan.nodes:
-        pair = (my_dc, plan.job.dc_of[peer])
+        if peer == name:
+            continue
+        pair = (my_dc, dc_of[peer])
+        if pair[0] == pair[1]:
+            if name in table.nic_bps or peer in table.nic_bps:
+                shapes[peer] = lan_shape(s, my_dc)
+                hops[peer] = table.hops(name, peer, ())
+            continue
         shape = shapes_by_dc.get(pair)
-        if shape is not None:
-            shapes[peer] = shape
-            if pair in phases_by_dc:  # one lazy reading of the pair's phases per peer
-                phases[peer] = ((zero + t, sh) for t, sh in phases_by_dc[pair]())
+        if shape is None:
+            continue
+        if kernel_shapes is not None:
+            # the kernel's qdiscs pace the WAN links and its TCP meets their loss: only
+            # the NIC links (and, without netem, delay, jitter and UDP loss) are left here
+            shape = dataclasses.replace(shape, bandwidth_bps=0, tcp_window_bytes=None,
+                                        **({"loss": 0.0, "jitter_s": 0.0, "delay_s":
+                                            (lan[pair[0]] + lan[pair[1]]) / 2}
+                                           if kernel_shapes == "all" else {}))
+            nic = table.hops(name, peer, ())
+            if kernel_shapes == "all" and not nic:
+                continue
+            shapes[peer], hops[peer] = shape, nic
+            continue
+        shapes[peer] = shape
+        hops[peer] = table.hops(name, peer, route_hops(routes[pair]))
+        if pair in phases_by_dc:  # one lazy reading of the pair's phases per peer
+            phases[peer] = ((zero + t, sh, table.hops(name, peer, wan))
+                            for t, sh, wan in phases_by_dc[pair]())
     if not shapes:
         return None
-    return Shaper(shapes, seed=s.run.seed, phases=phases)
+    budget = (SharedLinkBudget(budget_path, len(table)) if budget_path
+              else LinkBudget(len(table)))
+    return Shaper(shapes, seed=s.run.seed, phases=phases, hops=hops, budget=budget)
 
 
 class MembersOnly:
@@ -196,7 +236,8 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
     transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
                              advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
                              secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
-                             shaper=(build_shaper(s, plan, name, cfg.start_epoch)
+                             shaper=(build_shaper(s, plan, name, cfg.start_epoch,
+                                                  cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
                              # a peer's address arrives with registration at the latest

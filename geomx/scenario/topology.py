@@ -46,7 +46,7 @@ class DCConfig(Section):
                            default_doc="2 (0 on the central DC)")
     lan_bandwidth_bps: float = setting(Bandwidth(), "10Gbps", "Host NIC capacity inside the DC.",
                                        key="lan_bandwidth")
-    lan_latency_s: float = setting(Duration(), "50us", "One-way host <-> switch delay.", key="lan_latency")
+    lan_latency_s: float = setting(Duration(), "50us", "One-way host-to-host delay inside the DC (half of it on each NIC link).", key="lan_latency")
     compute_s_per_iter: float = setting(Duration(), "10ms",
                                         "Emulated compute time per training iteration per worker.",
                                         key="compute_per_iter")
