@@ -166,7 +166,8 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
 
 
 def _set_link_state(network: Any, recorder: EventRecorder, state: Any) -> None:
-    """A step of the ``link_down`` faults' timeline: links fail, routes converge, links return."""
+    """A step of the ``link_down`` / ``partition`` faults' timeline: links fail, routes
+    converge, links return."""
     network.set_link_state(state.down, state.rerouted)
     recorder.record("link_state", "network", down=sorted("-".join(sorted(e)) for e in state.down),
                     rerouted=sorted("-".join(sorted(e)) for e in state.rerouted))
@@ -175,6 +176,7 @@ def _set_link_state(network: Any, recorder: EventRecorder, state: Any) -> None:
 def _deadlock_hint(s: Scenario) -> str:
     crashes = [f.node for f in s.faults if f.kind == "crash"]
     links = ["-".join(f.link) for f in s.faults if f.kind == "link_down"]
+    cut = [", ".join(f.dcs) for f in s.faults if f.kind == "partition"]
     hint = []
     if crashes:
         hint.append(f"the injected crash of {', '.join(crashes)} (turn on "
@@ -182,6 +184,9 @@ def _deadlock_hint(s: Scenario) -> str:
     if links:
         hint.append(f"the failed WAN link {', '.join(links)} (do the other links still "
                     "connect every DC?)")
+    if cut:
+        hint.append(f"the partition cutting off {'; '.join(cut)} (it never healed: give it a "
+                    "duration)")
     return " after " + " and ".join(hint) if hint else ""
 
 
@@ -228,7 +233,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
     workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
     asyncio.set_event_loop(loop)
-    for state in link_timeline(link_faults(s.faults)):
+    for state in link_timeline(link_faults(s.faults, s.wans)):
         loop.call_at(state.t_s, _set_link_state, network, recorder, state)
     try:
         loop.run_until_complete(_run_nodes(nodes, s.faults))

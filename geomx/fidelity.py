@@ -90,6 +90,13 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
         if shaper not in SHAPERS:
             raise ValueError(f"unknown shaper {shaper!r}; allowed: {', '.join(SHAPERS)}")
         sk = load_scenario(scenario_path, [*common, f"real.shaper={shaper}"])
+        if shaper == "kernel":
+            from geomx.runtime.kernel_wan import kernel_mode_problem
+
+            problem = kernel_mode_problem(sk)
+            if problem is not None:
+                out[f"real_{shaper}_skipped"] = {"reason": problem}  # type: ignore[dict-item]
+                continue
         r = run_scenario(sk, runtime="real")
         key = "real" if shaper == "userspace" else f"real_{shaper}"
         out[key] = iteration_times(r.run_dir, evaluator).as_dict()
@@ -157,6 +164,10 @@ def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",)
                "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
         for shaper in shapers:
             key = "real" if shaper == "userspace" else f"real_{shaper}"
+            if key not in res:  # this shaper cannot reproduce the case (the reason is kept)
+                row[f"{shaper}_s_per_iter"] = row[f"{shaper}_error"] = None
+                row[f"{shaper}_skipped"] = res[f"{key}_skipped"]["reason"]
+                continue
             row[f"{shaper}_s_per_iter"] = res[key]["window_s_per_iter"]
             row[f"{shaper}_error"] = res[key]["window_s_per_iter"] / res["emu"]["window_s_per_iter"] - 1
         rows.append(row)
@@ -171,6 +182,9 @@ def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",)
 def _row_text(row: dict, shapers: Sequence[str]) -> str:
     cells = [f"{row['emu_s_per_iter']:.3f}"]
     for sh in shapers:
+        if row[f"{sh}_s_per_iter"] is None:
+            cells += ["n/a", "n/a"]
+            continue
         cells += [f"{row[f'{sh}_s_per_iter']:.3f}", f"{row[f'{sh}_error']:+.1%}"]
     return f"{row['case'][:60]:60s} " + " ".join(f"{c:>9s}" for c in cells)
 
@@ -186,6 +200,9 @@ def report_table(rows: Sequence[dict], shapers: Sequence[str]) -> str:
     for r in rows:
         line = f"| {r['case']} | {r['emu_s_per_iter']:.3f} |"
         for sh in shapers:
+            if r[f"{sh}_s_per_iter"] is None:
+                line += f" n/a | {r.get(f'{sh}_skipped', '')} |"
+                continue
             line += f" {r[f'{sh}_s_per_iter']:.3f} | {r[f'{sh}_error']:+.1%} |"
         lines.append(line)
     loads = [r["load_average"] for r in rows if r.get("load_average") is not None]
@@ -209,7 +226,7 @@ def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.Pat
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.2))
     for i, (label, key) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [r[key] for r in rows], width, label=label)
+        ax.bar(xs, [r[key] or 0.0 for r in rows], width, label=label)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([r["case"].split(":")[0][:22] for r in rows], rotation=30, ha="right",
                        fontsize=8)

@@ -28,7 +28,7 @@ filter's rate is the scenario's times ``1514 / 1448`` (:data:`FRAME_OVERHEAD`).
 **Delay, jitter and loss** come from ``netem`` where the kernel has it; where it does not
 (no ``sch_netem`` module, as on the machine this was written on) the nodes' own shaper
 adds them, with the bandwidth left to the kernel (:func:`geomx.runtime.node_main.build_shaper`
-with ``wan_bandwidth=False``). Traces and ``link_down`` faults are not applied by the
+with ``kernel_shapes``). Traces, ``link_down`` and ``partition`` faults are not applied by the
 kernel mode; a scenario with them is refused with the reason.
 """
 
@@ -64,9 +64,9 @@ def kernel_mode_problem(s: Scenario) -> str | None:
     if any(w.trace for w in s.wans):
         return ("[[wan]] trace is applied by the userspace shaper only; "
                 "use [real] shaper = \"userspace\"")
-    if any(f.kind == "link_down" for f in s.faults):
-        return ("[[fault]] kind = \"link_down\" is applied by the userspace shaper only; "
-                "use [real] shaper = \"userspace\"")
+    if any(f.kind in ("link_down", "partition") for f in s.faults):
+        return ("[[fault]] kinds \"link_down\" and \"partition\" are applied by the userspace "
+                "shaper only; use [real] shaper = \"userspace\"")
     if len(s.dcs) > 250 or len(s.wans) > 250:
         return "the kernel mode numbers DCs and links in one octet: at most 250 of each"
     if not hasattr(os, "geteuid") or os.geteuid() != 0:

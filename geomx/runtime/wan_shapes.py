@@ -206,7 +206,7 @@ def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
       the route crosses a failed link routing has not converged around, then the route
       around it, then the original route when the link returns.
     """
-    timeline = link_timeline(link_faults(s.faults))
+    timeline = link_timeline(link_faults(s.faults, s.wans))
     traces = wan_traces(s.wans, s.run.seed)
     if not timeline and not traces:
         return {}

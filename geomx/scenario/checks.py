@@ -196,6 +196,12 @@ def _check_faults(s: Scenario) -> None:
         if f.kind == "link_down":
             _check_link_fault(i, f, wans)
             continue
+        if f.kind == "partition":
+            _check_partition(i, f, s)
+            continue
+        if f.dcs:
+            raise ScenarioError(f"a {f.kind} fault names a node, not DCs; to cut DCs off write "
+                                "kind = 'partition'", path=f"fault[{i}].dcs", value=list(f.dcs))
         if f.link:
             raise ScenarioError(f"a {f.kind} fault names a node, not a link; for a WAN link failure "
                                 "write kind = 'link_down'", path=f"fault[{i}].link",
@@ -206,6 +212,30 @@ def _check_faults(s: Scenario) -> None:
             raise ScenarioError(f"unknown {what} {f.node!r}{did_you_mean(f.node, allowed)}; "
                                 f"allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
                                 value=f.node, allowed=quote_list(allowed))
+
+
+def _check_partition(i: int, f, s: Scenario) -> None:
+    names = [d.name for d in s.dcs]
+    if f.node or f.link:
+        field = "node" if f.node else "link"
+        raise ScenarioError("a partition fault names the DCs it cuts off (dcs = [...]), not a "
+                            f"{field}", path=f"fault[{i}].{field}",
+                            value=f.node or list(f.link))
+    unknown = [d for d in f.dcs if d not in names]
+    if not f.dcs or unknown:
+        bad = unknown[0] if unknown else ""
+        raise ScenarioError(f"partition DCs {list(f.dcs)!r}: "
+                            + (f"unknown DC {bad!r}{did_you_mean(bad, names)}; " if unknown
+                               else "name at least one DC; ")
+                            + f"allowed: some of {quote_list(names)}, not all",
+                            path=f"fault[{i}].dcs", value=list(f.dcs), allowed=quote_list(names))
+    if set(f.dcs) >= set(names):
+        raise ScenarioError("a partition must leave some DCs on the other side; allowed: a "
+                            f"proper subset of {quote_list(names)}", path=f"fault[{i}].dcs",
+                            value=list(f.dcs))
+    if not any((w.a in f.dcs) != (w.b in f.dcs) for w in s.wans):
+        raise ScenarioError(f"no [[wan]] link joins {list(f.dcs)!r} to the other DCs, so "
+                            "nothing would be cut", path=f"fault[{i}].dcs", value=list(f.dcs))
 
 
 def _check_link_fault(i: int, f, wans: dict[frozenset[str], str]) -> None:
