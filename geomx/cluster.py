@@ -279,6 +279,29 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     return max(AUTO_REQUEST_TIMEOUT_FLOOR_S, AUTO_REQUEST_TIMEOUT_FACTOR * (compute + transfer))
 
 
+#: The largest message a job whose tensors are not known up front (a training program,
+#: which creates its keys as it runs) may send over the real runtime.
+PROGRAM_MAX_MESSAGE_BYTES = 256 * 2**20
+
+
+def max_message_bytes(plan: JobPlan) -> int:
+    """The largest message a node of this job can legitimately receive (real runtime).
+
+    A frame announcing more is a stranger's (or a bug's), so the transport refuses it
+    before holding any of it (issue 12: 8 connections announcing 128 MiB frames grew a
+    node by ~1 GB). Built-in models: twice the whole model (a message never carries more
+    than the model and, with a codec, its residual-free encoding) plus 16 MiB for headers
+    and small keys; training programs create keys as they run, so they get
+    :data:`PROGRAM_MAX_MESSAGE_BYTES`.
+    """
+    train = plan.train
+    if train.program:
+        return PROGRAM_MAX_MESSAGE_BYTES
+    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
+        sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    return 2 * model_bytes + 16 * 2**20
+
+
 def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     """Build node ``name`` of the plan on ``transport``/``services``."""
     job, role = plan.job, plan.roles.get(name)

@@ -26,12 +26,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from geomx.cluster import make_node, plan_job
+from geomx.cluster import make_node, max_message_bytes, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
 from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
+from geomx.runtime.framing import PREAMBLE_BYTES
 from geomx.runtime.services import RealServices
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
@@ -39,7 +40,7 @@ from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
 
-__all__ = ["safe_name", "build_shaper", "run_node", "node_main", "MembersOnly"]
+__all__ = ["safe_name", "build_shaper", "transport_limits", "run_node", "node_main", "MembersOnly"]
 
 
 def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None,
@@ -226,6 +227,20 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     return result
 
 
+def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
+    """What a node's transport may be made to hold, from the job (issue 12):
+
+    * a UDP socket only where a scheduler sends datagrams (DGT's ``"udp"`` bands), so
+      there is no reassembly for strangers to feed otherwise;
+    * frames no bigger than the job's largest legitimate message
+      (:func:`geomx.cluster.max_message_bytes`), refused before any of it is held;
+    * large frames arriving at once within 64 MiB together (or one such message).
+    """
+    frame_cap = min(max_message_bytes(plan) + PREAMBLE_BYTES, (1 << 32) - 1)
+    return {"udp": s.sched.dgt == "udp", "max_frame_bytes": frame_cap,
+            "max_partial_frame_bytes": max(64 * 2**20, frame_cap)}
+
+
 async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool = True) -> Any:
     """The node's TCP transport, listening, with the schedulers' addresses installed
     (``shape=False``: unshaped, as a rank claim's short-lived transport is)."""
@@ -240,6 +255,7 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
                                                   cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
+                             **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,
                                                 s.membership.register_timeout_s))
