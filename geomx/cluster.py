@@ -132,6 +132,10 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
                "tsengine": tsengine_config(s)},
         state_server=layout.state_server,
     )
+    c = s.checkpoint
+    if c.enabled or c.resume_from:
+        job.checkpoint = {"every_rounds": c.every.rounds, "every_s": c.every.seconds,
+                          "keep": c.keep, "resume_from": c.resume_from}
     runtime = runtime or s.run.runtime
     m = s.membership
     if runtime == "real" or m.in_emulator:

@@ -185,6 +185,44 @@ def _deadlock_hint(s: Scenario) -> str:
     return " after " + " and ".join(hint) if hint else ""
 
 
+def resume_time_s(s: Scenario) -> float:
+    """The emulated time a resumed run starts at: its checkpoint's (0 for a fresh run)."""
+    if not s.checkpoint.resume_from:
+        return 0.0
+    from geomx.node.checkpoint import read_manifest
+
+    return float(read_manifest(Path(s.checkpoint.resume_from)).get("t", 0.0))
+
+
+def resume_scenario(run_dir: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
+                    ) -> Scenario:
+    """The scenario that continues run folder ``run_dir``: its resolved ``scenario.toml``
+    (plus ``overrides``, e.g. a higher ``run.iterations``) starting from its latest complete
+    checkpoint -- or, for a resumed run that stopped before its first checkpoint, from
+    the checkpoint it had resumed from. Raises ValueError naming what is missing."""
+    import dataclasses
+
+    from geomx.node.checkpoint import complete_rounds, latest_checkpoint
+    from geomx.scenario import load_scenario
+
+    folder = Path(run_dir)
+    if not (folder / "scenario.toml").is_file():
+        raise ValueError(f"--resume {run_dir}: not a run folder (no scenario.toml)")
+    s = load_scenario(folder / "scenario.toml", overrides)
+    ckpt = latest_checkpoint(folder)
+    if ckpt is None and s.checkpoint.resume_from:
+        earlier = Path(s.checkpoint.resume_from)
+        if int(earlier.name) in complete_rounds(earlier.parent):
+            ckpt = earlier
+    if ckpt is None:
+        every = "off" if not s.checkpoint.enabled else "on"
+        raise ValueError(f"--resume {run_dir}: no complete checkpoint in "
+                         f"{folder / 'checkpoints'} (checkpoint.every is {every}; a checkpoint "
+                         "is complete once every server and worker wrote its file)")
+    return dataclasses.replace(s, checkpoint=dataclasses.replace(
+        s.checkpoint, resume_from=str(ckpt.resolve())))
+
+
 def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
                  inspect: Callable[[list[Any]], None] | None = None) -> Summary:
     """Run the whole job in one process on the virtual-time emulator.
@@ -195,7 +233,10 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     from geomx.sim.transport import SimFabric
 
     plan = plan_job(s, "emu")
-    loop = new_virtual_loop()
+    start_s = resume_time_s(s)
+    if plan.job.checkpoint:
+        plan.job.checkpoint["dir"] = str(run_dir / "checkpoints")
+    loop = new_virtual_loop(start_time=start_s)
     network = build_network(s, plan)
     recorder = EventRecorder(run_dir / "events.jsonl", clock=loop.time,
                              enabled=s.metrics.events, dc_of=plan.job.dc_of.get)
@@ -231,7 +272,9 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     for state in link_timeline(link_faults(s.faults)):
         loop.call_at(state.t_s, _set_link_state, network, recorder, state)
     try:
-        loop.run_until_complete(_run_nodes(nodes, s.faults))
+        # resuming: the clock goes on from the checkpoint; crashes before it are history
+        faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s)
+        loop.run_until_complete(_run_nodes(nodes, faults))
     except EmulationDeadlock as e:
         raise JobFailed(f"the emulated job deadlocked (every node is waiting)"
                         f"{_deadlock_hint(s)}: {e}") from e

@@ -453,6 +453,9 @@ class KVStore:
         for r in replies:
             if r.meta.get("stop"):
                 node.stop_seen = True
+            if r.meta.get("ckpt"):
+                # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it
+                node.ckpt_due = max(int(getattr(node, "ckpt_due", 0)), int(r.meta["ckpt"]))
             cfg = r.meta.get("codec_config")
             if cfg is not None and dict(cfg) != getattr(node.lan_codec, "config", None):
                 from geomx.node.link_codec import LinkCodec

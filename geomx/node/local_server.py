@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geomx.node.base import Node
+from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
@@ -55,6 +56,7 @@ class LocalSlot:
     early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
     priority: int = 0          # P3: the workers' priority, carried on to the global tier
     key: int = -1
+    ckpt_round: int = 0        # the global round just finished is a checkpoint round
 
 
 class LocalServer(Node):
@@ -93,6 +95,17 @@ class LocalServer(Node):
                         root_receive=self._ts_intra_receive) if ts.intra else None)
         if self.ts_inter is not None:
             self.on(Kind.RELAY, self.ts_inter.on_relay)
+        #: checkpoints (geomx/node/checkpoint.py): round -> keys answered after it
+        self.ckpt = ckpt.NodeCheckpoints(job, name)
+        self._ckpt_answered: dict[int, set[int]] = {}
+        self._restored: dict[int, Any] = {}
+        loaded = self.ckpt.load()
+        if loaded is not None:
+            tree, meta, arrays = loaded
+            state = ckpt.unpack(tree, arrays)
+            self._restored = {int(k): v for k, v in state["slots"]}
+            ckpt.restore_codec_states(self.codec, state["codec"])
+            self.record("restore", round=meta["round"], keys=len(self._restored))
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
@@ -281,13 +294,17 @@ class LocalServer(Node):
                 else await asyncio.gather(*(push_part(p) for p in parts)))
         if any(a.meta.get("stop") for a in acks):
             self.global_stop = True
+        slot.ckpt_round = max([slot.ckpt_round, *(int(a.meta.get("ckpt", 0)) for a in acks)])
         if self.p3.enabled and all(a.payloads for a in acks):
             return self._assemble(slot, list(zip(parts, acks)))
         return await self.pull_global(key, slot)
 
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
-        reply_meta = {"stop": True} if self.global_stop else {}
+        reply_meta: dict[str, Any] = {"stop": True} if self.global_stop else {}
+        round_, slot.ckpt_round = slot.ckpt_round, 0
+        if round_:
+            reply_meta["ckpt"] = round_
         if self.ts_intra is not None:
             # TSEngine inside the DC: the workers get the round's value by the broadcast
             assert slot.store is not None
@@ -304,6 +321,37 @@ class LocalServer(Node):
             else:
                 self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
                                     meta=self._tell_codec(req.src, dict(reply_meta))))
+        if round_:
+            self._answered_checkpoint_round(round_, slot.key)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _answered_checkpoint_round(self, round_: int, key: int) -> None:
+        """Snapshot once every key of checkpoint round ``round_`` has been answered."""
+        keys = self._ckpt_answered.setdefault(round_, set())
+        keys.add(key)
+        if len(keys) < len(self.slots):
+            return
+        del self._ckpt_answered[round_]
+        slots = [[k, {"store": s.store, "round": s.round, "policy": self._policy_state(k)}]
+                 for k, s in sorted(self.slots.items())]
+        state = {"slots": slots, "codec": ckpt.codec_states(self.codec)}
+        path = self.ckpt.save(round_, state, {"t": self.now()})
+        self.record("checkpoint", round=round_, file=path.name)
+
+    def _policy_state(self, key: int) -> Any:
+        get = getattr(self.policy, "checkpoint_state", None)
+        return get(key) if get is not None else None
+
+    def _restore_slot(self, key: int, slot: LocalSlot) -> None:
+        """Resuming: after the global initial pull, the checkpoint's value and round of
+        ``key`` and its sync-policy state replace what initialisation set."""
+        saved = self._restored.pop(key, None)
+        if saved is None:
+            return
+        slot.store = saved["store"]
+        slot.round = int(saved["round"])
+        if saved["policy"] is not None:
+            self.policy.restore_state(key, saved["policy"])  # type: ignore[attr-defined]
 
     async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
         """The current global value of ``key``, reassembled from its parts (``initial``:
@@ -332,6 +380,7 @@ class LocalServer(Node):
                 self.global_stop = True
             like = slot.store if len(parts) == 1 else flat_slice(slot.store, part.lo, part.hi)
             value = self.codec.decode(reply, like=like)
+            slot.ckpt_round = max(slot.ckpt_round, int(reply.meta.get("ckpt", 0)))
             if new is None:
                 new = value
             else:
@@ -344,6 +393,8 @@ class LocalServer(Node):
         slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
         self.policy.on_initialized(self, key, slot)
+        if self._restored:
+            self._restore_slot(key, slot)
         if self.ts_intra is not None:
             self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
         self.record("init", key=key)

@@ -142,6 +142,8 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
     """
     plan = plan_job(cfg.scenario, "real")  # the job's plan: the same whatever rank is claimed
+    if plan.job.checkpoint:  # [checkpoint]: this run's folder (shared by the job's hosts)
+        plan.job.checkpoint["dir"] = str(cfg.run_dir / "checkpoints")
     token = ""
     if cfg.claim_rank:
         from geomx.runtime.rank_claim import claim_rank

@@ -377,3 +377,53 @@ def _check_real(s: Scenario) -> None:
                 "allowed: one scheduler per host and port", path=f"dc[{i}].scheduler_port",
                 value=d.scheduler_port)
         seen[key] = i
+
+
+#: Sync algorithms whose state at a global round boundary is the same on every node
+#: (geomx/node/checkpoint.py); MixedSync's global servers have no common round.
+CHECKPOINT_ALGORITHMS = ("fsa", "hfa")
+
+
+@scenario_check
+def _check_checkpoint(s: Scenario) -> None:
+    c = s.checkpoint
+    if not c.enabled and not c.resume_from:
+        return
+    algorithm = s.sync.resolved_algorithm
+    field = "checkpoint.every" if c.enabled else "checkpoint.resume_from"
+    value = (units_text(c.every.seconds) if c.every.seconds else c.every.rounds) \
+        if c.enabled else c.resume_from
+    problems = [
+        (algorithm not in CHECKPOINT_ALGORITHMS, "sync.algorithm", algorithm,
+         f"sync.algorithm = {algorithm!r} has no global round every node agrees on",
+         quote_list(CHECKPOINT_ALGORITHMS)),
+        (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
+         f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",
+         "'hips', 'flat'"),
+        (bool(s.training.program), "training.program", s.training.program,
+         "a user program's loop state is its own", '"" (the built-in trainer)'),
+        (s.training.model == "phantom", "training.model", "phantom",
+         "a phantom model has no values to save", "a real model"),
+        (s.training.layer_compute != "off", "training.layer_compute",
+         s.training.layer_compute, "the per-layer compute model overlaps rounds", "'off'"),
+        (s.sched.p3, "sched.p3", True, "P3 overlaps rounds", "false"),
+        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt,
+         "DGT keeps late blocks across rounds", "'off'"),
+        (s.sched.tsengine_inter or s.sched.tsengine_intra, "sched.tsengine_inter", True,
+         "TSEngine's overlay state is not saved", "false"),
+    ]
+    for bad, path, got, why, allowed in problems:
+        if bad:
+            raise ScenarioError(f"{field} = {value!r}: {why}; allowed with checkpoints: "
+                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+    if c.every.seconds > 0 and sum(d.global_servers for d in s.dcs if d.central) > 1:
+        raise ScenarioError(
+            "checkpoint.every as a duration needs one global server to pick the round; "
+            "allowed with several global servers: a number of rounds",
+            path="checkpoint.every", value=units_text(c.every.seconds), allowed="an integer")
+
+
+def units_text(seconds: float) -> str:
+    from geomx.units import format_seconds
+
+    return format_seconds(seconds)
