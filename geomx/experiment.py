@@ -319,6 +319,11 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
 
 def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
     """Write summary.json, trace.json and plots."""
+    if s.checkpoint.resume_from:
+        # a resumed run's folder records the continuation; this links it to the old one
+        summary.extra = {**(summary.extra or {}), "resumed_from": {
+            "checkpoint": s.checkpoint.resume_from,
+            "run_dir": str(Path(s.checkpoint.resume_from).parent.parent)}}
     if s.sched.p3 and s.metrics.events and (run_dir / "events.jsonl").exists():
         from geomx.metrics.p3_stats import p3_stats
         from geomx.metrics.recorder import iter_events

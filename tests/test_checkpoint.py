@@ -54,6 +54,8 @@ def _stop_and_resume(tmp_path: Path, sets: list[str], *, stop: int, end: int):
     s = resume_scenario(first.run_dir, [f"run.iterations={end}"])
     second = run_scenario(s, out_dir=out, inspect=_final_state(resumed))
     assert second.summary.iterations == end
+    link = json.loads((second.run_dir / "summary.json").read_text())["extra"]["resumed_from"]
+    assert link["run_dir"] == str(first.run_dir.resolve())
     return clean, resumed, first.run_dir
 
 
@@ -335,6 +337,7 @@ def test_real_job_killed_and_resumed(tmp_path: Path) -> None:
     new_dir = Path(r.stdout.split("run folder: ", 1)[1].split("\n", 1)[0])
     summary = json.loads((new_dir / "summary.json").read_text())
     assert summary["iterations"] == 40
+    assert summary["extra"]["resumed_from"]["run_dir"] == str(run_dir.resolve())
     clean = run_scenario(load_scenario(QUICKSTART, sets), out_dir=tmp_path / "emu")
     print(f"killed after checkpoint {killed_at}; resumed accuracy {summary['final_accuracy']:.4f}, "
           f"clean {clean.summary.final_accuracy:.4f}")
