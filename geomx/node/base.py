@@ -85,6 +85,8 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
+        #: nodes lost while the job went on ([membership] on_worker_loss = "continue")
+        self.lost_members: set[str] = set()
         #: Everything this node knows of peers' addresses (merged across schedulers);
         #: the real runtime seeds it with the schedulers' addresses.
         self.address_book: dict[str, str] = {}
@@ -271,7 +273,14 @@ class Node:
             self.reply_error(msg, f"{type(e).__name__}: {e}")
 
     def _on_node_failed(self, msg: Message) -> None:
-        """A scheduler says a node died: stop with an error naming it."""
+        """A scheduler says a node died: stop with an error naming it -- or, when the job
+        survives that node (``meta.continue``, [membership] on_worker_loss), go on."""
+        if msg.meta.get("continue") and msg.src in self.schedulers:
+            node = str(msg.meta.get("node", "?"))
+            self.lost_members.add(node)
+            self.record("member_lost", lost=node, by=msg.src)
+            self.on_member_lost(node)
+            return
         if self.failure is None:
             self.failed_node = str(msg.meta.get("node", "?"))
             self.failed_reason = str(msg.meta.get("reason", "no reason given"))
@@ -280,6 +289,10 @@ class Node:
                                        f"(reported by {msg.src})")
             self.record("node_failed", failed=msg.meta.get("node"), by=msg.src)
         self.stop()
+
+    def on_member_lost(self, node: str) -> None:
+        """A node this one may wait for is gone for good and the job goes on (a local
+        server stops counting the worker); nothing to do by default."""
 
     async def heartbeat(self, scheduler: str) -> None:
         """Heartbeat ``scheduler`` until the node stops; fail if it stops answering."""

@@ -17,6 +17,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from geomx.node.base import Node
 from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
@@ -66,6 +68,10 @@ class LocalServer(Node):
         super().__init__(name, dc, transport, services)
         self.job = job
         self.workers = list(job.workers_of[dc])
+        #: workers still in the job (a lost one leaves it: [membership] on_worker_loss),
+        #: and each worker's pushes applied in completed rounds (nothing counts twice)
+        self.live = list(self.workers)
+        self.applied: dict[str, int] = {w: 0 for w in self.workers}
         self.slots: dict[int, LocalSlot] = {}
         # one codec for both hops: it picks per tier and keys its state by tier
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
@@ -76,6 +82,7 @@ class LocalServer(Node):
         #: DGT of the pushes to the global servers (None = plain pushes)
         self.dgt: DgtSender | None = DgtSender(dgt) if dgt.enabled else None
         self._done = asyncio.Event()
+        self._stopped_workers: set[str] = set()
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -191,8 +198,8 @@ class LocalServer(Node):
             # (kv.init's barrier keeps honest workers from getting here)
             self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
-        if msg.src not in self.workers:
-            self.reply_error(msg, f"{msg.src} is not a worker of {self.dc}")
+        if msg.src not in self.live:
+            self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
             return
         if msg.src in slot.contributors:
             self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
@@ -214,13 +221,39 @@ class LocalServer(Node):
         if msg.meta.get("stop"):
             slot.stop_requested = True
         slot.waiting_pushes.append(msg)
-        if slot.count == len(self.workers):
-            merged, slot.merged = slot.merged, None
-            slot.count = 0
-            slot.contributors.clear()
-            waiting, slot.waiting_pushes = slot.waiting_pushes, []
-            stop, slot.stop_requested = slot.stop_requested, False
-            self.spawn(self.policy.on_round(self, msg.key, slot, merged, waiting, stop))
+        self._complete_round(slot)
+
+    def _complete_round(self, slot: LocalSlot) -> None:
+        """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync policy.
+        Without a lost worker's push the sum is scaled by workers / contributors, so the
+        DC keeps its weight in the global aggregate."""
+        if slot.count == 0 or not set(self.live) <= slot.contributors:
+            return
+        merged, slot.merged = slot.merged, None
+        n = len(slot.contributors)
+        if n < len(self.workers) and isinstance(merged, np.ndarray):
+            merged *= merged.dtype.type(len(self.workers) / n)
+            self.record("reweight", key=slot.key, contributors=n, workers=len(self.workers))
+        for w in slot.contributors:
+            self.applied[w] += 1
+        slot.count = 0
+        slot.contributors.clear()
+        waiting = [m for m in slot.waiting_pushes if m.src in self.live]
+        slot.waiting_pushes = []
+        stop, slot.stop_requested = slot.stop_requested, False
+        self.spawn(self.policy.on_round(self, slot.key, slot, merged, waiting, stop))
+
+    def on_member_lost(self, node: str) -> None:
+        """A worker of this DC is gone and the job goes on: stop waiting for it; rounds it
+        held up complete now with the pushes that arrived."""
+        if node not in self.live:
+            return
+        self.live.remove(node)
+        for slot in self.slots.values():
+            if slot.initialized:
+                self._complete_round(slot)
+        if self._stopped_workers and set(self.live) <= self._stopped_workers:
+            self._done.set()
 
     def _ts_intra_receive(self, msg: Message, value: Value, count: int,
                           senders: list[str]) -> None:
@@ -427,7 +460,14 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ lifecycle
     def _on_stop(self, msg: Message) -> None:
-        if msg.src in self.workers:
+        if msg.src not in self.workers:
+            return
+        if self.job.on_worker_loss != "continue":
+            self._done.set()  # GeoMX: the DC's rank-0 worker, after the workers' barrier
+            return
+        # a worker may be lost at any time: every live worker says it is done
+        self._stopped_workers.add(msg.src)
+        if set(self.live) <= self._stopped_workers:
             self._done.set()
 
     async def main(self) -> None:
@@ -441,6 +481,9 @@ class LocalServer(Node):
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", rounds=sum(s.round for s in self.slots.values()))
+        self.record("server_done", rounds=sum(s.round for s in self.slots.values()),
+                    **({"applied": dict(sorted(self.applied.items())),
+                        "lost": sorted(set(self.workers) - set(self.live))}
+                       if self.job.on_worker_loss == "continue" else {}))
         leave(self, self.job.global_scheduler)
         leave(self, self.job.local_scheduler_of[self.dc])

@@ -56,6 +56,8 @@ class JobSpec:
     #: [checkpoint] (geomx/node/checkpoint.py): every_rounds, every_s, keep, resume_from;
     #: the runtime adds ``dir`` (this run's checkpoints folder). {} = off
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    #: [membership] on_worker_loss: "fail" (stop the job) | "continue" (the DC goes on)
+    on_worker_loss: str = "fail"
 
     @property
     def num_all_workers(self) -> int:

@@ -258,6 +258,8 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
     drain_deadline: float | None = None
     exit_seen: dict[str, float] = {}
+    survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
+    lost: list[str] = []
     try:
         while True:
             now = time.perf_counter()
@@ -271,6 +273,13 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 if p.returncode is not None and n not in exit_seen:
                     exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+            for n in [n for n in bad if n in survivable]:
+                # [membership] on_worker_loss = "continue": its DC goes on without it
+                bad.remove(n)
+                if n not in lost:
+                    lost.append(n)
+                    print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
+                          "continues without it", file=sys.stderr, flush=True)
             if bad and failure is None:
                 # the first to die; among those seen at once, a killed one before the
                 # ones that exited because they noticed it

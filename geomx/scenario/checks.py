@@ -427,3 +427,26 @@ def units_text(seconds: float) -> str:
     from geomx.units import format_seconds
 
     return format_seconds(seconds)
+
+
+@scenario_check
+def _check_worker_loss(s: Scenario) -> None:
+    if s.membership.on_worker_loss != "continue":
+        return
+    problems = [
+        (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
+         "a loss is found by missed heartbeats", "a duration > 0"),
+        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
+         "the local server re-weights an FSA round", "'fsa'"),
+        (s.topology.kind != "hips", "topology.kind", s.topology.kind,
+         "a local server stands in for its DC", "'hips'"),
+        (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
+         "TSEngine's merge trees need every member", "false"),
+        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
+        (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
+         "per-layer pushes are not covered", "'off'"),
+    ]
+    for bad, path, got, why, allowed in problems:
+        if bad:
+            raise ScenarioError(f"membership.on_worker_loss = 'continue': {why}; allowed: "
+                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)

@@ -32,6 +32,12 @@ class MembershipConfig(Section):
         "scenario's slowest round (compute, local steps and the model's transfer over the "
         "slowest link), at least 30 s; 0 = wait forever. Active where heartbeats are.",
         key="request_timeout")
+    on_worker_loss: str = setting(Choice("fail", "continue"), "fail",
+                                  "A worker declared dead (missed heartbeats): `fail` stops the "
+                                  "job naming it; `continue` (HiPS + FSA) lets its DC go on "
+                                  "without it: the round it held up completes once the loss is "
+                                  "declared (bounded by heartbeat_timeout), and the DC's sum is "
+                                  "scaled by workers / contributors.")
     in_emulator: bool = setting(Flag(), False,
                                 "Run heartbeats in the emulator too (off by default: they "
                                 "add traffic and hide deadlocks behind endless timers).")
