@@ -278,6 +278,7 @@ class Node:
         if msg.meta.get("continue") and msg.src in self.schedulers:
             node = str(msg.meta.get("node", "?"))
             self.lost_members.add(node)
+            self.gone.add(node)  # nothing more to deliver to it, nor to wait for at the end
             self.record("member_lost", lost=node, by=msg.src)
             self.on_member_lost(node)
             return
