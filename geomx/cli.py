@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates must chain to")
     node.add_argument("--shape", action=argparse.BooleanOptionalAction, default=None,
                       help="shape WAN traffic like the scenario's links (default: [real].shape)")
+    node.add_argument("--rejoin", action="store_true",
+                      help="restart a worker the job lost ([membership] on_worker_loss = "
+                           "'continue'): it registers again, pulls the current model at the "
+                           "next round boundary and trains from there")
     node.add_argument("--print-config", action="store_true",
                       help="print the resolved settings and where each came from, then exit")
     node.add_argument("--watch-stdin", dest="parent_watch", action="store_true", default=None,

@@ -104,6 +104,7 @@ class Node:
         #: long (``[[fault]] kind = "slow"``: a straggler for a while, in both runtimes)
         self.slow_periods: tuple[tuple[float, float, float], ...] = ()
         self.on(Kind.NODE_FAILED, self._on_node_failed)
+        self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:
@@ -290,6 +291,22 @@ class Node:
                                        f"(reported by {msg.src})")
             self.record("node_failed", failed=msg.meta.get("node"), by=msg.src)
         self.stop()
+
+    def _on_node_rejoined(self, msg: Message) -> None:
+        """A scheduler says a lost node is back (at a new address, perhaps)."""
+        node = str(msg.meta.get("node", ""))
+        if msg.src not in self.schedulers or node not in self.lost_members:
+            return
+        address = str(msg.meta.get("address", ""))
+        if address:
+            self.learn_addresses({node: address})
+        self.lost_members.discard(node)
+        self.gone.discard(node)
+        self.record("member_rejoined", member=node, by=msg.src)
+        self.on_member_rejoined(node)
+
+    def on_member_rejoined(self, node: str) -> None:
+        """A lost node is back; nothing to do by default."""
 
     def on_member_lost(self, node: str) -> None:
         """A node this one may wait for is gone for good and the job goes on (a local

@@ -83,6 +83,11 @@ class LocalServer(Node):
         self.dgt: DgtSender | None = DgtSender(dgt) if dgt.enabled else None
         self._done = asyncio.Event()
         self._stopped_workers: set[str] = set()
+        #: rejoined workers waiting for a round boundary, their parked pulls, and the
+        #: rounds being exchanged right now
+        self._joining: list[str] = []
+        self._join_pulls: list[Message] = []
+        self._rounds_running = 0
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -241,7 +246,39 @@ class LocalServer(Node):
         waiting = [m for m in slot.waiting_pushes if m.src in self.live]
         slot.waiting_pushes = []
         stop, slot.stop_requested = slot.stop_requested, False
-        self.spawn(self.policy.on_round(self, slot.key, slot, merged, waiting, stop))
+        self._rounds_running += 1
+        self.spawn(self._run_round(slot, merged, waiting, stop))
+
+    async def _run_round(self, slot: LocalSlot, merged: Value, waiting: list[Message],
+                         stop: bool) -> None:
+        try:
+            await self.policy.on_round(self, slot.key, slot, merged, waiting, stop)
+        finally:
+            self._rounds_running -= 1
+        self._admit_joining()
+
+    def on_member_rejoined(self, node: str) -> None:
+        """A lost worker of this DC restarted (``geomx node --rejoin``): it joins at the
+        next round boundary -- its pulls wait until then, so it starts from a model every
+        key agrees on, and its first push belongs to the next round."""
+        if node in self.workers and node not in self.live and node not in self._joining:
+            self._joining.append(node)
+            self._stopped_workers.discard(node)
+            self._admit_joining()
+
+    def _admit_joining(self) -> None:
+        if not self._joining or self._rounds_running:
+            return
+        slots = list(self.slots.values())
+        if any(not s.initialized or s.count for s in slots) or len({s.round for s in slots}) > 1:
+            return  # mid-round: the next boundary admits them
+        for w in self._joining:
+            self.record("worker_rejoined", worker=w, round=slots[0].round if slots else 0)
+        self.live = [w for w in self.workers if w in self.live or w in self._joining]
+        self._joining = []
+        parked, self._join_pulls = self._join_pulls, []
+        for pull in parked:
+            self._serve_pull(pull, self.slots[pull.key])
 
     def on_member_lost(self, node: str) -> None:
         """A worker of this DC is gone and the job goes on: stop waiting for it; rounds it
@@ -447,6 +484,9 @@ class LocalServer(Node):
             return
         if not slot.initialized:
             slot.waiting_pulls.append(msg)
+            return
+        if msg.src in self._joining:
+            self._join_pulls.append(msg)  # a rejoined worker starts at a round boundary
             return
         self._serve_pull(msg, slot)
 

@@ -73,6 +73,13 @@ class Scheduler(Node):
             self.reply_error(msg, f"{msg.src} was claimed by another process that started "
                                   "without a rank; give this one a free rank, or none")
             return
+        if msg.src in self.losable and self.registered and msg.src not in self._left:
+            # a live member registers again: its process restarted (``geomx node
+            # --rejoin``) before its silence was noticed; the old one is gone
+            self.lose(msg.src, "it registered again (restarted)")
+        if msg.src in self.lost and self.registered:
+            self._rejoin(msg)
+            return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
         if self.addresses[msg.src]:
@@ -227,6 +234,26 @@ class Scheduler(Node):
             self._release_if_complete(group)
         if set(self.members) <= self._left:
             self._all_left.set()
+
+    def _rejoin(self, msg: Message) -> None:
+        """A lost worker registers again (``geomx node --rejoin``): it gets the book, the
+        barriers count it again, and the live members learn where it now listens."""
+        node = msg.src
+        self.lost.remove(node)
+        self._left.discard(node)
+        self.addresses[node] = str(msg.meta.get("address", ""))
+        if self.addresses[node]:
+            self.learn_addresses({node: self.addresses[node]})
+        self.last_seen[node] = self.now()
+        self.record("worker_rejoined", member=node)
+        log.warning("%s: %s rejoined", self.name, node)
+        book = dict(self.addresses)
+        book[self.name] = self.transport.local_address()
+        self.post(msg.reply(Kind.REGISTER_ACK, meta={"book": book}))
+        for m in self.members:
+            if m != node and m not in self._left and m in self.addresses:
+                self.post(Message(Kind.NODE_REJOINED, self.name, m,
+                                  meta={"node": node, "address": self.addresses[node]}))
 
     async def _watch(self) -> None:
         """Declare a member dead when it misses heartbeats or never registers."""

@@ -202,6 +202,13 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     if loaded is not None:
         it, next_eval, losses, last_eval = restore_worker(node, loaded, params, sync, stream)
         node.iteration = it
+    if getattr(node, "rejoining", False):
+        # a restarted worker (geomx node --rejoin) pulled the current model of round
+        # ``seen_version``: it trains from the next round on, to the job's last iteration
+        it = int(getattr(node, "seen_version", 0))
+        next_eval = (it // spec.eval_every + 1) * spec.eval_every if spec.eval_every > 0 else 0
+        node.iteration = it
+        node.record("rejoined", iteration=it)
     while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
         it += 1
         node.iteration = it
