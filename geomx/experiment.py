@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geomx.cluster import JobPlan, make_node, plan_job
+from geomx.node.checkpoint import injected_crashes, note_crash
 from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.JobFailed
 from geomx.metrics.channel_tally import DgtTally
 from geomx.metrics.chrome_trace import convert_events_file
@@ -124,7 +125,8 @@ def counters_from_network(network: Any) -> Any:
     return c
 
 
-async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
+async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = (),
+                     on_crash: Callable[[str, float], None] | None = None) -> None:
     """Run every node; the first failure cancels the rest and is raised with its name.
 
     Faults (``[[fault]]``) crash a node at an emulated time: its task is cancelled and
@@ -134,10 +136,12 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
     by_name = {n.name: t for t, n in tasks.items()}
     crashed: list[str] = []
 
-    def crash(name: str) -> None:
+    def crash(name: str, at_s: float) -> None:
         task = by_name[name]
         if not task.done():
             crashed.append(name)
+            if on_crash is not None:
+                on_crash(name, at_s)
             tasks[task].record("crash", fault="crash")
             task.cancel()
             asyncio.ensure_future(tasks[task].transport.close())
@@ -145,7 +149,7 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
     loop = asyncio.get_running_loop()
     for f in faults:
         if f.kind == "crash":
-            loop.call_at(f.at_s, crash, f.node)
+            loop.call_at(f.at_s, crash, f.node, f.at_s)
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -219,7 +223,10 @@ def resume_scenario(run_dir: str | os.PathLike, overrides: list[str] | tuple[str
         raise ValueError(f"--resume {run_dir}: no complete checkpoint in "
                          f"{folder / 'checkpoints'} (checkpoint.every is {every}; a checkpoint "
                          "is complete once every server and worker wrote its file)")
-    return dataclasses.replace(s, checkpoint=dataclasses.replace(
+    # crashes the interrupted run already injected are history, not part of the rest
+    done = injected_crashes(folder)
+    faults = tuple(f for f in s.faults if f.kind != "crash" or (f.node, f.at_s) not in done)
+    return dataclasses.replace(s, faults=faults, checkpoint=dataclasses.replace(
         s.checkpoint, resume_from=str(ckpt.resolve())))
 
 
@@ -274,7 +281,8 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     try:
         # resuming: the clock goes on from the checkpoint; crashes before it are history
         faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s)
-        loop.run_until_complete(_run_nodes(nodes, faults))
+        loop.run_until_complete(_run_nodes(nodes, faults,
+                                           on_crash=lambda n, t: note_crash(run_dir, n, t)))
     except EmulationDeadlock as e:
         raise JobFailed(f"the emulated job deadlocked (every node is waiting)"
                         f"{_deadlock_hint(s)}: {e}") from e

@@ -108,6 +108,31 @@ def test_flat_ps_momentum_resume_is_bit_exact(tmp_path: Path) -> None:
     assert _max_difference(clean, resumed) == 0.0
 
 
+def test_crash_then_resume_is_bit_exact(tmp_path: Path) -> None:
+    """The emulated job is killed by a crash of the global server (it then deadlocks and
+    fails by name); --resume continues from the last checkpoint before the crash and does
+    not inject that crash again."""
+    from geomx.experiment import JobFailed
+
+    sets = [*QUIET, "checkpoint.every=10", "run.iterations=60"]
+    clean: dict[str, list[np.ndarray]] = {}
+    run_scenario(load_scenario(QUICKSTART, sets), out_dir=tmp_path / "clean",
+                 inspect=_final_state(clean))
+    crashing = load_scenario(QUICKSTART, [*sets, "fault.0.node=gs:0", "fault.0.at=5s"])
+    with pytest.raises(JobFailed, match="gs:0"):
+        run_scenario(crashing, out_dir=tmp_path / "runs")
+    first = next((tmp_path / "runs").iterdir())
+    assert ckpt.injected_crashes(first) == {("gs:0", 5.0)}
+    rounds = ckpt.complete_rounds(first / "checkpoints")
+    assert rounds and rounds[-1] < 60
+    s = resume_scenario(first)
+    assert s.faults == ()  # the crash is history
+    resumed: dict[str, list[np.ndarray]] = {}
+    r = run_scenario(s, out_dir=tmp_path / "runs", inspect=_final_state(resumed))
+    assert r.summary.iterations == 60
+    assert _max_difference(clean, resumed) == 0.0
+
+
 def test_a_lost_state_would_show(tmp_path: Path) -> None:
     """The comparison can fail: resuming with the workers' data streams reset (the state a
     naive restart loses) gives a different model."""

@@ -338,3 +338,29 @@ def rng_state(rng: np.random.Generator) -> str:
 
 def set_rng_state(rng: np.random.Generator, text: str) -> None:
     rng.bit_generator.state = json.loads(text)
+
+
+# --------------------------------------------------------------------------- injected crashes
+INJECTED_CRASHES = "crashes.jsonl"
+"""Run-folder file: one JSON line per ``[[fault]]`` crash injected (node, at), written when
+it happens by either runtime; ``--resume`` does not inject those again."""
+
+
+def note_crash(run_dir: Path, node: str, at_s: float) -> None:
+    with open(run_dir / INJECTED_CRASHES, "a") as f:
+        f.write(json.dumps({"node": node, "at": at_s}) + "\n")
+
+
+def injected_crashes(run_dir: Path) -> set[tuple[str, float]]:
+    try:
+        lines = (run_dir / INJECTED_CRASHES).read_text().splitlines()
+    except OSError:
+        return set()
+    out = set()
+    for line in lines:
+        try:
+            d = json.loads(line)
+            out.add((str(d["node"]), float(d["at"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash of the writer
+    return out

@@ -39,6 +39,7 @@ from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
+from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
 from geomx.scenario import Scenario, scenario_to_toml
 
@@ -267,6 +268,7 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 f = faults.pop(0)
                 p = procs[f.node]
                 if p.poll() is None:
+                    note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
                     os.killpg(p.pid, signal.SIGKILL)
             running = {n: p for n, p in procs.items() if p.poll() is None}
             for n, p in procs.items():
