@@ -126,7 +126,8 @@ def counters_from_network(network: Any) -> Any:
 
 
 async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = (),
-                     on_crash: Callable[[str, float], None] | None = None) -> None:
+                     on_crash: Callable[[str, float], None] | None = None,
+                     restart: Callable[[str], Any] | None = None) -> None:
     """Run every node; the first failure cancels the rest and is raised with its name.
 
     Faults (``[[fault]]``) crash a node at an emulated time: its task is cancelled and
@@ -136,12 +137,40 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = (),
     by_name = {n.name: t for t, n in tasks.items()}
     crashed: list[str] = []
 
-    def crash(name: str, at_s: float) -> None:
+    # a crash with a duration restarts the node (``--rejoin``) that much later: the job
+    # waits for the restarted node through a stand-in future
+    stand_in: dict[str, asyncio.Future[Any]] = {}
+
+    def start_again(name: str) -> None:
+        assert restart is not None
+        node = restart(name)
+        task = asyncio.ensure_future(node.run())
+        tasks[task] = node
+        by_name[name] = task
+        nodes[[n.name for n in nodes].index(name)] = node
+        fut = stand_in[name]
+
+        def settle(t: asyncio.Task[Any]) -> None:
+            if fut.done():
+                return
+            if t.cancelled():
+                fut.cancel()
+            elif t.exception() is not None:
+                fut.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                fut.set_result(None)
+        task.add_done_callback(settle)
+
+    def crash(name: str, at_s: float, restart_after_s: float = 0.0) -> None:
         task = by_name[name]
+        if task.done() and name in stand_in and not stand_in[name].done():
+            stand_in[name].set_result(None)  # it finished first: nothing to restart
         if not task.done():
             crashed.append(name)
             if on_crash is not None:
                 on_crash(name, at_s)
+            if name in stand_in:
+                loop.call_at(at_s + restart_after_s, start_again, name)
             tasks[task].record("crash", fault="crash")
             task.cancel()
             asyncio.ensure_future(tasks[task].transport.close())
@@ -149,7 +178,10 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = (),
     loop = asyncio.get_running_loop()
     for f in faults:
         if f.kind == "crash":
-            loop.call_at(f.at_s, crash, f.node, f.at_s)
+            if f.duration_s > 0 and restart is not None and f.node not in stand_in:
+                stand_in[f.node] = loop.create_future()
+                tasks[stand_in[f.node]] = tasks[by_name[f.node]]  # (names a failure)
+            loop.call_at(f.at_s, crash, f.node, f.at_s, f.duration_s)
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -274,7 +306,12 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
     fabric = SimFabric(network)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
-    workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
+
+    def restart(name: str) -> Any:
+        """A crashed worker started again, as ``geomx node --rejoin`` does."""
+        node = make_node(plan, name, fabric.transport(name), services)
+        node.rejoining = True
+        return node
     asyncio.set_event_loop(loop)
     for state in link_timeline(link_faults(s.faults)):
         loop.call_at(state.t_s, _set_link_state, network, recorder, state)
@@ -282,7 +319,8 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
         # resuming: the clock goes on from the checkpoint; crashes before it are history
         faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s)
         loop.run_until_complete(_run_nodes(nodes, faults,
-                                           on_crash=lambda n, t: note_crash(run_dir, n, t)))
+                                           on_crash=lambda n, t: note_crash(run_dir, n, t),
+                                           restart=restart))
     except EmulationDeadlock as e:
         raise JobFailed(f"the emulated job deadlocked (every node is waiting)"
                         f"{_deadlock_hint(s)}: {e}") from e
@@ -302,6 +340,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     emulated_s = loop.time()
     if inspect is not None:
         inspect(nodes)
+    workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
     iterations = max((n.iteration for n in workers), default=0)
     final = next((n.result for n in workers if n.name == evaluator), None) or {}
     counters = recorder.counters if s.metrics.events else counters_from_network(network)

@@ -195,3 +195,32 @@ def _pid_of(node: str, marker: str) -> int | None:
         if node.encode() in cmd and any(marker.encode() in c for c in cmd):
             return int(d.name)
     return None
+
+
+def test_emulated_crash_and_rejoin(tmp_path: Path) -> None:
+    """``[[fault]] kind = "crash"`` with a duration restarts the worker as ``--rejoin``
+    does: it comes back at a round boundary and pushes every round from the next one."""
+    r, nodes = _run(tmp_path, ["membership.on_worker_loss=continue", "fault.0.duration=5s"])
+    keys = len(nodes["gs:0"].slots)
+    back = nodes["w:party-a:1"]
+    assert getattr(back, "rejoining", False) and back.iteration == 60
+    events = [json.loads(line) for line in (r.run_dir / "events.jsonl").open()]
+    joined = [e for e in events if e["ev"] == "worker_rejoined" and e["node"] == "ls:party-a"]
+    assert len(joined) == 1
+    round_ = joined[0]["round"]
+    crashed_at = [e for e in events if e["ev"] == "crash"][0]
+    assert crashed_at["t"] + 5.0 <= joined[0]["t"]
+    ls_a = nodes["ls:party-a"]
+    assert ls_a.live == ["w:party-a:0", "w:party-a:1"]
+    before = ls_a.applied["w:party-a:1"] - keys * (60 - round_)
+    assert 0 < before <= keys * round_  # pushed until the crash, then every round after
+    assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
+    assert r.summary.iterations == 60
+
+
+def test_restart_needs_a_lost_worker() -> None:
+    with pytest.raises(ScenarioError, match=r"fault\[0\]\.duration"):
+        load_scenario(QUICKSTART, [*LOSS, "fault.0.duration=5s"])
+    with pytest.raises(ScenarioError, match="not a worker"):
+        load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
+                                   "fault.0.node=ls:party-a", "fault.0.duration=5s"])

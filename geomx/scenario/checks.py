@@ -450,3 +450,21 @@ def _check_worker_loss(s: Scenario) -> None:
         if bad:
             raise ScenarioError(f"membership.on_worker_loss = 'continue': {why}; allowed: "
                                 f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+
+
+@scenario_check
+def _check_restart(s: Scenario) -> None:
+    for i, f in enumerate(s.faults):
+        if f.kind != "crash" or f.duration_s <= 0:
+            continue
+        if s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
+            raise ScenarioError(
+                f"a crash with a duration restarts a lost worker, but {f.node!r} "
+                f"{'is not a worker' if not f.node.startswith('w:') else 'is not lost: membership.on_worker_loss is fail'}"
+                "; allowed: duration = 0s, or a worker with on_worker_loss = 'continue'",
+                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+        if s.run.runtime == "real":
+            raise ScenarioError(
+                "the real launcher does not restart crashed nodes; allowed: duration = 0s "
+                "(restart the worker yourself with geomx node --rejoin)",
+                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")

@@ -70,7 +70,10 @@ class FaultConfig(Section):
                         "`slow`: the worker `node` computes `factor` times slower from `at` "
                         "for `duration` (a straggler).")
     duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`: how long the fault "
-                                "lasts (0 = to the end of the run).", key="duration")
+                                "lasts (0 = to the end of the run). `crash` of a worker with "
+                                "membership.on_worker_loss = 'continue': restart it that much "
+                                "later, as `geomx node --rejoin` (emulator; 0 = never).",
+                                key="duration")
     factor: float = setting(Real(min=1.0), 4.0, "`slow`: how many times longer the node's "
                             "compute takes.")
     converge_s: float = setting(Duration(), "1s", "`link_down`: routing convergence, from the "
