@@ -281,7 +281,9 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 if n not in lost:
                     lost.append(n)
                     print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
-                          "continues without it", file=sys.stderr, flush=True)
+                          f"continues without it (to bring it back: its command in "
+                          f"{run_dir / 'launch.json'} plus --rejoin)", file=sys.stderr,
+                          flush=True)
             if bad and failure is None:
                 # the first to die; among those seen at once, a killed one before the
                 # ones that exited because they noticed it
