@@ -132,8 +132,13 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
                "tsengine": tsengine_config(s)},
         state_server=layout.state_server,
     )
+    c = s.checkpoint
+    if c.enabled or c.resume_from:
+        job.checkpoint = {"every_rounds": c.every.rounds, "every_s": c.every.seconds,
+                          "keep": c.keep, "resume_from": c.resume_from}
     runtime = runtime or s.run.runtime
     m = s.membership
+    job.on_worker_loss = m.on_worker_loss
     if runtime == "real" or m.in_emulator:
         job.heartbeat_interval_s = m.heartbeat_interval_s
         job.heartbeat_timeout_s = m.heartbeat_timeout_s if m.heartbeat_interval_s > 0 else 0.0
@@ -326,7 +331,9 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
     if role in ("global_scheduler", "local_scheduler"):
         sch = Scheduler(name, dc, transport, services, job.scheduler_members(name),
                         heartbeat_timeout_s=job.heartbeat_timeout_s,
-                        register_timeout_s=job.register_timeout_s)
+                        register_timeout_s=job.register_timeout_s,
+                        losable=(set(job.all_workers) if job.on_worker_loss == "continue"
+                                 else set()))
         install_coordinators(sch, job)  # TSEngine's overlays, when on
         return sch
     if role == "mesh_server":

@@ -54,6 +54,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT_ACK = 6
     SHUTDOWN = 7
     NODE_FAILED = 8
+    NODE_REJOINED = 9      # a lost worker is back ([membership] on_worker_loss = "continue")
     # control commands (optimizer, codec, sync mode), acknowledged end to end
     COMMAND = 16
     COMMAND_ACK = 17

@@ -85,6 +85,8 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
+        #: nodes lost while the job went on ([membership] on_worker_loss = "continue")
+        self.lost_members: set[str] = set()
         #: Everything this node knows of peers' addresses (merged across schedulers);
         #: the real runtime seeds it with the schedulers' addresses.
         self.address_book: dict[str, str] = {}
@@ -102,6 +104,7 @@ class Node:
         #: long (``[[fault]] kind = "slow"``: a straggler for a while, in both runtimes)
         self.slow_periods: tuple[tuple[float, float, float], ...] = ()
         self.on(Kind.NODE_FAILED, self._on_node_failed)
+        self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:
@@ -271,7 +274,15 @@ class Node:
             self.reply_error(msg, f"{type(e).__name__}: {e}")
 
     def _on_node_failed(self, msg: Message) -> None:
-        """A scheduler says a node died: stop with an error naming it."""
+        """A scheduler says a node died: stop with an error naming it -- or, when the job
+        survives that node (``meta.continue``, [membership] on_worker_loss), go on."""
+        if msg.meta.get("continue") and msg.src in self.schedulers:
+            node = str(msg.meta.get("node", "?"))
+            self.lost_members.add(node)
+            self.gone.add(node)  # nothing more to deliver to it, nor to wait for at the end
+            self.record("member_lost", lost=node, by=msg.src)
+            self.on_member_lost(node)
+            return
         if self.failure is None:
             self.failed_node = str(msg.meta.get("node", "?"))
             self.failed_reason = str(msg.meta.get("reason", "no reason given"))
@@ -280,6 +291,26 @@ class Node:
                                        f"(reported by {msg.src})")
             self.record("node_failed", failed=msg.meta.get("node"), by=msg.src)
         self.stop()
+
+    def _on_node_rejoined(self, msg: Message) -> None:
+        """A scheduler says a lost node is back (at a new address, perhaps)."""
+        node = str(msg.meta.get("node", ""))
+        if msg.src not in self.schedulers or node not in self.lost_members:
+            return
+        address = str(msg.meta.get("address", ""))
+        if address:
+            self.learn_addresses({node: address})
+        self.lost_members.discard(node)
+        self.gone.discard(node)
+        self.record("member_rejoined", member=node, by=msg.src)
+        self.on_member_rejoined(node)
+
+    def on_member_rejoined(self, node: str) -> None:
+        """A lost node is back; nothing to do by default."""
+
+    def on_member_lost(self, node: str) -> None:
+        """A node this one may wait for is gone for good and the job goes on (a local
+        server stops counting the worker); nothing to do by default."""
 
     async def heartbeat(self, scheduler: str) -> None:
         """Heartbeat ``scheduler`` until the node stops; fail if it stops answering."""

@@ -283,8 +283,8 @@ class KVStore:
                         for p in parts]
             if requests:
                 self._learn(await asyncio.gather(*requests))
-            if not self._node.is_master:
-                await self._barrier_now()
+            if not self._node.is_master and not getattr(self._node, "rejoining", False):
+                await self._barrier_now()  # (a rejoined worker's DC passed it long ago)
 
         keyed = [self._inflight.get(k) for k, _ in items]
         task = self._ordered(run, after=[self._fence, *keyed])
@@ -453,6 +453,10 @@ class KVStore:
         for r in replies:
             if r.meta.get("stop"):
                 node.stop_seen = True
+            node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
+            if r.meta.get("ckpt"):
+                # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it
+                node.ckpt_due = max(int(getattr(node, "ckpt_due", 0)), int(r.meta["ckpt"]))
             cfg = r.meta.get("codec_config")
             if cfg is not None and dict(cfg) != getattr(node.lan_codec, "config", None):
                 from geomx.node.link_codec import LinkCodec

@@ -40,6 +40,7 @@ from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
+from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
 from geomx.scenario import Scenario, scenario_to_toml
 
@@ -311,6 +312,8 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
     drain_deadline: float | None = None
     exit_seen: dict[str, float] = {}
+    survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
+    lost: list[str] = []
     try:
         while True:
             now = time.perf_counter()
@@ -318,12 +321,22 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 f = faults.pop(0)
                 p = procs[f.node]
                 if p.poll() is None:
+                    note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
                     os.killpg(p.pid, signal.SIGKILL)
             running = {n: p for n, p in procs.items() if p.poll() is None}
             for n, p in procs.items():
                 if p.returncode is not None and n not in exit_seen:
                     exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+            for n in [n for n in bad if n in survivable]:
+                # [membership] on_worker_loss = "continue": its DC goes on without it
+                bad.remove(n)
+                if n not in lost:
+                    lost.append(n)
+                    print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
+                          f"continues without it (to bring it back: its command in "
+                          f"{run_dir / 'launch.json'} plus --rejoin)", file=sys.stderr,
+                          flush=True)
             if bad and failure is None:
                 # the first to die; among those seen at once, a killed one before the
                 # ones that exited because they noticed it

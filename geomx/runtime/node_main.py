@@ -176,13 +176,15 @@ def tls_contexts(cfg: NodeConfig) -> tuple[Any, Any]:
     return server, client
 
 
-async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None
-                   ) -> dict[str, Any]:
+async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None,
+                   rejoin: bool = False) -> dict[str, Any]:
     """Run node ``cfg.name`` until it finishes; write its events and result files.
 
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
     """
     plan = plan_job(cfg.scenario, "real")  # the job's plan: the same whatever rank is claimed
+    if plan.job.checkpoint:  # [checkpoint]: this run's folder (shared by the job's hosts)
+        plan.job.checkpoint["dir"] = str(cfg.run_dir / "checkpoints")
     token = ""
     if cfg.claim_rank:
         from geomx.runtime.rank_claim import claim_rank
@@ -192,7 +194,9 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     s, name = cfg.scenario, cfg.name
     nodes_dir = cfg.run_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
-    recorder = EventRecorder(nodes_dir / f"{safe_name(name)}.events.jsonl",
+    # a rejoined worker keeps the events of the process it replaces
+    stem = safe_name(name) + (".rejoined" if rejoin else "")
+    recorder = EventRecorder(nodes_dir / f"{stem}.events.jsonl",
                              clock=lambda: time.time() - cfg.start_epoch,
                              enabled=s.metrics.events, dc_of=plan.job.dc_of.get,
                              byte_kinds=("send",))
@@ -377,6 +381,13 @@ def _watch_parent() -> None:
     threading.Thread(target=wait, name="parent-watch", daemon=True).start()
 
 
+def _mark_rejoining(node: Any) -> None:
+    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py)."""
+    if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):
+        raise ConfigError(f"--rejoin is for a training worker, not {node.name}")
+    node.rejoining = True
+
+
 def node_main(ns: Any) -> int:
     """Entry point of ``geomx node`` (argparse namespace from ``geomx.cli``)."""
     from geomx.runtime.eventloop import run
@@ -399,7 +410,8 @@ def node_main(ns: Any) -> int:
     if cfg.parent_watch:
         _watch_parent()
     try:
-        run(run_node(cfg))
+        rejoin = bool(getattr(ns, "rejoin", False))
+        run(run_node(cfg, on_node=_mark_rejoining if rejoin else None, rejoin=rejoin))
     except Exception as e:  # the launcher reports the node by name
         log.exception("node %s failed", cfg.name)
         print(f"geomx node {cfg.name}: failed: {type(e).__name__}: {e}", flush=True)

@@ -32,6 +32,12 @@ class MembershipConfig(Section):
         "scenario's slowest round (compute, local steps and the model's transfer over the "
         "slowest link), at least 30 s; 0 = wait forever. Active where heartbeats are.",
         key="request_timeout")
+    on_worker_loss: str = setting(Choice("fail", "continue"), "fail",
+                                  "A worker declared dead (missed heartbeats): `fail` stops the "
+                                  "job naming it; `continue` (HiPS + FSA) lets its DC go on "
+                                  "without it: the round it held up completes once the loss is "
+                                  "declared (bounded by heartbeat_timeout), and the DC's sum is "
+                                  "scaled by workers / contributors.")
     in_emulator: bool = setting(Flag(), False,
                                 "Run heartbeats in the emulator too (off by default: they "
                                 "add traffic and hide deadlocks behind endless timers).")
@@ -69,8 +75,11 @@ class FaultConfig(Section):
                         "for `duration` (a straggler). `partition`: every WAN link between the "
                         "DCs `dcs` and the others carries nothing from `at` for `duration`; no "
                         "route is left, so traffic across the cut stalls until it heals.")
-    duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`, `partition`: how long the fault "
-                                "lasts (0 = to the end of the run).", key="duration")
+    duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`, `partition`: how long "
+                                "the fault lasts (0 = to the end of the run). `crash` of a worker "
+                                "with membership.on_worker_loss = 'continue': restart it that "
+                                "much later, as `geomx node --rejoin` (emulator; 0 = never).",
+                                key="duration")
     factor: float = setting(Real(min=1.0), 4.0, "`slow`: how many times longer the node's "
                             "compute takes.")
     converge_s: float = setting(Duration(), "1s", "`link_down`: routing convergence, from the "
