@@ -217,7 +217,8 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
         recorder.close()
     stats = transport.stats()
     security_counts = {k: stats[k] for k in ("rejected_frames", "rejected",
-                                             "refused_connections", "dropped_messages")}
+                                             "refused_connections", "dropped_messages",
+                                             "streams")}
     security_counts["dropped_from_strangers"] = members.dropped_from_strangers
     security_counts["dropped_to_strangers"] = members.dropped_to_strangers
     result: dict[str, Any] = {"name": name, "role": plan.roles[name],
@@ -259,6 +260,7 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
                                                   cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
+                             reconnect_timeout_s=s.real.reconnect_timeout_s,
                              **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,

@@ -50,6 +50,12 @@ class RealConfig(Section):
     connect_timeout_s: float = setting(Duration(positive=True), "30s",
                                        "How long a node retries reaching a peer that is not up yet.",
                                        key="connect_timeout")
+    reconnect_timeout_s: float = setting(Duration(positive=True), "30s",
+                                         "How long a node keeps dialling again a peer whose "
+                                         "connection dropped with messages still to deliver "
+                                         "(they are then written again, in order, once); past it "
+                                         "they are dropped and the peer counts as unreachable.",
+                                         key="reconnect_timeout")
 
 
 @dataclass(frozen=True)
