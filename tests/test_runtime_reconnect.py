@@ -411,3 +411,122 @@ def test_reconnect_over_tls_with_a_secret(tls_files):
     got, st, tls = arun(main())
     assert got == {0: list(range(300))} and tls
     assert st["reconnects"] == 3 and st["resent_messages"] >= 2
+
+
+# -- a real job whose connections are killed (not its processes) ---------------------------------
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def ss_kill_works() -> bool:
+    """Can this host destroy a TCP socket from outside its process (``ss -K``: root and a
+    kernel with CONFIG_INET_DIAG_DESTROY)?"""
+    if shutil.which("ss") is None or os.geteuid() != 0:
+        return False
+    srv = socket.create_server(("127.0.0.1", 0))
+    c = socket.create_connection(srv.getsockname())
+    s, _ = srv.accept()
+    try:
+        subprocess.run(["ss", "-K", "-tnH", "state", "established", "dst", "127.0.0.1",
+                        f"( dport = :{srv.getsockname()[1]} )"], capture_output=True, timeout=10)
+        try:
+            c.send(b"x")
+        except OSError:
+            return True
+        return False
+    finally:
+        for x in (c, s, srv):
+            x.close()
+
+
+class ConnectionKiller(threading.Thread):
+    """Kills, ``times`` times ``every_s`` apart, every TCP connection between the nodes of
+    a job started by this process (sockets dialled to a port one of them listens on), once
+    ``ready()`` says training is under way. Processes are left alone."""
+
+    def __init__(self, ready, *, times: int, every_s: float, root_pid: int | None = None):
+        super().__init__(daemon=True)
+        self.ready = ready
+        self.times = times
+        self.every_s = every_s
+        self.root_pid = root_pid or os.getpid()
+        self.kills: list[int] = []  # sockets destroyed by each kill
+        self.halt = threading.Event()
+
+    def node_ports(self) -> set[int]:
+        pids = _descendants(self.root_pid)
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+        ports = set()
+        for line in out.splitlines():
+            if any(f"pid={p}," in line for p in pids):
+                ports.add(int(line.split()[3].rsplit(":", 1)[1]))
+        return ports
+
+    def run(self) -> None:
+        while not self.halt.is_set() and not self.ready():
+            time.sleep(0.05)
+        while not self.halt.is_set() and len(self.kills) < self.times:
+            ports = self.node_ports()
+            if ports:
+                flt = "( " + " or ".join(f"dport = :{p}" for p in sorted(ports)) + " )"
+                r = subprocess.run(["ss", "-K", "-tnH", "state", "established", "dst",
+                                    "127.0.0.1", flt], capture_output=True, text=True)
+                self.kills.append(len(r.stdout.splitlines()))
+            self.halt.wait(self.every_s)
+
+
+def training_started(runs: Path, iterations: int = 5):
+    """True once a worker of the (only) run under ``runs`` logged ``iterations`` steps."""
+    def ready() -> bool:
+        for f in runs.glob("*/nodes/w_party-a_0.events.jsonl"):
+            try:
+                return f.read_text().count('"ev":"compute"') >= iterations
+            except OSError:
+                return False
+        return False
+    return ready
+
+
+@pytest.mark.slow
+def test_real_job_finishes_with_the_clean_model_despite_killed_connections(scenario_of, tmp_path):
+    if not ss_kill_works():
+        pytest.skip("needs root and a kernel that lets `ss -K` destroy sockets")
+    from geomx.experiment import run_scenario
+
+    s = scenario_of("quickstart.toml", "run.iterations=40", "run.target_accuracy=0",
+                    "metrics.plot=false", "real.reconnect_timeout=20s")
+    # FSA over two DCs of two workers sums in any order to the same bits: the emulator's
+    # model is the clean real run's (tests/test_checkpoint.py relies on it too)
+    clean = run_scenario(s, runtime="emu").summary
+    killer = ConnectionKiller(training_started(tmp_path / "runs"), times=3, every_s=1.0)
+    killer.start()
+    try:
+        real = run_scenario(s, runtime="real").summary
+    finally:
+        killer.halt.set()
+        killer.join()
+    streams = [t["streams"] for t in real.extra["transport"].values()]
+    total = {k: sum(st[k] for st in streams) for k in streams[0]}
+    print(f"\nkills: {killer.kills} sockets; {total}; accuracy {real.final_accuracy!r} "
+          f"(clean {clean.final_accuracy!r}), wall {real.wall_seconds:.1f} s")
+    assert len(killer.kills) >= 2 and min(killer.kills) > 0, killer.kills
+    assert real.iterations == 40
+    assert real.final_accuracy == pytest.approx(clean.final_accuracy, abs=1e-9)
+    assert real.final_loss == pytest.approx(clean.final_loss, abs=1e-9)
+    assert total["reconnects"] > 0 and total["reconnect_failures"] == 0
+    assert total["unacked_dropped"] == 0
+    assert all(t["dropped_messages"] == 0 for t in real.extra["transport"].values())

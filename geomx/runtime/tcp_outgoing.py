@@ -139,6 +139,7 @@ class Outgoing:
         self.window = SendWindow(tr.retain_limit_bytes)
         #: messages of the window to write again (after a reconnect), before the heap
         self._resend: deque[tuple[int, list, int]] = deque()
+        self.connections = 0  # handshakes completed (more than one: reconnected)
 
     # -- connection -------------------------------------------------------------------
     @property
@@ -230,7 +231,7 @@ class Outgoing:
                             "other not?)")
                 last = e
             else:
-                self._opened(proto, ack, inc, reconnect, loop.time() - t0)
+                self._opened(proto, ack, inc, loop.time() - t0)
                 log.debug("%s: connected to %s at %s:%d, channel %d", tr.name, self.peer, host,
                           port, self.channel)
                 return
@@ -243,7 +244,7 @@ class Outgoing:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)
 
-    def _opened(self, proto: Conn, ack: int, inc: str, reconnect: bool, took_s: float) -> None:
+    def _opened(self, proto: Conn, ack: int, inc: str, took_s: float) -> None:
         """The handshake is done: resume the stream where the receiver is, start writing."""
         tr = self.tr
         proto.out = self
@@ -255,7 +256,8 @@ class Outgoing:
             counts["unacked_dropped"] += dropped
             log.warning("%s: %s (channel %d): %s; %d unacknowledged message(s) dropped",
                         tr.name, self.peer, self.channel, why, dropped)
-        if reconnect:
+        self.connections += 1
+        if self.connections > 1:  # eagerly (messages to deliver) or by the next send
             counts["reconnects"] += 1
             counts["resent_messages"] += len(again)
             counts["resent_bytes"] += sum(n for _, _, n in again)
@@ -495,7 +497,9 @@ class Outgoing:
                 if not fut.done():
                     fut.set_exception(err)
             self._idle.set()
-            if not self.tr.closed:
+            if self.tr.closed:
+                self.window.reset()  # nobody will resend it: a flush waiting on it returns
+            else:
                 log.info("%s: connection to %s (channel %d) lost: %s", self.tr.name,
                          self.peer, self.channel, exc)
             return
