@@ -215,6 +215,64 @@ def test_peer_that_never_comes_back_fails_by_name_after_the_bound(caplog):
                for w in warned), warned
 
 
+def test_a_restarted_peer_is_a_new_stream_and_the_old_window_is_dropped(caplog):
+    """A receiver that comes back as a new process (same name, same port) cannot have
+    what its predecessor did not acknowledge: that is dropped and counted, as before
+    resumable streams, and the stream goes on with the new process from #1."""
+    caplog.set_level(logging.WARNING, logger="geomx.runtime.tcp")
+
+    async def main():
+        a, b = await cluster("a", "b", reconnect_timeout_s=10.0)
+        no_acks(b)
+        for i in range(5):
+            await a.send(msg("a", "b", i))
+        await recv_all(b, 5)
+        port = b.port
+        b._server.close()
+        kill_incoming(b, "a")
+        await asyncio.sleep(0.2)               # a keeps dialling meanwhile
+        b2 = TcpTransport("b", port=port, udp=False)
+        await b2.start()
+        await a.send(msg("a", "b", 5))
+        got = await recv_all(b2, 1)
+        st = a.stats()
+        for t in (a, b, b2):
+            await t.close()
+        return got, st
+
+    got, st = arun(main())
+    assert got == {0: [5]}
+    assert st["streams"]["unacked_dropped"] == 5 and st["dropped_messages"] == 5
+    assert st["streams"]["reconnect_failures"] == 0
+    assert any("the peer restarted; 5 unacknowledged message(s) dropped" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_receiver_forgets_only_streams_without_a_connection():
+    """The receiver's table of streams is bounded (names are free without a secret)."""
+    from geomx.runtime.tcp_resume import InStreams
+
+    class FakeConn:
+        stream = None
+
+        def abort(self):
+            pass
+
+    streams = InStreams(max_streams=3)
+    live = [FakeConn() for _ in range(3)]
+    for k, c in enumerate(live):
+        streams.attach(c, f"p{k}", 0, f"{k:016x}")
+    extra = FakeConn()
+    streams.attach(extra, "p9", 0, "9" * 16)   # every stream has a connection: kept
+    assert len(streams) == 4 and streams.evicted == 0
+    streams.detach(live[1])
+    streams.attach(FakeConn(), "p10", 0, "a" * 16)
+    assert len(streams) == 4 and streams.evicted == 1     # p1's, the one without
+    # p0 resumes: it is still there, and says where it was
+    assert streams.attach(FakeConn(), "p0", 0, f"{0:016x}")["ack"] == 0
+    assert streams.resumed == 1
+
+
 # -- what the receiver does with a resumed stream -------------------------------------------------
 
 async def raw_hello(host: str, port: int, session: str, name: str = "x"):

@@ -217,7 +217,6 @@ class InStreams:
         st = self._streams.get(key)
         if st is None:
             st = self._streams[key] = InStream(peer, channel, session)
-            self._evict()
         else:
             self._streams.move_to_end(key)
             self.resumed += 1
@@ -230,6 +229,7 @@ class InStreams:
         st.acked = st.delivered  # the WELCOME acknowledges it
         st.unacked_bytes = st.unacked_frames = 0
         conn.stream = st
+        self._evict()
         return {"ack": st.delivered, "inc": self.incarnation}
 
     def detach(self, conn: Any) -> None:
