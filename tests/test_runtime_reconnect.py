@@ -14,7 +14,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,14 +22,13 @@ import numpy as np
 import pytest
 
 from geomx.runtime import eventloop, security
-from geomx.runtime.framing import (PREAMBLE, SEQ, FrameType, ack_frame, control_frame,
+from geomx.runtime.framing import (PREAMBLE, SEQ, FrameType, control_frame,
                                    sequenced_frames, stamp_sequence)
 from geomx.runtime.shaper import LinkShape, Shaper
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.runtime.tcp_conn import OPEN
 from geomx.wire import Kind, Message, Payload
 
-ROOT = Path(__file__).resolve().parents[1]
 SECRET = b"reconnect-test-secret"
 
 
