@@ -497,8 +497,8 @@ class Outgoing:
                 if not fut.done():
                     fut.set_exception(err)
             self._idle.set()
-            if self.tr.closed:
-                self.window.reset()  # nobody will resend it: a flush waiting on it returns
+            if self.tr.closed:  # nobody will resend it: a flush waiting on it returns
+                self.tr._dropped += self.window.reset()
             else:
                 log.info("%s: connection to %s (channel %d) lost: %s", self.tr.name,
                          self.peer, self.channel, exc)
