@@ -63,7 +63,7 @@ def run(kernel: Callable[..., object], arrays: Sequence[np.ndarray], *scalars: o
     """Run ``kernel(*arrays, *scalars)`` over fixed chunks of the (equal-length) arrays.
 
     Small arrays (one chunk) run on the calling thread. Returns the kernel's results in
-    chunk order (LAMB's partial norm sums; None for the others).
+    chunk order (the partial sums of ``sum_squares``; None for the update kernels).
     """
     n = arrays[0].shape[0]
     if n <= CHUNK or _threads() == 1:
@@ -241,21 +241,26 @@ def nadam(w, g, mean, var, lr, beta1, one_minus_beta1, beta2, one_minus_beta2, c
 @njit(**_JIT)
 def lamb_phase1(w, g, mean, var, upd, beta1, one_minus_beta1, beta2, one_minus_beta2, coef1, coef2, eps,  # type: ignore[no-untyped-def]
                 rescale, wd, clip):
-    """Moments and the Adam-like direction ``upd``; returns (sum w^2, sum upd^2) in float64."""
-    sw = 0.0
-    su = 0.0
+    """Moments and the Adam-like direction ``upd`` (MXNet's lamb_update_phase1)."""
     for i in range(w.shape[0]):
         gi = _clip(rescale * g[i], clip)
         m = beta1 * mean[i] + one_minus_beta1 * gi
         v = beta2 * var[i] + one_minus_beta2 * gi * gi
         mean[i] = m
         var[i] = v
-        wi = w[i]
-        u = (m * coef1) / (np.sqrt(v * coef2) + eps) + wd * wi
-        upd[i] = u
-        sw += np.float64(wi) * np.float64(wi)
-        su += np.float64(u) * np.float64(u)
-    return sw, su
+        upd[i] = (m * coef1) / (np.sqrt(v * coef2) + eps) + wd * w[i]
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def sum_squares(x):  # type: ignore[no-untyped-def]
+    """Sum of x^2 in float64. ``reassoc`` lets LLVM vectorise the reduction: the order of
+    additions is fixed by the compiled code and the chunk, so a run is reproducible on a
+    machine; it may differ from a plain left-to-right sum in the last bits."""
+    total = 0.0
+    for i in range(x.shape[0]):
+        xi = np.float64(x[i])
+        total += xi * xi
+    return total
 
 
 @njit(**_JIT)

@@ -13,8 +13,8 @@ Deep Learning: Training BERT in 76 minutes", ICLR 2020), MXNet's two-phase opera
     w   <- w - lr * (r1 / r2 if r1 > 0 and r2 > 0 else 1) * upd
 
 The trust ratio ``r1 / r2`` is per key (MXNet's per parameter array): a layer-wise
-learning rate. The norms are summed in float64 over fixed chunks (deterministic for any
-thread count; MXNet sums in float32). Defaults: lr=0.001, beta1=0.9, beta2=0.999,
+learning rate. The norms are summed in float64 over fixed chunks (the same for any thread
+count; MXNet sums in float32). Defaults: lr=0.001, beta1=0.9, beta2=0.999,
 epsilon=1e-6, no bounds, bias_correction=true. State: ``{"mean", "var", "t"}``.
 Kernels: ``kernels.lamb_phase1`` / ``lamb_phase2``.
 """
@@ -60,6 +60,9 @@ class LAMB(OptimizerBase):
             raise ValueError(f"optimizer option lower_bound must be <= upper_bound ({self.upper_bound}), "
                              f"got {self.lower_bound}")
         self.bias_correction = check_flag("bias_correction", bias_correction)
+        # The kernel path's buffer for the direction, reused across updates (a fresh
+        # 100 MB array per update of a 25M-parameter key costs its page faults each time).
+        self._scratch = np.empty(0, np.float32)
 
     def extra_config(self) -> dict[str, JSONScalar]:
         return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon, "lower_bound": self.lower_bound,
@@ -103,10 +106,12 @@ class LAMB(OptimizerBase):
         f = np.float32
         k = kernels()
         coef1, coef2 = self._corrections(state)
-        upd = np.empty_like(w)
-        sums = k.run(k.lamb_phase1, (w, g, flat(state["mean"]), flat(state["var"]), upd), f(self.beta1),
-                     f(1.0 - self.beta1), f(self.beta2), f(1.0 - self.beta2), f(coef1), f(coef2), f(self.epsilon),
-                     f(self.rescale_grad), f(self.wd), self._clip_bound)
-        w_sq = math.fsum(s[0] for s in sums)
-        upd_sq = math.fsum(s[1] for s in sums)
+        if self._scratch.size < w.size:
+            self._scratch = np.empty(w.size, np.float32)
+        upd = self._scratch[: w.size]
+        k.run(k.lamb_phase1, (w, g, flat(state["mean"]), flat(state["var"]), upd), f(self.beta1),
+              f(1.0 - self.beta1), f(self.beta2), f(1.0 - self.beta2), f(coef1), f(coef2), f(self.epsilon),
+              f(self.rescale_grad), f(self.wd), self._clip_bound)
+        w_sq = math.fsum(k.run(k.sum_squares, (w,)))
+        upd_sq = math.fsum(k.run(k.sum_squares, (upd,)))
         k.run(k.lamb_phase2, (w, upd), f(self._trust_lr(math.sqrt(w_sq), math.sqrt(upd_sq))))
