@@ -140,7 +140,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     model_kwargs: dict[str, Any] = {}
     if t.model == "mlp":
         model_kwargs["hidden"] = list(t.hidden)
-    dataset_kwargs: dict[str, Any] = {}
+    dataset_kwargs: dict[str, Any] = dict(t.dataset_options)
     if t.dataset == "synthetic":
         dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
                           "n_classes": t.synthetic_classes}

@@ -13,7 +13,9 @@ from geomx.scenario.kinds import Choice, Integer, ListOf, Real, Section, Text, s
 
 
 MODELS = ("softmax", "mlp", "cnn", "phantom")
-IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist")
+IMAGE_DATASETS = ("digits", "mnist", "fashion_mnist", "cifar10")
+#: Tabular datasets read from the file in ``data_path``.
+FILE_DATASETS = ("libsvm", "csv")
 SERVER_OPTIMIZERS = (*OPTIMIZER_NAMES, "none")
 WORKER_OPTIMIZERS = (*(n for n in OPTIMIZER_NAMES if n not in SERVER_ONLY), "none")
 #: Optimizers that take the scenario's ``momentum`` setting.
@@ -60,10 +62,19 @@ class TrainingConfig(Section):
     model: str = setting(Choice(*MODELS), "mlp",
                          "`phantom`: tensors with sizes only (no data), for emulating large models.")
     hidden: tuple[int, ...] = setting(ListOf(Integer(min=1)), [64], "Hidden layer sizes of the mlp.")
-    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic"), "digits",
-                           "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see synthetic_*).")
+    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic", *FILE_DATASETS), "digits",
+                           "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see "
+                           "synthetic_*); `cifar10`: the CIFAR-10 python batches; `libsvm` / `csv`: your "
+                           "tabular file in data_path (features scaled to [0, 1], labels mapped to 0..K-1).")
     data_path: str = setting(Text(), "",
-                             "mnist / fashion_mnist: directory with the IDX files, or an .npz file.")
+                             "mnist / fashion_mnist: directory with the IDX files, or an .npz file; "
+                             "cifar10: cifar-10-batches-py/ or cifar-10-python.tar.gz; libsvm / csv: the "
+                             "file (required; a LIBSVM `<file>.t` beside it is the test set). Relative to "
+                             "the scenario file.")
+    label_column: str = setting(Text(r"-?[0-9]+|[^0-9-].*", "an integer index or a column name"), "-1",
+                                "csv: the label column, an index (negative: from the end) or a header name.")
+    libsvm_features: int = setting(Integer(min=0), 0,
+                                   "libsvm: the number of features (0: the largest index in the file).")
     partition: str = setting(Choice("iid", "by_class", "dirichlet"), "iid",
                              "How training data is split across workers.")
     dirichlet_alpha: float = setting(Real(min=0, min_open=True), 0.5,
@@ -72,7 +83,7 @@ class TrainingConfig(Section):
     lr: float = setting(Real(min=0, min_open=True), 0.01, "Learning rate of the global-server optimizer.")
     optimizer: str = setting(Choice(*SERVER_OPTIMIZERS), "adam",
                              "Optimizer run by the global servers (`none`: store the pushed values).")
-    momentum: float = setting(Real(min=0, max=1, max_open=True), 0.9, "Momentum for momentum / nesterov.")
+    momentum: float = setting(Real(min=0, max=1, max_open=True), 0.9, "Momentum for momentum / nesterov / signum.")
     weight_decay: float = setting(Real(min=0), 0.0, "L2 weight decay.")
     optimizer_options: tuple[str, ...] = setting(ListOf(Text(_OPTION_PATTERN, "name=value")), [],
                                                  "Further options of the global optimizer: " + _OPTION_DOC
@@ -152,8 +163,23 @@ class TrainingConfig(Section):
                 raise ScenarioError(f"{which} = {cfg['name']!r}: {exc}", path=f"{path}.{which}_options",
                                     value=list(getattr(self, f"{which}_options"))) from None
 
+    @property
+    def dataset_options(self) -> dict[str, Any]:
+        """Loader options of the file datasets (``load_dataset`` keywords)."""
+        if self.dataset == "libsvm":
+            return {"n_features": self.libsvm_features} if self.libsvm_features else {}
+        if self.dataset == "csv":
+            column = self.label_column
+            return {"label_column": int(column) if column.lstrip("-").isdigit() else column}
+        return {}
+
     def _check(self, path: str) -> None:
         self._check_optimizers(path)
+        if self.dataset in FILE_DATASETS and not self.data_path:
+            raise ScenarioError(
+                f"dataset = {self.dataset!r} reads your file and needs data_path; allowed: a path to a "
+                f"{self.dataset} file (relative to the scenario file)",
+                path=f"{path}.data_path", value=self.data_path, allowed=f"a {self.dataset} file")
         if self.model == "phantom":
             given = [k for k, v in (("phantom_params", self.phantom_params),
                                     ("phantom_layers", self.phantom_layers),
