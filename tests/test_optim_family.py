@@ -420,3 +420,11 @@ def test_trains_the_quickstart_through_the_global_server(scenario_of, name: str)
     assert plan_job(s).train.global_optimizer["name"] == name
     summary = run_scenario(s).summary
     assert summary.final_accuracy >= 0.85, f"{name}: accuracy {summary.final_accuracy:.3f} after 30 iterations"
+
+
+def test_mxnet_class_spellings_reach_the_new_optimizers() -> None:
+    from geomx.node.kvstore import optimizer
+
+    config = optimizer.RMSProp(learning_rate=0.01, centered=True)
+    assert optimizer_from_config(config).to_config()["name"] == "rmsprop_centered"
+    assert optimizer_from_config(optimizer.LAMB(learning_rate=0.002)).lr == 0.002
