@@ -206,3 +206,19 @@ def test_file_datasets_need_data_path_in_the_scenario(scenario_of) -> None:
 
     with pytest.raises(ScenarioError, match="training.data_path.*needs data_path"):
         scenario_of("quickstart.toml", "training.dataset=csv")
+
+
+def test_csv_scenario_passes_the_label_column_to_the_loader(scenario_of, tmp_path: Path) -> None:
+    from geomx.cluster import plan_job
+    from geomx.node.trainer import load_data
+
+    f = tmp_path / "iris.csv"
+    rng = np.random.default_rng(0)
+    rows = [f"{a:.3f},{b:.3f},{'ab'[int(a > 0.5)]}" for a, b in rng.random((40, 2))]
+    f.write_text("x1,x2,kind\n" + "\n".join(rows) + "\n")
+    for column, expected in (("kind", "kind"), ("-1", -1)):
+        plan = plan_job(scenario_of("quickstart.toml", "training.dataset=csv", f"training.data_path={f}",
+                                    f"training.label_column={column}", "training.model=softmax"))
+        assert plan.train.dataset_kwargs == {"label_column": expected}
+    data = load_data(plan.train)
+    assert (data.num_train + data.num_test, data.num_classes, data.input_shape) == (40, 2, (2,))
