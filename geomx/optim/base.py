@@ -6,8 +6,10 @@ GeoMX installs the optimizer on the global servers (``kv.set_optimizer``) and ru
 
 * ``create_state(key, weight)`` makes the per-key state (momentum buffers, ...);
 * ``update(key, weight, grad, state)`` changes ``weight`` *in place*;
-* ``rescale_grad`` multiplies the gradient first, then ``clip_gradient`` clips it,
-  then weight decay ``wd`` is added, as MXNet's update operators do.
+* ``rescale_grad`` multiplies the gradient first; then, as MXNet's operators do, the SGD
+  family (sgd, momentum, NAG, AdaGrad, AdaDelta, FTRL, Signum, LAMB, DC-ASGD) clips with
+  ``clip_gradient`` before weight decay ``wd`` enters, and the Adam family (Adam,
+  RMSProp, Adamax, Nadam) adds ``wd * w`` before clipping. Each module states its rule.
 
 Two additions for the per-sender DC-ASGD rule: ``update`` takes ``sender=`` (the node
 that pushed), and ``note_pull(key, sender, weight)`` tells the optimizer what model a
