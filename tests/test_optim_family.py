@@ -428,3 +428,23 @@ def test_mxnet_class_spellings_reach_the_new_optimizers() -> None:
     config = optimizer.RMSProp(learning_rate=0.01, centered=True)
     assert optimizer_from_config(config).to_config()["name"] == "rmsprop_centered"
     assert optimizer_from_config(optimizer.LAMB(learning_rate=0.002)).lr == 0.002
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_gets_its_own_thread_pool() -> None:
+    """A child forked after the parent used the pool must not wait on the parent's threads."""
+    import multiprocessing
+
+    n = optim_kernels.CHUNK + 10
+    opt = create_optimizer("sgd", lr=0.5)
+    w = np.ones(n, np.float32)
+    opt.update(0, w, np.ones(n, np.float32), None)  # the parent's pool now exists
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply_async(_update_in_child, (n,)).get(timeout=60) == 0.5
+
+
+def _update_in_child(n: int) -> float:
+    opt = create_optimizer("sgd", lr=0.5)
+    w = np.ones(n, np.float32)
+    opt.update(0, w, np.ones(n, np.float32), None)
+    return float(w[-1])

@@ -50,12 +50,16 @@ def _threads() -> int:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_PID = 0
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
+    """The process's pool; a forked child makes its own (threads do not survive a fork,
+    and an inherited executor would queue work for threads that no longer exist)."""
+    global _POOL, _POOL_PID
+    if _POOL is None or _POOL_PID != os.getpid():
         _POOL = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="geomx-optim")
+        _POOL_PID = os.getpid()
     return _POOL
 
 
