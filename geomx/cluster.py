@@ -56,17 +56,15 @@ class JobPlan:
         return self.job.all_nodes()
 
 
-def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | None:
-    if name == "none":
-        return None
-    cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+def _optimizer_config(name: str, lr: float, s: Scenario, which: str = "optimizer") -> dict[str, Any] | None:
+    """``name`` is ``s.training.<which>``; the options come from ``<which>_options``."""
+    extra: dict[str, Any] = {}
     if s.training.global_grad_scale == "sum":
-        cfg["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
-    if name in ("momentum", "nesterov"):
-        cfg["momentum"] = s.training.momentum
+        extra["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
     if name.startswith("dcasgd"):
-        cfg["lamda"] = s.sync.dcasgd_lambda
-    return cfg
+        extra["lamda"] = s.sync.dcasgd_lambda
+    assert getattr(s.training, which) == name
+    return s.training.optimizer_config(which, lr, extra)
 
 
 def _phantom_sizes(s: Scenario) -> list[int]:
@@ -147,7 +145,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     model_kwargs: dict[str, Any] = {}
     if t.model == "mlp":
         model_kwargs["hidden"] = list(t.hidden)
-    dataset_kwargs: dict[str, Any] = {}
+    dataset_kwargs: dict[str, Any] = dict(t.dataset_options)
     if t.dataset == "synthetic":
         dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
                           "n_classes": t.synthetic_classes}
@@ -159,7 +157,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
                           if uses_global_optimizer(algorithm) else None),
-        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
+        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s, "worker_optimizer") or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
         target_accuracy=s.run.target_accuracy, max_emulated_s=s.run.max_emulated_time_s,
