@@ -377,3 +377,25 @@ def _check_real(s: Scenario) -> None:
                 "allowed: one scheduler per host and port", path=f"dc[{i}].scheduler_port",
                 value=d.scheduler_port)
         seen[key] = i
+
+
+@scenario_check
+def _check_algorithm(s: Scenario) -> None:
+    """``[training] algorithm``: a sync algorithm it supports, iterations not epochs."""
+    name = s.training.algorithm
+    if not name:
+        return
+    from geomx.algorithms.registry import info_of
+
+    info = info_of(name)
+    sync = s.sync.algorithm
+    if sync != "auto" and sync not in info.syncs:
+        raise ScenarioError(
+            f"training.algorithm = {name!r} runs under {quote_list(info.syncs)} only, not "
+            f"{sync!r}; allowed: {quote_list(('auto', *info.syncs))}",
+            path="sync.algorithm", value=sync, allowed=quote_list(("auto", *info.syncs)))
+    if s.run.epochs > 0:
+        raise ScenarioError(
+            f"run.epochs is for models; training.algorithm = {name!r} counts "
+            f"{info.iteration}s in run.iterations; allowed: epochs = 0",
+            path="run.epochs", value=s.run.epochs, allowed="0")

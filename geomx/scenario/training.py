@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from geomx.algorithms.data import TABLE_DATASETS
+from geomx.algorithms.registry import ALGORITHM_NAMES
 from geomx.scenario.errors import ScenarioError, quote_list
 from geomx.scenario.kinds import Choice, Integer, ListOf, Real, Section, Text, setting
 
@@ -21,8 +23,11 @@ class TrainingConfig(Section):
     model: str = setting(Choice(*MODELS), "mlp",
                          "`phantom`: tensors with sizes only (no data), for emulating large models.")
     hidden: tuple[int, ...] = setting(ListOf(Integer(min=1)), [64], "Hidden layer sizes of the mlp.")
-    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic"), "digits",
-                           "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see synthetic_*).")
+    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic", *TABLE_DATASETS), "digits",
+                           "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see synthetic_*). "
+                           "With `algorithm` only: scikit-learn's shipped `iris`, `wine`, `breast_cancer`, "
+                           "`diabetes` and generated `blobs`, `classification`, `regression`, `moons` "
+                           "(sizes from synthetic_*), standardised (geomx/algorithms/data.py).")
     data_path: str = setting(Text(), "",
                              "mnist / fashion_mnist: directory with the IDX files, or an .npz file.")
     partition: str = setting(Choice("iid", "by_class", "dirichlet"), "iid",
@@ -71,6 +76,10 @@ class TrainingConfig(Section):
     program_args: tuple[str, ...] = setting(ListOf(Text()), [],
                                             "Arguments for the program (`ctx.args`), as on a command "
                                             "line: `geomx run S --program p.py -- --lr 0.1`.")
+    algorithm: str = setting(Choice("", *ALGORITHM_NAMES), "",
+                             "A machine-learning algorithm trained through the kvstore instead of a model "
+                             "(docs/algorithms.md); its options go in program_args (`[\"--clusters\", \"5\"]`), "
+                             "`[run] iterations` counts its iterations. Empty: train `model`.")
     global_grad_scale: str = setting(Choice("mean", "sum"), "mean",
                                      "What the global optimizer gets: `mean`: the workers' summed "
                                      "gradients / num_all_workers; `sum`: GeoMX's sum of the "
@@ -82,6 +91,14 @@ class TrainingConfig(Section):
         return self.worker_lr or self.lr
 
     def _check(self, path: str) -> None:
+        if self.algorithm:
+            self._check_algorithm(path)
+        elif self.dataset in TABLE_DATASETS:
+            raise ScenarioError(
+                f"dataset {self.dataset!r} is a table for the algorithms; allowed with a model: "
+                f"{quote_list((*IMAGE_DATASETS, 'synthetic'))}, or set training.algorithm",
+                path=f"{path}.dataset", value=self.dataset,
+                allowed=quote_list((*IMAGE_DATASETS, "synthetic")))
         if self.model == "phantom":
             given = [k for k, v in (("phantom_params", self.phantom_params),
                                     ("phantom_layers", self.phantom_layers),
@@ -98,3 +115,21 @@ class TrainingConfig(Section):
                 f"model = 'cnn' needs an image dataset, got {self.dataset!r}; allowed: {quote_list(IMAGE_DATASETS)}",
                 path=f"{path}.dataset", value=self.dataset, allowed=quote_list(IMAGE_DATASETS))
 
+
+    def _check_algorithm(self, path: str) -> None:
+        """``algorithm`` replaces ``model`` and ``program``: setting both is refused."""
+        for key, value, default in (("model", self.model, "mlp"), ("program", self.program, ""),
+                                    ("layer_compute", self.layer_compute, "off")):
+            if value != default:
+                raise ScenarioError(
+                    f"set either training.algorithm ({self.algorithm!r}) or training.{key} "
+                    f"({value!r}), not both; allowed with an algorithm: {key} = {default!r}",
+                    path=f"{path}.{key}", value=value, allowed=repr(default))
+        from geomx.algorithms.job import AlgorithmError
+        from geomx.algorithms.program import check_options
+
+        try:
+            check_options(self.algorithm, self.program_args)
+        except AlgorithmError as e:
+            raise ScenarioError(str(e), path=f"{path}.program_args", value=list(self.program_args),
+                                allowed="the algorithm's options (docs/algorithms.md)") from None

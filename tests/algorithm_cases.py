@@ -1,0 +1,108 @@
+"""The algorithms of ``geomx/algorithms`` against scikit-learn, case by case.
+
+Each :class:`Case` names a scenario (the quickstart shape: a central DC with the global
+server, two parties of two workers), the overrides that pick the algorithm, its data and
+its options, scikit-learn's *centralised* equivalent fitted on the same training split,
+and how close geomx must come on the same test split. ``tests/test_algorithms_*.py``
+assert it; ``bench/algorithms.py`` prints the table of docs/algorithms.md from the same
+cases, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+
+
+@dataclass(frozen=True)
+class Case:
+    algorithm: str
+    scenario: str
+    overrides: tuple[str, ...]
+    reference: Callable[[Any, list[str]], float]   # (table, program_args) -> sklearn score
+    metric: str               # "accuracy" | "r2" | "inertia" | "explained_variance"
+    tolerance: float          # higher-is-better: geomx >= ref - tol; inertia: geomx <= ref * (1 + tol)
+    why: str = ""             # the reference and the tolerance, in words
+    test: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.metric == "inertia"
+
+    def within(self, geomx: float, ref: float) -> bool:
+        if self.lower_is_better:
+            return geomx <= ref * (1 + self.tolerance)
+        return geomx >= ref - self.tolerance
+
+
+def _opt(args: list[str], name: str, default: Any, kind: Callable[[str], Any] = int) -> Any:
+    return kind(args[args.index(name) + 1]) if name in args else default
+
+
+# ---------------------------------------------------------------- references
+def _kmeans_inertia(table, args):
+    from sklearn.cluster import KMeans
+
+    km = KMeans(n_clusters=_opt(args, "--clusters", 8), n_init=10, random_state=0)
+    km.fit(table.x_train)
+    d2 = ((table.x_test[:, None, :] - km.cluster_centers_[None]) ** 2).sum(axis=2)
+    return float(d2.min(axis=1).mean())
+
+
+def _gaussian_nb(table, args):
+    from sklearn.naive_bayes import GaussianNB
+
+    return float(GaussianNB().fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+CASES: dict[str, Case] = {c.algorithm: c for c in (
+    Case("kmeans", "algo_mapreduce.toml", (), _kmeans_inertia, "inertia", 0.02,
+         "KMeans(n_init=10): test inertia at most 2 % above", "test_algorithms_mapreduce.py"),
+    Case("naive_bayes", "algo_mapreduce.toml",
+         ("training.algorithm=naive_bayes", "training.dataset=breast_cancer",
+          "training.program_args=[]"), _gaussian_nb, "accuracy", 0.02,
+         "GaussianNB: the same closed form", "test_algorithms_mapreduce.py"),
+)}
+
+
+def load_case(case: Case, out_dir: Path, *more: str):
+    from geomx.scenario import load_scenario
+
+    return load_scenario(SCENARIOS / case.scenario,
+                         [f"run.out_dir={out_dir}", "run.progress=false", "metrics.plot=false",
+                          "metrics.trace=false", *case.overrides, *more])
+
+
+def table_of_scenario(s):
+    from geomx.algorithms.program import table_of
+    from geomx.cluster import plan_job
+
+    spec = plan_job(s).train
+    return table_of(spec.dataset, seed=spec.seed, options=spec.dataset_kwargs,
+                    path=spec.data_path), list(spec.program_args)
+
+
+def run_case(case: Case, out_dir: Path, *more: str, runtime: str | None = None) -> dict[str, Any]:
+    """Run the case through geomx and scikit-learn; the figures of one table row."""
+    from geomx.experiment import run_scenario
+
+    s = load_case(case, out_dir, *more)
+    t0 = time.process_time()
+    r = run_scenario(s, runtime=runtime)
+    geomx_cpu = time.process_time() - t0
+    final = r.summary.extra["final_eval"]
+    table, args = table_of_scenario(s)
+    t0 = time.process_time()
+    ref = case.reference(table, args)
+    return {"algorithm": case.algorithm, "metric": final["metric"], "geomx": float(final["score"]),
+            "sklearn": ref, "ok": case.within(float(final["score"]), ref), "final": final,
+            "summary": r.summary, "run_dir": r.run_dir, "geomx_cpu_s": geomx_cpu,
+            "sklearn_cpu_s": time.process_time() - t0}

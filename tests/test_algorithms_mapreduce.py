@@ -1,0 +1,35 @@
+"""MapReduce-style algorithms (k-means, naive Bayes) through the parameter server, in the
+emulator on the quickstart shape, against scikit-learn's centralised fits."""
+
+import pytest
+
+from algorithm_cases import CASES, run_case
+
+
+@pytest.mark.parametrize("name", ["kmeans", "naive_bayes"])
+def test_matches_scikit_learn(tmp_path, name):
+    row = run_case(CASES[name], tmp_path)
+    assert row["ok"], row
+
+
+def test_kmeans_moves_its_sums_over_the_wan(tmp_path):
+    """One push per Lloyd iteration per worker: WAN bytes grow with the iterations, and
+    every node ends with the same centres (the evaluator's are returned)."""
+    row = run_case(CASES["kmeans"], tmp_path)
+    s = row["summary"]
+    iters = row["final"]["lloyd_iterations"]
+    k, d = 6, 8
+    # each party's local server pushes and pulls k x (d + 2) float64 per iteration
+    assert s.bytes_wan >= iters * 2 * 2 * k * (d + 2) * 8
+    assert s.emulated_seconds > iters * 2 * 0.03
+
+
+def test_naive_bayes_predictions_equal_scikit_learns(tmp_path):
+    from sklearn.naive_bayes import GaussianNB
+
+    from algorithm_cases import load_case, table_of_scenario
+
+    row = run_case(CASES["naive_bayes"], tmp_path)
+    table, _ = table_of_scenario(load_case(CASES["naive_bayes"], tmp_path))
+    ref = GaussianNB().fit(table.x_train, table.y_train).score(table.x_test, table.y_test)
+    assert row["geomx"] == pytest.approx(ref, abs=1e-12)
