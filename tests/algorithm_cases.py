@@ -63,7 +63,41 @@ def _gaussian_nb(table, args):
     return float(GaussianNB().fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
 
 
+def _c(table, args, alpha):
+    return 1.0 / (_opt(args, "--alpha", alpha, float) * len(table.y_train))
+
+
+def _linear_svc(table, args):
+    from sklearn.svm import LinearSVC
+
+    m = LinearSVC(loss="hinge", C=_c(table, args, 1e-3), max_iter=20000, random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+def _linear_svr(table, args):
+    from sklearn.svm import LinearSVR
+
+    m = LinearSVR(epsilon=_opt(args, "--epsilon", 0.1, float), C=_c(table, args, 1e-3),
+                  loss="epsilon_insensitive", max_iter=20000, random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+def _rbf_svc(table, args):
+    from sklearn.svm import SVC
+
+    m = SVC(kernel="rbf", gamma=_opt(args, "--gamma", 1.0, float), C=_c(table, args, 1e-4))
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
 CASES: dict[str, Case] = {c.algorithm: c for c in (
+    Case("linear_svm", "algo_svm.toml", (), _linear_svc, "accuracy", 0.02,
+         "LinearSVC(loss='hinge', C=1/(alpha n))", "test_algorithms_svm.py"),
+    Case("svr", "algo_svm.toml", ("training.algorithm=svr", "training.dataset=diabetes"),
+         _linear_svr, "r2", 0.02, "LinearSVR(C=1/(alpha n)): R^2 at most 0.02 below",
+         "test_algorithms_svm.py"),
+    Case("kernel_svm", "algo_svm.toml", ("training.algorithm=kernel_svm", "training.dataset=moons"),
+         _rbf_svc, "accuracy", 0.02, "SVC(kernel='rbf', gamma, C=1/(alpha n)), exact kernel",
+         "test_algorithms_svm.py"),
     Case("kmeans", "algo_mapreduce.toml", (), _kmeans_inertia, "inertia", 0.02,
          "KMeans(n_init=10): test inertia at most 2 % above", "test_algorithms_mapreduce.py"),
     Case("naive_bayes", "algo_mapreduce.toml",

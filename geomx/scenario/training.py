@@ -125,8 +125,20 @@ class TrainingConfig(Section):
                     f"set either training.algorithm ({self.algorithm!r}) or training.{key} "
                     f"({value!r}), not both; allowed with an algorithm: {key} = {default!r}",
                     path=f"{path}.{key}", value=value, allowed=repr(default))
+        from geomx.algorithms.data import REGRESSION
         from geomx.algorithms.job import AlgorithmError
         from geomx.algorithms.program import check_options
+        from geomx.algorithms.registry import info_of
+
+        task = info_of(self.algorithm).task
+        is_regression = self.dataset in REGRESSION
+        if task in ("classification", "regression") and is_regression != (task == "regression"):
+            fits = (quote_list(REGRESSION) if task == "regression"
+                    else f"any other than {quote_list(REGRESSION)}")
+            raise ScenarioError(
+                f"algorithm {self.algorithm!r} needs a {task} data set, {self.dataset!r} is "
+                f"{'regression' if is_regression else 'classification'}; allowed: {fits}",
+                path=f"{path}.dataset", value=self.dataset, allowed=fits)
 
         try:
             check_options(self.algorithm, self.program_args)
