@@ -89,7 +89,33 @@ def _rbf_svc(table, args):
     return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
 
 
+def _logistic(table, args):
+    from sklearn.linear_model import LogisticRegression
+
+    m = LogisticRegression(max_iter=2000)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+def _passive_aggressive(table, args):
+    from sklearn.linear_model import PassiveAggressiveClassifier
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # deprecated in scikit-learn 1.8
+        m = PassiveAggressiveClassifier(C=_opt(args, "--C", 1.0, float), average=True,
+                                        random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
 CASES: dict[str, Case] = {c.algorithm: c for c in (
+    Case("ftrl", "algo_online.toml", (), _logistic, "accuracy", 0.02,
+         "LogisticRegression (batch, L-BFGS): one FTRL pass within 2 pp",
+         "test_algorithms_online.py"),
+    Case("passive_aggressive", "algo_online.toml", ("training.algorithm=passive_aggressive",),
+         _passive_aggressive, "accuracy", 0.02,
+         "PassiveAggressiveClassifier(average=True), epochs to convergence: one pass within 2 pp",
+         "test_algorithms_online.py"),
     Case("linear_svm", "algo_svm.toml", (), _linear_svc, "accuracy", 0.02,
          "LinearSVC(loss='hinge', C=1/(alpha n))", "test_algorithms_svm.py"),
     Case("svr", "algo_svm.toml", ("training.algorithm=svr", "training.dataset=diabetes"),
