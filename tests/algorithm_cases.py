@@ -108,7 +108,34 @@ def _passive_aggressive(table, args):
     return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
 
 
+def _pca_kept_variance(table, args):
+    from sklearn.decomposition import PCA
+
+    pca = PCA(n_components=_opt(args, "--components", 10)).fit(table.x_train)
+    c = table.x_test - pca.mean_
+    return float(np.sum((c @ pca.components_.T) ** 2) / np.sum(c * c))
+
+
+def _minibatch_kmeans_inertia(table, args):
+    from sklearn.cluster import MiniBatchKMeans
+
+    km = MiniBatchKMeans(n_clusters=_opt(args, "--clusters", 8), batch_size=4 * 64, n_init=3,
+                         random_state=0).fit(table.x_train)
+    d2 = ((table.x_test[:, None, :] - km.cluster_centers_[None]) ** 2).sum(axis=2)
+    return float(d2.min(axis=1).mean())
+
+
 CASES: dict[str, Case] = {c.algorithm: c for c in (
+    Case("incremental_pca", "algo_incremental.toml", (), _pca_kept_variance,
+         "explained_variance", 0.001,
+         "PCA on the whole training set: the test variance kept, within 0.001 (exact after the pass)",
+         "test_algorithms_incremental.py"),
+    Case("minibatch_kmeans", "algo_incremental.toml",
+         ("training.algorithm=minibatch_kmeans", "training.dataset=blobs",
+          'training.program_args=["--clusters", "6"]', "run.iterations=100"),
+         _minibatch_kmeans_inertia, "inertia", 0.03,
+         "MiniBatchKMeans(batch 4 x 64, n_init=3): test inertia at most 3 % above",
+         "test_algorithms_incremental.py"),
     Case("ftrl", "algo_online.toml", (), _logistic, "accuracy", 0.02,
          "LogisticRegression (batch, L-BFGS): one FTRL pass within 2 pp",
          "test_algorithms_online.py"),
