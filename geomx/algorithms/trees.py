@@ -1,0 +1,217 @@
+"""Histogram decision trees grown through the parameter server, level by level.
+
+The pattern of distributed GBDT systems (Chen & Guestrin 2016, XGBoost's histogram
+method; Ke et al. 2017, LightGBM's data-parallel mode), over the PS:
+
+1. **Bins.** Every worker pushes its per-feature minimum and maximum into its own row
+   (an all-gather), then a fine uniform histogram of its rows over the global range; the
+   summed fine histogram gives every worker the same quantile bin edges (``max_bins``
+   bins per feature). Rows are then bin indices.
+2. **Levels.** For the nodes of one depth, every worker pushes per (tree, node, feature,
+   bin) the sums of its rows' statistics (class weights and counts for classification
+   trees, gradient, hessian and count for boosting); the local servers add their DC's,
+   the global server the DCs'. Every worker pulls the total and makes the *same* split
+   decision for each node -- the best bin threshold by the caller's gain -- so the split
+   decisions are a deterministic function of the pulled histograms and never travel on
+   their own. A child's totals are the parent's sums left and right of the chosen
+   threshold, so the last level needs no extra round: a depth-``D`` tree costs ``D``
+   rounds, however many trees grow at once.
+
+Trees are complete binary heaps (node ``i`` has children ``2i + 1``, ``2i + 2``); a
+node that does not split is a leaf and its rows stop taking part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from geomx.algorithms.job import AlgorithmJob
+
+__all__ = ["FINE_BINS", "bin_keys", "compute_bins", "level_keys", "Forest", "grow",
+           "gini_gain", "newton_gain", "class_values", "newton_values"]
+
+FINE_BINS = 256
+
+
+# ---------------------------------------------------------------- bins
+def bin_keys(job: AlgorithmJob) -> dict[str, np.ndarray]:
+    f = job.table.num_features
+    return {"bin_range": np.zeros((job.num_workers, 2, f)), "bin_fine": np.zeros((f, FINE_BINS))}
+
+
+async def compute_bins(job: AlgorithmJob, max_bins: int) -> np.ndarray:
+    """Quantile bin edges ``(features, max_bins - 1)`` from the summed fine histograms
+    (+inf pads features with fewer distinct edges)."""
+    x = job.x
+    rng = await job.gather("bin_range", np.stack([x.min(axis=0), x.max(axis=0)]))
+    lo, hi = rng[:, 0].min(axis=0), rng[:, 1].max(axis=0)
+    width = np.where(hi > lo, (hi - lo) / FINE_BINS, 1.0)
+    fine_idx = np.clip(((x - lo) / width).astype(np.int64), 0, FINE_BINS - 1)
+    local = np.zeros((x.shape[1], FINE_BINS))
+    for j in range(x.shape[1]):
+        local[j] = np.bincount(fine_idx[:, j], minlength=FINE_BINS)
+    fine = await job.allreduce("bin_fine", local)
+    edges = np.full((x.shape[1], max_bins - 1), np.inf)
+    for j in range(x.shape[1]):
+        cdf = np.cumsum(fine[j]) / fine[j].sum()
+        cuts = np.searchsorted(cdf, np.arange(1, max_bins) / max_bins, side="left")
+        uniq = np.unique(np.minimum(cuts, FINE_BINS - 2))
+        vals = lo[j] + (uniq + 1) * width[j]  # the right edge of a fine bin
+        vals = vals[vals < hi[j]]
+        edges[j, :len(vals)] = vals
+    return edges
+
+
+def binned(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Bin index of every value: ``x <= edges[j, b]`` first holds at bin ``b``."""
+    out = np.empty(x.shape, dtype=np.int64)
+    for j in range(x.shape[1]):
+        out[:, j] = np.searchsorted(edges[j], x[:, j], side="left")
+    return out
+
+
+# ---------------------------------------------------------------- gains and leaf values
+def gini_gain(left: np.ndarray, right: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Weighted Gini decrease; stats are [class weights..., count] (last = row count)."""
+    def score(s: np.ndarray) -> np.ndarray:
+        w = s[..., :-1]
+        n = w.sum(axis=-1)
+        return np.where(n > 0, (w * w).sum(axis=-1) / np.where(n > 0, n, 1.0), 0.0)
+    return score(left) + score(right) - score(parent)
+
+
+def class_values(stats: np.ndarray) -> np.ndarray:
+    """A leaf's class distribution."""
+    w = stats[..., :-1]
+    n = w.sum(axis=-1, keepdims=True)
+    return np.where(n > 0, w / np.where(n > 0, n, 1.0), 1.0 / w.shape[-1])
+
+
+def newton_gain(l2: float) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+    """XGBoost's gain ``GL^2/(HL+l2) + GR^2/(HR+l2) - G^2/(H+l2)``; stats [g, h, count]."""
+    def gain(left: np.ndarray, right: np.ndarray, parent: np.ndarray) -> np.ndarray:
+        s = lambda a: a[..., 0] ** 2 / (a[..., 1] + l2)  # noqa: E731
+        return s(left) + s(right) - s(parent)
+    return gain
+
+
+def newton_values(l2: float) -> Callable[[np.ndarray], np.ndarray]:
+    def value(stats: np.ndarray) -> np.ndarray:
+        return (-stats[..., 0] / (stats[..., 1] + l2))[..., None]
+    return value
+
+
+# ---------------------------------------------------------------- the forest
+@dataclass
+class Forest:
+    """``T`` trees as heaps of ``2^(depth+1) - 1`` nodes."""
+
+    feature: np.ndarray     # (T, M) int, -1 for a leaf
+    threshold: np.ndarray   # (T, M) int: bin <= threshold goes left
+    value: np.ndarray       # (T, M, V)
+    depth: int
+
+    def leaves(self, xb: np.ndarray) -> np.ndarray:
+        """The leaf each row of binned ``xb`` reaches in each tree: (T, n)."""
+        t_count = self.feature.shape[0]
+        node = np.zeros((t_count, len(xb)), dtype=np.int64)
+        rows = np.arange(len(xb))
+        for _ in range(self.depth):
+            for t in range(t_count):
+                f = self.feature[t, node[t]]
+                split = f >= 0
+                go_right = xb[rows, np.maximum(f, 0)] > self.threshold[t, node[t]]
+                node[t] = np.where(split, 2 * node[t] + 1 + go_right, node[t])
+        return node
+
+    def predict(self, xb: np.ndarray) -> np.ndarray:
+        """Leaf values of every row in every tree: (T, n, V)."""
+        node = self.leaves(xb)
+        return np.stack([self.value[t, node[t]] for t in range(node.shape[0])])
+
+
+def level_keys(name: str, trees: int, depth: int, features: int, bins: int,
+               channels: int) -> dict[str, np.ndarray]:
+    """One key per level: the histograms of its ``2^level`` nodes per tree."""
+    return {f"{name}{lvl}": np.zeros((trees, 2 ** lvl, features, bins, channels))
+            for lvl in range(depth)}
+
+
+async def grow(job: AlgorithmJob, key: str, xb: np.ndarray, stats: np.ndarray, *, depth: int,
+               bins: int, gain: Callable[..., np.ndarray], value: Callable[..., np.ndarray],
+               min_leaf: float = 1.0, min_gain: float = 1e-12,
+               feature_mask: Callable[[int, int], np.ndarray | None] | None = None,
+               before_round: Callable[[], Any] | None = None) -> Forest:
+    """Grow ``T = stats.shape[0]`` trees at once on this worker's binned rows ``xb``
+    (n, F) with per-tree row statistics ``stats`` (T, n, C; the last channel the row
+    count or weight that ``min_leaf`` bounds). Keys ``key0..key{depth-1}``
+    (:func:`level_keys`) must be declared. ``feature_mask(level, T)`` gives the features
+    each (tree, node) of a level may split on, (T, nodes, F) booleans, or None for all."""
+    t_count, n, channels = stats.shape
+    f_count = xb.shape[1]
+    nodes = 2 ** (depth + 1) - 1
+    feature = np.full((t_count, nodes), -1, dtype=np.int64)
+    threshold = np.zeros((t_count, nodes), dtype=np.int64)
+    totals: np.ndarray | None = None          # (T, level nodes, C), known after level 0
+    vals: list[np.ndarray] = []
+    pos = np.zeros((t_count, n), dtype=np.int64)  # heap index, -1 when in a leaf
+    col = np.arange(f_count)[None, :] * bins
+    value_all = None
+    for lvl in range(depth):
+        width, offset = 2 ** lvl, 2 ** lvl - 1
+        hist = np.zeros((t_count, width, f_count, bins, channels))
+        for t in range(t_count):
+            live = pos[t] >= 0
+            if not live.any():
+                continue
+            local = pos[t, live] - offset
+            flat = (local[:, None] * f_count * bins + col + xb[live]).ravel()
+            for c in range(channels):
+                w = np.repeat(stats[t, live, c], f_count)
+                hist[t, ..., c] = np.bincount(flat, weights=w,
+                                              minlength=width * f_count * bins
+                                              ).reshape(width, f_count, bins)
+        if before_round is not None:
+            await before_round()
+        hist = await job.allreduce(f"{key}{lvl}", hist)
+        parent = hist[:, :, 0].sum(axis=2)  # (T, width, C): any feature's bins add up
+        if totals is None:
+            totals = parent
+            value_all = np.zeros((t_count, nodes) + value(parent[:, :1]).shape[2:])
+            value_all[:, 0] = value(parent)[:, 0]
+        left = np.cumsum(hist, axis=3)[:, :, :, :-1]          # (T, width, F, bins-1, C)
+        right = parent[:, :, None, None, :] - left
+        g = gain(left, right, parent[:, :, None, None, :])
+        ok = (left[..., -1] >= min_leaf) & (right[..., -1] >= min_leaf)
+        if feature_mask is not None:
+            mask = feature_mask(lvl, t_count)
+            if mask is not None:
+                ok &= mask[:, :, :, None]
+        g = np.where(ok, g, -np.inf)
+        flat_best = g.reshape(t_count, width, -1).argmax(axis=2)
+        best_f, best_b = np.divmod(flat_best, bins - 1)
+        best_gain = np.take_along_axis(g.reshape(t_count, width, -1), flat_best[..., None],
+                                       axis=2)[..., 0]
+        splits = best_gain > min_gain
+        tt, ww = np.nonzero(splits)
+        heap = offset + ww
+        feature[tt, heap] = best_f[tt, ww]
+        threshold[tt, heap] = best_b[tt, ww]
+        lsum = left[tt, ww, best_f[tt, ww], best_b[tt, ww]]
+        rsum = parent[tt, ww] - lsum
+        value_all[tt, 2 * heap + 1] = value(lsum[:, None])[:, 0]
+        value_all[tt, 2 * heap + 2] = value(rsum[:, None])[:, 0]
+        for t in range(t_count):
+            live = pos[t] >= 0
+            here = pos[t, live]
+            f = feature[t, here]
+            goes = f >= 0
+            right_side = xb[np.nonzero(live)[0], np.maximum(f, 0)] > threshold[t, here]
+            new = np.where(goes, 2 * here + 1 + right_side, -1)
+            if lvl == depth - 1:
+                new = np.where(goes, new, -1)
+            pos[t, live] = new
+    return Forest(feature, threshold, value_all, depth)
