@@ -143,7 +143,44 @@ def _logistic_l2(table, args):
     return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
 
 
+def _random_forest(table, args):
+    from sklearn.ensemble import RandomForestClassifier
+
+    m = RandomForestClassifier(n_estimators=20, max_depth=_opt(args, "--depth", 6),
+                               max_features="sqrt", random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+def _bagging(table, args):
+    from sklearn.ensemble import BaggingClassifier
+    from sklearn.tree import DecisionTreeClassifier
+
+    m = BaggingClassifier(DecisionTreeClassifier(max_depth=_opt(args, "--depth", 5)),
+                          n_estimators=10, random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
+def _adaboost(table, args):
+    from sklearn.ensemble import AdaBoostClassifier
+    from sklearn.tree import DecisionTreeClassifier
+
+    m = AdaBoostClassifier(DecisionTreeClassifier(max_depth=_opt(args, "--depth", 1)),
+                           n_estimators=50, learning_rate=_opt(args, "--learning-rate", 1.0, float),
+                           random_state=0)
+    return float(m.fit(table.x_train, table.y_train).score(table.x_test, table.y_test))
+
+
 CASES: dict[str, Case] = {c.algorithm: c for c in (
+    Case("random_forest", "algo_ensemble.toml",
+         ("training.algorithm=random_forest", "run.iterations=20"), _random_forest, "accuracy",
+         0.02, "RandomForestClassifier(20 trees, same depth, sqrt features)",
+         "test_algorithms_ensemble.py"),
+    Case("bagging", "algo_ensemble.toml", ("training.algorithm=bagging", "run.iterations=10"),
+         _bagging, "accuracy", 0.02, "BaggingClassifier(10 x DecisionTreeClassifier(same depth))",
+         "test_algorithms_ensemble.py"),
+    Case("adaboost", "algo_ensemble.toml", ("training.algorithm=adaboost", "run.iterations=50"),
+         _adaboost, "accuracy", 0.02, "AdaBoostClassifier(50 x stumps, SAMME)",
+         "test_algorithms_ensemble.py"),
     Case("fedavg_ensemble", "algo_ensemble.toml",
          ("training.algorithm=fedavg_ensemble", "training.dataset=digits", "run.iterations=20"),
          _logistic_l2, "accuracy", 0.02,

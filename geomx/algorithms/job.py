@@ -138,6 +138,11 @@ class AlgorithmJob:
         for _, it in zip(range(limit), self.ctx.iterations()):
             yield it
 
+    def planned_iterations(self, default: int) -> int:
+        """``[run] iterations`` or ``default``: for algorithms that must size their keys
+        by it (trees grown at once)."""
+        return int(self.ctx.max_iterations) or int(default)
+
     async def compute(self) -> None:
         """Charge one iteration's compute (``compute_per_iter`` of this worker's DC)."""
         await self.ctx.compute("per_iter")

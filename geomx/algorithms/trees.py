@@ -30,7 +30,7 @@ import numpy as np
 
 from geomx.algorithms.job import AlgorithmJob
 
-__all__ = ["FINE_BINS", "bin_keys", "compute_bins", "level_keys", "Forest", "grow",
+__all__ = ["FINE_BINS", "bin_keys", "compute_bins", "binned", "level_keys", "Forest", "grow",
            "gini_gain", "newton_gain", "class_values", "newton_values"]
 
 FINE_BINS = 256
@@ -143,75 +143,69 @@ def level_keys(name: str, trees: int, depth: int, features: int, bins: int,
 async def grow(job: AlgorithmJob, key: str, xb: np.ndarray, stats: np.ndarray, *, depth: int,
                bins: int, gain: Callable[..., np.ndarray], value: Callable[..., np.ndarray],
                min_leaf: float = 1.0, min_gain: float = 1e-12,
-               feature_mask: Callable[[int, int], np.ndarray | None] | None = None,
+               feature_sets: Callable[[int, int], np.ndarray] | None = None,
                before_round: Callable[[], Any] | None = None) -> Forest:
     """Grow ``T = stats.shape[0]`` trees at once on this worker's binned rows ``xb``
     (n, F) with per-tree row statistics ``stats`` (T, n, C; the last channel the row
     count or weight that ``min_leaf`` bounds). Keys ``key0..key{depth-1}``
-    (:func:`level_keys`) must be declared. ``feature_mask(level, T)`` gives the features
-    each (tree, node) of a level may split on, (T, nodes, F) booleans, or None for all."""
+    (:func:`level_keys`, with ``m`` features) must be declared. ``feature_sets(level,
+    nodes)`` gives the ``m`` features each (tree, node) of a level may split on,
+    (T, nodes, m) ints, the same on every worker (a random forest's draws); only those
+    features' histograms travel. None: every feature (m = F)."""
     t_count, n, channels = stats.shape
     f_count = xb.shape[1]
     nodes = 2 ** (depth + 1) - 1
     feature = np.full((t_count, nodes), -1, dtype=np.int64)
     threshold = np.zeros((t_count, nodes), dtype=np.int64)
-    totals: np.ndarray | None = None          # (T, level nodes, C), known after level 0
-    vals: list[np.ndarray] = []
+    value_all: np.ndarray | None = None
     pos = np.zeros((t_count, n), dtype=np.int64)  # heap index, -1 when in a leaf
-    col = np.arange(f_count)[None, :] * bins
-    value_all = None
     for lvl in range(depth):
         width, offset = 2 ** lvl, 2 ** lvl - 1
-        hist = np.zeros((t_count, width, f_count, bins, channels))
+        sets = (np.broadcast_to(np.arange(f_count), (t_count, width, f_count))
+                if feature_sets is None else feature_sets(lvl, width))
+        m = sets.shape[2]
+        hist = np.zeros((t_count, width, m, bins, channels))
         for t in range(t_count):
-            live = pos[t] >= 0
-            if not live.any():
+            live = np.nonzero(pos[t] >= 0)[0]
+            if len(live) == 0:
                 continue
             local = pos[t, live] - offset
-            flat = (local[:, None] * f_count * bins + col + xb[live]).ravel()
+            chosen = sets[t, local]                                   # (n_live, m)
+            xsel = np.take_along_axis(xb[live], chosen, axis=1)
+            flat = ((local[:, None] * m + np.arange(m)[None, :]) * bins + xsel).ravel()
             for c in range(channels):
-                w = np.repeat(stats[t, live, c], f_count)
-                hist[t, ..., c] = np.bincount(flat, weights=w,
-                                              minlength=width * f_count * bins
-                                              ).reshape(width, f_count, bins)
+                hist[t, ..., c] = np.bincount(flat, weights=np.repeat(stats[t, live, c], m),
+                                              minlength=width * m * bins
+                                              ).reshape(width, m, bins)
         if before_round is not None:
             await before_round()
         hist = await job.allreduce(f"{key}{lvl}", hist)
         parent = hist[:, :, 0].sum(axis=2)  # (T, width, C): any feature's bins add up
-        if totals is None:
-            totals = parent
-            value_all = np.zeros((t_count, nodes) + value(parent[:, :1]).shape[2:])
-            value_all[:, 0] = value(parent)[:, 0]
-        left = np.cumsum(hist, axis=3)[:, :, :, :-1]          # (T, width, F, bins-1, C)
+        if value_all is None:
+            root = value(parent)                                      # (T, 1, V)
+            value_all = np.zeros((t_count, nodes, root.shape[-1]))
+            value_all[:, 0] = root[:, 0]
+        left = np.cumsum(hist, axis=3)[:, :, :, :-1]                  # (T, width, m, bins-1, C)
         right = parent[:, :, None, None, :] - left
         g = gain(left, right, parent[:, :, None, None, :])
         ok = (left[..., -1] >= min_leaf) & (right[..., -1] >= min_leaf)
-        if feature_mask is not None:
-            mask = feature_mask(lvl, t_count)
-            if mask is not None:
-                ok &= mask[:, :, :, None]
-        g = np.where(ok, g, -np.inf)
-        flat_best = g.reshape(t_count, width, -1).argmax(axis=2)
-        best_f, best_b = np.divmod(flat_best, bins - 1)
-        best_gain = np.take_along_axis(g.reshape(t_count, width, -1), flat_best[..., None],
-                                       axis=2)[..., 0]
-        splits = best_gain > min_gain
-        tt, ww = np.nonzero(splits)
+        g = np.where(ok, g, -np.inf).reshape(t_count, width, -1)
+        best = g.argmax(axis=2)
+        best_gain = np.take_along_axis(g, best[..., None], axis=2)[..., 0]
+        best_j, best_b = np.divmod(best, bins - 1)
+        tt, ww = np.nonzero(best_gain > min_gain)
         heap = offset + ww
-        feature[tt, heap] = best_f[tt, ww]
+        feature[tt, heap] = sets[tt, ww, best_j[tt, ww]]
         threshold[tt, heap] = best_b[tt, ww]
-        lsum = left[tt, ww, best_f[tt, ww], best_b[tt, ww]]
+        lsum = left[tt, ww, best_j[tt, ww], best_b[tt, ww]]
         rsum = parent[tt, ww] - lsum
         value_all[tt, 2 * heap + 1] = value(lsum[:, None])[:, 0]
         value_all[tt, 2 * heap + 2] = value(rsum[:, None])[:, 0]
         for t in range(t_count):
-            live = pos[t] >= 0
+            live = np.nonzero(pos[t] >= 0)[0]
             here = pos[t, live]
             f = feature[t, here]
-            goes = f >= 0
-            right_side = xb[np.nonzero(live)[0], np.maximum(f, 0)] > threshold[t, here]
-            new = np.where(goes, 2 * here + 1 + right_side, -1)
-            if lvl == depth - 1:
-                new = np.where(goes, new, -1)
-            pos[t, live] = new
+            right_side = xb[live, np.maximum(f, 0)] > threshold[t, here]
+            pos[t, live] = np.where(f >= 0, 2 * here + 1 + right_side, -1)
+    assert value_all is not None
     return Forest(feature, threshold, value_all, depth)
