@@ -162,8 +162,10 @@ class AlgorithmJob:
         acc = float(np.mean(pred == t.y_test))
         return {"metric": "accuracy", "score": acc, "accuracy": acc}
 
-    def report(self, it: int, row: dict[str, Any], *, loss: float | None = None) -> dict[str, Any]:
-        """Write a progress row (the evaluator's rows make progress.csv)."""
+    def report(self, it: int | None, row: dict[str, Any], *,
+               loss: float | None = None) -> dict[str, Any]:
+        """Write a progress row (the evaluator's rows make progress.csv); ``it`` None:
+        the node's current iteration."""
         extra = {k: v for k, v in row.items() if k not in ("accuracy",)}
         self.ctx.report(it, loss=loss, accuracy=row.get("accuracy"), **extra)
         return row

@@ -130,18 +130,20 @@ class LocalStep:
 async def train_sgd(job: AlgorithmJob, key: str, w0: np.ndarray, x: np.ndarray, y: np.ndarray,
                     grad: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[float, np.ndarray]],
                     *, iterations: int, server: bool, batch: int, tag: str = "sgd",
-                    on_eval: Callable[[int, np.ndarray, float, bool], None] | None = None
-                    ) -> np.ndarray:
+                    on_eval: Callable[[int, np.ndarray, float, bool], None] | None = None,
+                    steps: int | None = None) -> np.ndarray:
     """Distributed mini-batch SGD of ``w0`` on this worker's ``(x, y)``; returns the
     averaged weights. ``server``: the global servers run the optimizer (the key must be
-    declared after :meth:`AlgorithmJob.use_server_optimizer`)."""
+    declared after :meth:`AlgorithmJob.use_server_optimizer`). The job's iterations
+    (``[run] iterations``, else ``iterations``) count the steps, unless ``steps`` is given
+    (a second learner in the same job, such as a stacking meta-learner)."""
     local = None if server else LocalStep(job.ctx.worker_optimizer_config
                                           if job.ctx.optimizer_config is None
                                           else job.ctx.optimizer_config, job.num_workers)
     batches = Batches(len(x), batch, job.local_rng(f"{tag}-batches"))
     w = w0.astype(np.float64).copy()
     avg, n_avg, loss = np.zeros_like(w), 0, float("nan")
-    its = list(job.iterations(iterations))
+    its = list(job.iterations(iterations)) if steps is None else list(range(1, steps + 1))
     start = len(its) // 2
     for i, it in enumerate(its):
         b = batches.next()
