@@ -276,7 +276,7 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps
     if train.algorithm:
-        model_bytes = algorithm_state_bytes(train)
+        model_bytes = algorithm_state_bytes(train, job.num_all_workers)
     else:
         model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
             sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))

@@ -33,3 +33,18 @@ def test_naive_bayes_predictions_equal_scikit_learns(tmp_path):
     table, _ = table_of_scenario(load_case(CASES["naive_bayes"], tmp_path))
     ref = GaussianNB().fit(table.x_train, table.y_train).score(table.x_test, table.y_test)
     assert row["geomx"] == pytest.approx(ref, abs=1e-12)
+
+
+@pytest.mark.slow
+def test_kmeans_over_real_sockets_equals_the_emulator(tmp_path):
+    """The same program over TCP, one process per node (the wire path): the same centres
+    as in the emulator, up to the order in which a server adds its pushes."""
+    import numpy as np
+
+    emu = run_case(CASES["kmeans"], tmp_path / "emu", "run.iterations=10")
+    real = run_case(CASES["kmeans"], tmp_path / "real", "run.iterations=10", runtime="real")
+    assert real["summary"].runtime == "real"
+    assert real["final"]["lloyd_iterations"] == emu["final"]["lloyd_iterations"]
+    np.testing.assert_allclose(real["final"]["centres"], emu["final"]["centres"], rtol=1e-9)
+    assert real["ok"], real
+    assert real["summary"].bytes_wan == pytest.approx(emu["summary"].bytes_wan, rel=0.05)

@@ -2,8 +2,10 @@
 scenario's image data set flattened -- never a download.
 
 ``iris``, ``wine``, ``breast_cancer`` and ``diabetes`` ship inside the scikit-learn
-wheel; ``blobs``, ``classification``, ``regression`` and ``moons`` are generated from the
-run's seed (``synthetic_samples`` / ``synthetic_features`` / ``synthetic_classes``). They
+wheel (read from its CSV files); ``blobs``, ``classification``, ``regression`` and
+``moons`` are generated from the run's seed (``synthetic_samples`` /
+``synthetic_features`` / ``synthetic_classes``) in the manner of scikit-learn's
+``make_*`` functions. They
 are split train/test by a seeded permutation (25 % test) and standardised with the
 *training* set's mean and standard deviation (for regression the target too), as a
 ``StandardScaler`` fitted on the training set would; the scikit-learn references in the
@@ -15,7 +17,9 @@ one row per sample, unscaled (its values are already in [0, 1]).
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -45,28 +49,72 @@ class Table:
         return int(self.x_train.shape[1])
 
 
-def _raw(name: str, seed: int, n_samples: int, n_features: int, n_classes: int):
-    import sklearn.datasets as skd
+def _sklearn_data_dir() -> Path:
+    """scikit-learn's shipped data folder, found without importing scikit-learn (about a
+    second and a half per process; a real-runtime job starts one process per node)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the shipped tables need scikit-learn installed")
+    return Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data"
 
-    if name in SHIPPED:
-        bunch = getattr(skd, f"load_{name}")()
-        return np.asarray(bunch.data, dtype=np.float64), np.asarray(bunch.target)
-    if name == "blobs":
-        return skd.make_blobs(n_samples=n_samples, n_features=n_features, centers=n_classes,
-                              random_state=seed)
-    if name == "classification":
-        return skd.make_classification(n_samples=n_samples, n_features=n_features,
-                                       n_informative=max(2, n_features // 2),
-                                       n_redundant=min(2, n_features // 4), n_classes=n_classes,
-                                       n_clusters_per_class=1 if n_classes > 2 else 2,
-                                       class_sep=1.0, random_state=seed)
-    if name == "regression":
-        return skd.make_regression(n_samples=n_samples, n_features=n_features,
-                                   n_informative=max(1, n_features // 2), noise=10.0,
-                                   random_state=seed)
-    if name == "moons":
-        return skd.make_moons(n_samples=n_samples, noise=0.25, random_state=seed)
+
+def _shipped(name: str) -> tuple[np.ndarray, np.ndarray]:
+    folder = _sklearn_data_dir()
+    if name == "diabetes":
+        x = np.loadtxt(folder / "diabetes_data_raw.csv.gz")
+        return x, np.loadtxt(folder / "diabetes_target.csv.gz")
+    file = {"iris": "iris.csv", "wine": "wine_data.csv", "breast_cancer": "breast_cancer.csv"}[name]
+    table = np.loadtxt(folder / file, delimiter=",", skiprows=1)
+    return table[:, :-1], table[:, -1].astype(np.int64)
+
+
+def _generated(name: str, rng: np.random.Generator, n: int, d: int,
+               k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded generators in the manner of scikit-learn's ``make_*`` (not bit-identical)."""
+    if name == "blobs":              # isotropic Gaussian clusters, centres in [-10, 10]^d
+        centres = rng.uniform(-10.0, 10.0, size=(k, d))
+        y = np.arange(n) % k
+        return centres[y] + rng.normal(size=(n, d)), y
+    if name == "classification":     # Guyon's design: clusters on hypercube vertices
+        informative = max(2, d // 2)
+        per_class = 1 if k > 2 else 2
+        vertices = rng.choice([-1.0, 1.0], size=(k * per_class, informative))
+        y = np.arange(n) % k
+        cluster = y * per_class + rng.integers(per_class, size=n)
+        mix = rng.uniform(-1.0, 1.0, size=(k * per_class, informative, informative))
+        base = np.einsum("ni,nij->nj", rng.normal(size=(n, informative)), mix[cluster])
+        xi = vertices[cluster] + base
+        redundant = xi @ rng.normal(size=(informative, min(2, d - informative)))
+        noise = rng.normal(size=(n, d - informative - redundant.shape[1]))
+        x = np.hstack([xi, redundant, noise])
+        return x[:, rng.permutation(d)], y
+    if name == "regression":         # a sparse linear model plus Gaussian noise
+        x = rng.normal(size=(n, d))
+        w = np.zeros(d)
+        w[:max(1, d // 2)] = 100.0 * rng.uniform(size=max(1, d // 2))
+        return x, x @ w + rng.normal(scale=10.0, size=n)
+    if name == "moons":              # two interleaving half circles
+        y = np.arange(n) % 2
+        t = rng.uniform(0.0, np.pi, size=n)
+        x = np.where(y[:, None] == 0, np.c_[np.cos(t), np.sin(t)],
+                     np.c_[1.0 - np.cos(t), 0.5 - np.sin(t)])
+        return x + rng.normal(scale=0.25, size=(n, 2)), y
     raise ValueError(f"unknown table {name!r}")
+
+
+#: (features, classes) of each table without loading it: ``None`` = from the options
+SHAPES: dict[str, tuple[int | None, int | None]] = {
+    "iris": (4, 3), "wine": (13, 3), "breast_cancer": (30, 2), "diabetes": (10, 0),
+    "blobs": (None, None), "classification": (None, None), "regression": (None, 0),
+    "moons": (2, 2)}
+
+
+def table_shape(name: str, *, n_features: int = 32, n_classes: int = 10) -> tuple[int, int] | None:
+    """(features, classes) of table ``name`` without loading it; None for other data sets."""
+    if name not in SHAPES:
+        return None
+    f, c = SHAPES[name]
+    return (n_features if f is None else f, n_classes if c is None else c)
 
 
 @functools.lru_cache(maxsize=8)
@@ -82,7 +130,9 @@ def load_table(name: str, *, seed: int = 0, n_samples: int = 4000, n_features: i
         flat = lambda a: np.asarray(a, dtype=np.float64).reshape(a.shape[0], -1)  # noqa: E731
         return Table(flat(d.x_train), np.asarray(d.y_train, np.int64), flat(d.x_test),
                      np.asarray(d.y_test, np.int64), "classification", int(d.num_classes), name)
-    x, y = _raw(name, seed, n_samples, n_features, n_classes)
+    rng = np.random.default_rng([seed, 15])
+    x, y = (_shipped(name) if name in SHIPPED
+            else _generated(name, rng, n_samples, n_features, n_classes))
     x = np.asarray(x, dtype=np.float64)
     order = np.random.default_rng(seed).permutation(x.shape[0])
     n_test = int(round(x.shape[0] * TEST_FRACTION))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geomx.algorithms.data import Table, load_table
+from geomx.algorithms.data import Table, load_table, table_shape
 from geomx.algorithms.job import AlgorithmError, AlgorithmJob
 from geomx.algorithms.registry import algorithm_module, info_of
 
@@ -58,13 +58,18 @@ def table_of(dataset: str, *, seed: int, options: dict[str, Any] | None = None,
     return load_table(dataset, seed=seed, path=path or None, **kw)
 
 
-def state_bytes(spec: Any) -> int:
+def state_bytes(spec: Any, workers: int) -> int:
     """Bytes of the largest shared state the algorithm of ``spec`` (a TrainSpec) moves in
     one round: sizes a request timeout the way the model's size does for models."""
     opts = parse_options(spec.algorithm, spec.program_args)
-    table = table_of(spec.dataset, seed=spec.seed, options=spec.dataset_kwargs,
-                     path=spec.data_path)
-    return int(algorithm_module(spec.algorithm).state_bytes(table, opts, 4))
+    kw = {k: v for k, v in spec.dataset_kwargs.items() if k in ("n_features", "n_classes")}
+    shape = table_shape(spec.dataset, **kw)
+    if shape is None:   # an image data set: its loader knows
+        table: Any = table_of(spec.dataset, seed=spec.seed, options=spec.dataset_kwargs,
+                              path=spec.data_path)
+    else:
+        table = argparse.Namespace(num_features=shape[0], num_classes=shape[1])
+    return int(algorithm_module(spec.algorithm).state_bytes(table, opts, workers))
 
 
 async def main(kv: Any, ctx: Any) -> dict[str, Any]:
