@@ -48,3 +48,36 @@ def test_kmeans_over_real_sockets_equals_the_emulator(tmp_path):
     np.testing.assert_allclose(real["final"]["centres"], emu["final"]["centres"], rtol=1e-9)
     assert real["ok"], real
     assert real["summary"].bytes_wan == pytest.approx(emu["summary"].bytes_wan, rel=0.05)
+
+
+def test_scenario_refuses_an_algorithm_beside_a_model_or_bad_options(tmp_path):
+    from geomx.scenario import ScenarioError
+
+    from algorithm_cases import load_case
+
+    case = CASES["kmeans"]
+    with pytest.raises(ScenarioError, match=r"training.model: set either training.algorithm"):
+        load_case(case, tmp_path, "training.model=cnn")
+    with pytest.raises(ScenarioError, match=r"training.program: set either"):
+        load_case(case, tmp_path, "training.program=train.py")
+    with pytest.raises(ScenarioError, match=r"program_args: .*unknown option.*allowed options: "
+                                            r"--clusters, --oversample, --tol"):
+        load_case(case, tmp_path, 'training.program_args=["--k", "3"]')
+    with pytest.raises(ScenarioError, match=r"--clusters 0: allowed: an integer >= 1"):
+        load_case(case, tmp_path, 'training.program_args=["--clusters", "0"]')
+    with pytest.raises(ScenarioError, match=r"training.dataset: dataset 'blobs' is a table for "
+                                            r"the algorithms"):
+        load_case(case, tmp_path, "training.algorithm=")
+    with pytest.raises(ScenarioError, match=r"run.epochs is for models"):
+        load_case(case, tmp_path, "run.epochs=2")
+
+
+def test_same_seed_same_event_log(tmp_path):
+    from geomx.metrics.recorder import iter_events
+
+    def events(tag):
+        row = run_case(CASES["kmeans"], tmp_path / tag)
+        return [{k: v for k, v in e.items() if not k.startswith("wall")}
+                for e in iter_events(row["run_dir"] / "events.jsonl")]
+
+    assert events("a") == events("b")
