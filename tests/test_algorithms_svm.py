@@ -32,3 +32,16 @@ def test_sgd_algorithms_refuse_sync_algorithms_they_cannot_run(tmp_path):
         load_case(CASES["linear_svm"], tmp_path, "sync.algorithm=hfa")
     with pytest.raises(ScenarioError, match="training.dataset: algorithm 'svr' needs a regression"):
         load_case(CASES["svr"], tmp_path, "training.dataset=iris")
+
+
+def test_target_accuracy_stops_an_algorithm_on_every_worker(tmp_path):
+    """The evaluator's report reaching [run] target_accuracy stops the job after the same
+    round on every worker (FSA's rounds stay aligned, nobody waits for a missing push)."""
+    from geomx.metrics.recorder import iter_events
+
+    row = run_case(CASES["linear_svm"], tmp_path, "run.target_accuracy=0.9", "run.eval_every=10")
+    assert row["summary"].iterations < 300
+    assert row["final"]["stop_reason"].startswith("stop requested")
+    done = [e["iterations"] for e in iter_events(row["run_dir"] / "events.jsonl")
+            if e["ev"] == "worker_done"]
+    assert len(done) == 4 and len(set(done)) == 1

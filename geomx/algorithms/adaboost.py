@@ -61,8 +61,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     w = np.ones(n)
     votes = np.zeros((len(job.table.y_test), c))
     out: dict[str, Any] = {}
-    its = list(job.iterations(DEFAULT_ITERATIONS))
-    for it in its:
+    for it in job.iterations(DEFAULT_ITERATIONS):
         stats = np.zeros((1, n, c + 1))
         stats[0, np.arange(n), job.y] = w
         stats[0, :, c] = 1.0                     # min_leaf counts rows
@@ -77,7 +76,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
             break                                # no better than chance: stop, keep the rest
         alpha = o.learning_rate * (math.log((1 - err) / max(err, 1e-300)) + math.log(c - 1))
         votes[np.arange(len(votes)), np.argmax(tree.predict(xb_test)[0], axis=1)] += alpha
-        if job.due(it, it == its[-1] or err <= 0):
+        if job.due(it, job.last(it) or err <= 0):
             out = job.report(it, job.score(lambda _: np.argmax(votes, axis=1)), loss=err)
         if err <= 0:
             break                                # a perfect tree: its vote decides

@@ -54,8 +54,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     w = np.zeros((d, c))
     rng = job.local_rng("fedavg")
     out: dict[str, Any] = {}
-    its = list(job.iterations(DEFAULT_ITERATIONS))
-    for it in its:
+    for it in job.iterations(DEFAULT_ITERATIONS):
         local, losses = w.copy(), []
         for _ in range(o.local_epochs):
             order = rng.permutation(len(x))
@@ -70,7 +69,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
         await job.compute()
         total = await job.allreduce("model", push)
         w = total[:d] / total[d, 0]
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             out = job.report(it, job.score(lambda _: np.argmax(x_test @ w, axis=1)),
                              loss=float(np.mean(losses)))
     return out

@@ -103,8 +103,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     rows = stream(job, o.batch)
     out: dict[str, Any] = {}
     seen = loss_total = 0.0
-    its = list(job.iterations(0, cap=pass_rounds(job, o.batch)))
-    for it in its:
+    for it in job.iterations(0, cap=pass_rounds(job, o.batch)):
         b = next(rows)
         loss, g = loss_grad_sum(model.weights(), x[b], job.y[b])
         local = np.zeros((d + 1, max(k, 2)))
@@ -117,7 +116,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
         loss_total += total[d, 1]
         if count > 0:
             model.update(total[:d, :k] / count)
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             w = model.weights()
             out = job.report(it, {**job.score(lambda _: predict(w, x_test)),
                                   "nonzero_weights": int(np.count_nonzero(w)),

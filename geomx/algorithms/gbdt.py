@@ -81,8 +81,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     scores = np.repeat(base[:, None], len(job.y), axis=1)
     test_scores = np.repeat(base[:, None], len(job.table.y_test), axis=1)
     out: dict[str, Any] = {}
-    its = list(job.iterations(DEFAULT_ITERATIONS))
-    for it in its:
+    for it in job.iterations(DEFAULT_ITERATIONS):
         g, h = gradients(scores, job.y)
         stats = np.stack([g, h, np.ones_like(g)], axis=2)   # (k, n, 3)
         forest = await trees.grow(job, "hist", xb, stats, depth=o.depth, bins=o.max_bins,
@@ -90,7 +89,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
                                   min_leaf=o.min_leaf, before_round=job.compute)
         scores += o.learning_rate * forest.predict(xb)[..., 0]
         test_scores += o.learning_rate * forest.predict(xb_test)[..., 0]
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             loss = float(np.mean(-np.log(np.maximum(
                 _proba(scores)[job.y, np.arange(len(job.y))], 1e-12))))
             out = job.report(it, job.score(lambda _: predict(test_scores)), loss=loss)

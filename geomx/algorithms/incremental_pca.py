@@ -85,13 +85,12 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     totals = Moments(d)
     rows = stream(job, o.chunk)
     out: dict[str, Any] = {}
-    its = list(job.iterations(0, cap=pass_rounds(job, o.chunk)))
-    for it in its:
+    for it in job.iterations(0, cap=pass_rounds(job, o.chunk)):
         b = next(rows)
         local = pack(job.x[b])
         await job.compute()
         totals.add(await job.allreduce("moments", local))
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             mean, comps = totals.components(o.components)
             score = kept_variance(job.table.x_test, mean, comps)
             out = job.report(it, {"metric": "explained_variance", "score": score,

@@ -52,6 +52,7 @@ class AlgorithmJob:
         self.seed: int = int(ctx.seed)
         self._keys: dict[str, int] = {}
         self._shapes: dict[str, tuple[int, ...]] = {}
+        self.limit = 0
         self.x = self.y = None
         if not self.is_master:
             from geomx.ml.partition import partition
@@ -131,17 +132,31 @@ class AlgorithmJob:
     def iterations(self, default: int, *, cap: int | None = None) -> Iterator[int]:
         """1, 2, ... up to ``[run] iterations`` (``default`` when that is 0) and at most
         ``cap`` (one pass over a stream, one counting pass), or until the job is asked to
-        stop (target accuracy, time limit)."""
-        limit = int(self.ctx.max_iterations) or int(default)
-        if cap is not None:
-            limit = min(limit, int(cap))
+        stop (target accuracy, time limit; seen by every worker after the same round).
+        Lazy: each iteration sets the node's iteration counter when it starts."""
+        self.limit = self.iteration_limit(default, cap=cap)
+        return self._iterate(self.limit)
+
+    def _iterate(self, limit: int) -> Iterator[int]:
         for _, it in zip(range(limit), self.ctx.iterations()):
             yield it
+
+    def iteration_limit(self, default: int, *, cap: int | None = None) -> int:
+        """How many iterations :meth:`iterations` will run unless a stop comes first."""
+        limit = int(self.ctx.max_iterations) or int(default)
+        if cap is not None:
+            limit = int(cap) if limit <= 0 else min(limit, int(cap))
+        return limit
+
+    def last(self, it: int) -> bool:
+        """Whether ``it`` is the last iteration of the running :meth:`iterations` loop
+        (barring a stop request)."""
+        return it >= self.limit
 
     def planned_iterations(self, default: int) -> int:
         """``[run] iterations`` or ``default``: for algorithms that must size their keys
         by it (trees grown at once)."""
-        return int(self.ctx.max_iterations) or int(default)
+        return self.iteration_limit(default)
 
     async def compute(self) -> None:
         """Charge one iteration's compute (``compute_per_iter`` of this worker's DC)."""

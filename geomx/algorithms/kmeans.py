@@ -44,7 +44,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     centres, variance = await clustering.seed_centroids(job)
     tol = job.opts.tol * variance
     x = job.x
-    it, train_inertia, row = 0, float("nan"), {}
+    it, train_inertia = 0, float("nan")
     for it in job.iterations(DEFAULT_ITERATIONS):
         labels, d2 = clustering.assign(x, centres)
         stats = np.zeros((k, d + 2))
@@ -61,9 +61,10 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
         train_inertia = float(total[:, d + 1].sum() / counts.sum())  # at the old centres
         centres = new
         done = shift <= tol
-        if job.due(it, done):
-            row = job.report(it, {"metric": "inertia", "score": clustering.inertia(job.table.x_test, centres),
-                                  "train_inertia": train_inertia}, loss=train_inertia)
+        if job.due(it, done or job.last(it)):
+            job.report(it, {"metric": "inertia",
+                            "score": clustering.inertia(job.table.x_test, centres),
+                            "train_inertia": train_inertia}, loss=train_inertia)
         if done:
             break
     if not job.ctx.is_evaluator:

@@ -143,8 +143,9 @@ async def train_sgd(job: AlgorithmJob, key: str, w0: np.ndarray, x: np.ndarray, 
     batches = Batches(len(x), batch, job.local_rng(f"{tag}-batches"))
     w = w0.astype(np.float64).copy()
     avg, n_avg, loss = np.zeros_like(w), 0, float("nan")
-    its = list(job.iterations(iterations)) if steps is None else list(range(1, steps + 1))
-    start = len(its) // 2
+    total = job.iteration_limit(iterations) if steps is None else steps
+    its = job.iterations(iterations) if steps is None else iter(range(1, steps + 1))
+    start = total // 2
     for i, it in enumerate(its):
         b = batches.next()
         loss, g = grad(w, x[b], y[b])
@@ -157,5 +158,5 @@ async def train_sgd(job: AlgorithmJob, key: str, w0: np.ndarray, x: np.ndarray, 
             n_avg += 1
             avg += (w - avg) / n_avg
         if on_eval is not None:
-            on_eval(it, avg if n_avg else w, loss, i == len(its) - 1)
+            on_eval(it, avg if n_avg else w, loss, i == total - 1)
     return avg if n_avg else w

@@ -49,8 +49,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     rng = job.local_rng("minibatch")
     x = job.x
     out: dict[str, Any] = {}
-    its = list(job.iterations(DEFAULT_ITERATIONS))
-    for it in its:
+    for it in job.iterations(DEFAULT_ITERATIONS):
         b = rng.choice(len(x), size=min(job.opts.batch, len(x)), replace=False)
         labels, _ = clustering.assign(x[b], centres)
         local = np.zeros((k, d + 1))
@@ -61,7 +60,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
         got = total[:, d] > 0
         counts += total[:, d]
         centres[got] += (total[got, :d] - total[got, d, None] * centres[got]) / counts[got, None]
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             out = job.report(it, {"metric": "inertia",
                                   "score": clustering.inertia(job.table.x_test, centres)})
     return out

@@ -68,8 +68,7 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
     x, x_test = linear.with_bias(job.x), linear.with_bias(job.table.x_test)
     rows = stream(job, o.batch)
     out: dict[str, Any] = {}
-    its = list(job.iterations(0, cap=pass_rounds(job, o.batch)))
-    for i, it in enumerate(its):
+    for i, it in enumerate(job.iterations(0, cap=pass_rounds(job, o.batch))):
         b = next(rows)
         local = np.zeros((d + 1, k))
         local[:d] = (pa_pass(w, x[b], job.y[b], o.C) - w) * len(b)
@@ -79,6 +78,6 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
         if total[d, 0] > 0:
             w = w + total[:d] / total[d, 0]
         avg += (w - avg) / (i + 1)
-        if job.due(it, it == its[-1]):
+        if job.due(it, job.last(it)):
             out = job.report(it, job.score(lambda _, a=avg.copy(): predict(a, x_test)))
     return out

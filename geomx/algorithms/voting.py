@@ -7,7 +7,6 @@ with the highest mean probability, as scikit-learn's ``VotingClassifier(voting="
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import numpy as np
