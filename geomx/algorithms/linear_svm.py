@@ -59,10 +59,12 @@ async def train_hinge(job: AlgorithmJob, features: Any, default_iterations: int)
             out.update(job.report(it, job.score(lambda _: predict(w, x_test)), loss=loss))
 
     alpha = job.opts.alpha
-    await linear.train_sgd(job, "w", w0, x, job.y,
-                           lambda w, xb, yb: linear.hinge_grad(w, xb, yb, alpha),
-                           iterations=default_iterations, server=server, batch=job.opts.batch,
-                           on_eval=on_eval)
+    w = await linear.train_sgd(job, "w", w0, x, job.y,
+                               lambda w, xb, yb: linear.hinge_grad(w, xb, yb, alpha),
+                               iterations=default_iterations, server=server,
+                               batch=job.opts.batch, on_eval=on_eval)
+    if job.ctx.is_evaluator:
+        out["weights"] = w.tolist()   # (d + 1) x outputs, the intercept last
     return out
 
 

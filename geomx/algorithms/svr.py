@@ -52,8 +52,10 @@ async def run(job: AlgorithmJob) -> dict[str, Any]:
             out.update(job.report(it, job.score(lambda _: (x_test @ w)[:, 0]), loss=loss))
 
     o = job.opts
-    await linear.train_sgd(job, "w", w0, x, job.y,
-                           lambda w, xb, yb: linear.epsilon_grad(w, xb, yb, o.alpha, o.epsilon),
-                           iterations=DEFAULT_ITERATIONS, server=server, batch=o.batch,
-                           on_eval=on_eval)
+    w = await linear.train_sgd(job, "w", w0, x, job.y,
+                               lambda w, xb, yb: linear.epsilon_grad(w, xb, yb, o.alpha, o.epsilon),
+                               iterations=DEFAULT_ITERATIONS, server=server, batch=o.batch,
+                               on_eval=on_eval)
+    if job.ctx.is_evaluator:
+        out["weights"] = w.tolist()   # (d + 1) x 1, the intercept last
     return out
