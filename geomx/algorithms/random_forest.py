@@ -70,7 +70,8 @@ async def train_forest(job: AlgorithmJob, tag: str, default_trees: int) -> dict[
     o, c, f = job.opts, job.table.num_classes, job.table.num_features
     count, m = job.planned_iterations(default_trees), candidates(job.opts, f)
     await job.declare(**trees.bin_keys(job),
-                      **trees.level_keys("hist", count, o.depth, m, o.max_bins, c + 1))
+                      **trees.level_keys("hist", count, o.depth, m, o.max_bins, c + 1,
+                                         sampled=m < f))
     if job.is_master:
         return {}
     edges = await trees.compute_bins(job, o.max_bins)
@@ -81,7 +82,7 @@ async def train_forest(job: AlgorithmJob, tag: str, default_trees: int) -> dict[
     stats[..., c] = weights
     forest = await trees.grow(job, "hist", xb, stats, depth=o.depth, bins=o.max_bins,
                               gain=trees.gini_gain, value=trees.class_values, min_leaf=1.0,
-                              feature_sets=feature_draws(job, count, m, tag),
+                              feature_sets=feature_draws(job, count, m, tag) if m < f else None,
                               before_round=job.compute)
     proba = forest.predict(xb_test).mean(axis=0)
     out: dict[str, Any] = {}

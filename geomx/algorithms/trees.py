@@ -134,9 +134,13 @@ class Forest:
 
 
 def level_keys(name: str, trees: int, depth: int, features: int, bins: int,
-               channels: int) -> dict[str, np.ndarray]:
-    """One key per level: the histograms of its ``2^level`` nodes per tree."""
-    return {f"{name}{lvl}": np.zeros((trees, 2 ** lvl, features, bins, channels))
+               channels: int, *, sampled: bool = False) -> dict[str, np.ndarray]:
+    """One key per level: the histograms of its ``2^level`` nodes per tree -- of only the
+    left children below the root unless each node draws its own features (``sampled``):
+    a right child's histogram is its parent's minus its sibling's (LightGBM's histogram
+    subtraction), which halves what travels."""
+    return {f"{name}{lvl}": np.zeros((trees, 2 ** lvl if sampled or lvl == 0 else 2 ** (lvl - 1),
+                                      features, bins, channels))
             for lvl in range(depth)}
 
 
@@ -159,27 +163,42 @@ async def grow(job: AlgorithmJob, key: str, xb: np.ndarray, stats: np.ndarray, *
     threshold = np.zeros((t_count, nodes), dtype=np.int64)
     value_all: np.ndarray | None = None
     pos = np.zeros((t_count, n), dtype=np.int64)  # heap index, -1 when in a leaf
+    previous: np.ndarray | None = None            # the last level's summed histograms
     for lvl in range(depth):
         width, offset = 2 ** lvl, 2 ** lvl - 1
         sets = (np.broadcast_to(np.arange(f_count), (t_count, width, f_count))
                 if feature_sets is None else feature_sets(lvl, width))
         m = sets.shape[2]
-        hist = np.zeros((t_count, width, m, bins, channels))
+        subtract = feature_sets is None and previous is not None
+        step = 2 if subtract else 1                # push left children only, or every node
+        hist = np.zeros((t_count, width // step, m, bins, channels))
         for t in range(t_count):
             live = np.nonzero(pos[t] >= 0)[0]
+            local = pos[t, live] - offset
+            if subtract:
+                keep = local % 2 == 0
+                live, local = live[keep], local[keep]
             if len(live) == 0:
                 continue
-            local = pos[t, live] - offset
             chosen = sets[t, local]                                   # (n_live, m)
             xsel = np.take_along_axis(xb[live], chosen, axis=1)
-            flat = ((local[:, None] * m + np.arange(m)[None, :]) * bins + xsel).ravel()
+            slot = local // step
+            flat = ((slot[:, None] * m + np.arange(m)[None, :]) * bins + xsel).ravel()
             for c in range(channels):
                 hist[t, ..., c] = np.bincount(flat, weights=np.repeat(stats[t, live, c], m),
-                                              minlength=width * m * bins
-                                              ).reshape(width, m, bins)
+                                              minlength=(width // step) * m * bins
+                                              ).reshape(width // step, m, bins)
         if before_round is not None:
             await before_round()
         hist = await job.allreduce(f"{key}{lvl}", hist)
+        if subtract:
+            assert previous is not None
+            full = np.zeros((t_count, width, m, bins, channels))
+            full[:, 0::2] = hist
+            parent_split = feature[:, 2 ** (lvl - 1) - 1:2 ** lvl - 1] >= 0     # (T, width/2)
+            full[:, 1::2] = np.where(parent_split[..., None, None, None], previous - hist, 0.0)
+            hist = full
+        previous = hist
         parent = hist[:, :, 0].sum(axis=2)  # (T, width, C): any feature's bins add up
         if value_all is None:
             root = value(parent)                                      # (T, 1, V)
