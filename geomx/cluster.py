@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from geomx.algorithms.data import GENERATED as GENERATED_TABLES
+from geomx.algorithms.program import PROGRAM as ALGORITHM_PROGRAM
+from geomx.algorithms.program import state_bytes as algorithm_state_bytes
 from geomx.ml.flops import model_key_flops, preset_key_flops
 from geomx.node.global_server import GlobalServer
 from geomx.node.layered import normalised_shares
@@ -146,7 +149,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if t.model == "mlp":
         model_kwargs["hidden"] = list(t.hidden)
     dataset_kwargs: dict[str, Any] = dict(t.dataset_options)
-    if t.dataset == "synthetic":
+    if t.dataset in ("synthetic", *GENERATED_TABLES):
         dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
                           "n_classes": t.synthetic_classes}
     worker_lr = t.worker_lr or t.lr
@@ -164,7 +167,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         max_wall_s=s.run.max_wall_time_s,
         phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
-        sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
+        sync=dict(job.sync), program=ALGORITHM_PROGRAM if t.algorithm else t.program,
+        program_args=list(t.program_args), algorithm=t.algorithm,
     )
     if t.layer_compute != "off":
         train.layer_shares = layer_shares(s, train)
@@ -274,7 +278,11 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps
-    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else         sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    if train.algorithm:
+        model_bytes = algorithm_state_bytes(train, job.num_all_workers)
+    else:
+        model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
+            sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
     fan_in = max([len(job.party_dcs), job.num_all_workers if job.mode == "flat_ps" else 0,
                   *(len(v) for v in job.workers_of.values())])
     rate_bps, rtt_s = _slowest_link_bps(s)

@@ -8,6 +8,8 @@ import math
 from typing import Any
 
 from geomx.optim.registry import OPTIMIZER_NAMES, SERVER_ONLY, create_optimizer
+from geomx.algorithms.data import TABLE_DATASETS
+from geomx.algorithms.registry import ALGORITHM_NAMES
 from geomx.scenario.errors import ScenarioError, quote_list
 from geomx.scenario.kinds import Choice, Integer, ListOf, Real, Section, Text, setting
 
@@ -62,10 +64,14 @@ class TrainingConfig(Section):
     model: str = setting(Choice(*MODELS), "mlp",
                          "`phantom`: tensors with sizes only (no data), for emulating large models.")
     hidden: tuple[int, ...] = setting(ListOf(Integer(min=1)), [64], "Hidden layer sizes of the mlp.")
-    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic", *FILE_DATASETS), "digits",
+    dataset: str = setting(Choice(*IMAGE_DATASETS, "synthetic", *FILE_DATASETS, *TABLE_DATASETS),
+                           "digits",
                            "`digits`: scikit-learn 8x8 digits; `synthetic`: seeded generated data (see "
                            "synthetic_*); `cifar10`: the CIFAR-10 python batches; `libsvm` / `csv`: your "
-                           "tabular file in data_path (features scaled to [0, 1], labels mapped to 0..K-1).")
+                           "tabular file in data_path (features scaled to [0, 1], labels mapped to 0..K-1). "
+                           "With `algorithm` only: scikit-learn's shipped `iris`, `wine`, `breast_cancer`, "
+                           "`diabetes` and generated `blobs`, `classification`, `regression`, `moons` "
+                           "(sizes from synthetic_*), standardised (geomx/algorithms/data.py).")
     data_path: str = setting(Text(), "",
                              "mnist / fashion_mnist: directory with the IDX files, or an .npz file; "
                              "cifar10: cifar-10-batches-py/ or cifar-10-python.tar.gz; libsvm / csv: the "
@@ -127,6 +133,10 @@ class TrainingConfig(Section):
     program_args: tuple[str, ...] = setting(ListOf(Text()), [],
                                             "Arguments for the program (`ctx.args`), as on a command "
                                             "line: `geomx run S --program p.py -- --lr 0.1`.")
+    algorithm: str = setting(Choice("", *ALGORITHM_NAMES), "",
+                             "A machine-learning algorithm trained through the kvstore instead of a model "
+                             "(docs/algorithms.md); its options go in program_args (`[\"--clusters\", \"5\"]`), "
+                             "`[run] iterations` counts its iterations. Empty: train `model`.")
     global_grad_scale: str = setting(Choice("mean", "sum"), "mean",
                                      "What the global optimizer gets: `mean`: the workers' summed "
                                      "gradients / num_all_workers; `sum`: GeoMX's sum of the "
@@ -180,6 +190,15 @@ class TrainingConfig(Section):
                 f"dataset = {self.dataset!r} reads your file and needs data_path; allowed: a path to a "
                 f"{self.dataset} file (relative to the scenario file)",
                 path=f"{path}.data_path", value=self.data_path, allowed=f"a {self.dataset} file")
+        if self.algorithm:
+            self._check_algorithm(path)
+        elif self.dataset in TABLE_DATASETS:
+            raise ScenarioError(
+                f"dataset {self.dataset!r} is a table for the algorithms; allowed with a model: "
+                f"{quote_list((*IMAGE_DATASETS, 'synthetic', *FILE_DATASETS))}, or set "
+                "training.algorithm",
+                path=f"{path}.dataset", value=self.dataset,
+                allowed=quote_list((*IMAGE_DATASETS, "synthetic", *FILE_DATASETS)))
         if self.model == "phantom":
             given = [k for k, v in (("phantom_params", self.phantom_params),
                                     ("phantom_layers", self.phantom_layers),
@@ -196,3 +215,33 @@ class TrainingConfig(Section):
                 f"model = 'cnn' needs an image dataset, got {self.dataset!r}; allowed: {quote_list(IMAGE_DATASETS)}",
                 path=f"{path}.dataset", value=self.dataset, allowed=quote_list(IMAGE_DATASETS))
 
+
+    def _check_algorithm(self, path: str) -> None:
+        """``algorithm`` replaces ``model`` and ``program``: setting both is refused."""
+        for key, value, default in (("model", self.model, "mlp"), ("program", self.program, ""),
+                                    ("layer_compute", self.layer_compute, "off")):
+            if value != default:
+                raise ScenarioError(
+                    f"set either training.algorithm ({self.algorithm!r}) or training.{key} "
+                    f"({value!r}), not both; allowed with an algorithm: {key} = {default!r}",
+                    path=f"{path}.{key}", value=value, allowed=repr(default))
+        from geomx.algorithms.data import REGRESSION
+        from geomx.algorithms.job import AlgorithmError
+        from geomx.algorithms.program import check_options
+        from geomx.algorithms.registry import info_of
+
+        task = info_of(self.algorithm).task
+        is_regression = self.dataset in REGRESSION
+        if task in ("classification", "regression") and is_regression != (task == "regression"):
+            fits = (quote_list(REGRESSION) if task == "regression"
+                    else f"any other than {quote_list(REGRESSION)}")
+            raise ScenarioError(
+                f"algorithm {self.algorithm!r} needs a {task} data set, {self.dataset!r} is "
+                f"{'regression' if is_regression else 'classification'}; allowed: {fits}",
+                path=f"{path}.dataset", value=self.dataset, allowed=fits)
+
+        try:
+            check_options(self.algorithm, self.program_args)
+        except AlgorithmError as e:
+            raise ScenarioError(str(e), path=f"{path}.program_args", value=list(self.program_args),
+                                allowed="the algorithm's options (docs/algorithms.md)") from None
