@@ -89,6 +89,7 @@ def _with_program(scenario, program: str | None, args: list[str] | None):
         t = dataclasses.replace(t, program=where + (sep + fn if sep else ""))
     if args is not None:
         t = dataclasses.replace(t, program_args=tuple(args))
+    t._check("training")  # e.g. an algorithm's options, or a program beside an algorithm
     return dataclasses.replace(scenario, training=t)
 
 
@@ -308,7 +309,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"geomx: scenario file not found: {e.filename or args.scenario}", file=sys.stderr)
         return 2
     if getattr(args, "program", None) or program_args is not None:
-        scenario = _with_program(scenario, getattr(args, "program", None), program_args)
+        try:
+            scenario = _with_program(scenario, getattr(args, "program", None), program_args)
+        except ScenarioError as e:
+            print(f"geomx: {e}", file=sys.stderr)
+            return 2
     if args.command == "validate":
         sys.stdout.write(scenario_to_toml(scenario))
         print(f"# OK: {args.scenario} is valid", file=sys.stderr)
@@ -331,10 +336,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
     s = result.summary
     acc = "n/a" if s.final_accuracy is None else f"{s.final_accuracy:.4f}"
     emu = "" if s.emulated_seconds is None else f", emulated {s.emulated_seconds:.2f} s"
+    final = (s.extra or {}).get("final_eval", {})
+    metric = "accuracy"
+    if s.final_accuracy is None and isinstance(final.get("score"), (int, float)):
+        metric, acc = str(final.get("metric", "score")), f"{final['score']:.4f}"  # algorithms
     print(f"run folder: {result.run_dir}")
     if scenario.checkpoint.resume_from:
         print(f"resumed from checkpoint {scenario.checkpoint.resume_from}")
-    print(f"final accuracy {acc} after {s.iterations} iterations{emu}, wall "
+    print(f"final {metric} {acc} after {s.iterations} iterations{emu}, wall "
           f"{s.wall_seconds:.2f} s, WAN {s.bytes_wan / 1e6:.2f} MB, LAN {s.bytes_lan / 1e6:.2f} MB")
     reason = (s.extra or {}).get("final_eval", {}).get("stop_reason")
     if reason:

@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from geomx.algorithms.data import GENERATED as GENERATED_TABLES
+from geomx.algorithms.program import PROGRAM as ALGORITHM_PROGRAM
+from geomx.algorithms.program import state_bytes as algorithm_state_bytes
 from geomx.ml.flops import model_key_flops, preset_key_flops
 from geomx.node.global_server import GlobalServer
 from geomx.node.layered import normalised_shares
@@ -56,17 +59,15 @@ class JobPlan:
         return self.job.all_nodes()
 
 
-def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | None:
-    if name == "none":
-        return None
-    cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+def _optimizer_config(name: str, lr: float, s: Scenario, which: str = "optimizer") -> dict[str, Any] | None:
+    """``name`` is ``s.training.<which>``; the options come from ``<which>_options``."""
+    extra: dict[str, Any] = {}
     if s.training.global_grad_scale == "sum":
-        cfg["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
-    if name in ("momentum", "nesterov"):
-        cfg["momentum"] = s.training.momentum
+        extra["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
     if name.startswith("dcasgd"):
-        cfg["lamda"] = s.sync.dcasgd_lambda
-    return cfg
+        extra["lamda"] = s.sync.dcasgd_lambda
+    assert getattr(s.training, which) == name
+    return s.training.optimizer_config(which, lr, extra)
 
 
 def _phantom_sizes(s: Scenario) -> list[int]:
@@ -147,8 +148,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     model_kwargs: dict[str, Any] = {}
     if t.model == "mlp":
         model_kwargs["hidden"] = list(t.hidden)
-    dataset_kwargs: dict[str, Any] = {}
-    if t.dataset == "synthetic":
+    dataset_kwargs: dict[str, Any] = dict(t.dataset_options)
+    if t.dataset in ("synthetic", *GENERATED_TABLES):
         dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
                           "n_classes": t.synthetic_classes}
     worker_lr = t.worker_lr or t.lr
@@ -159,14 +160,15 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
                           if uses_global_optimizer(algorithm) else None),
-        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
+        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s, "worker_optimizer") or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
         target_accuracy=s.run.target_accuracy, max_emulated_s=s.run.max_emulated_time_s,
         max_wall_s=s.run.max_wall_time_s,
         phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
-        sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
+        sync=dict(job.sync), program=ALGORITHM_PROGRAM if t.algorithm else t.program,
+        program_args=list(t.program_args), algorithm=t.algorithm,
     )
     if t.layer_compute != "off":
         train.layer_shares = layer_shares(s, train)
@@ -276,7 +278,11 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps
-    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else         sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    if train.algorithm:
+        model_bytes = algorithm_state_bytes(train, job.num_all_workers)
+    else:
+        model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
+            sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
     fan_in = max([len(job.party_dcs), job.num_all_workers if job.mode == "flat_ps" else 0,
                   *(len(v) for v in job.workers_of.values())])
     rate_bps, rtt_s = _slowest_link_bps(s)

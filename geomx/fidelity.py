@@ -214,7 +214,8 @@ def report_table(rows: Sequence[dict], shapers: Sequence[str]) -> str:
 
 
 def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.PathLike) -> None:
-    """Grouped bars: emulated and real seconds per iteration for each case."""
+    """Two panels: seconds per iteration (emulated and real, per case) and the real runs'
+    relative error against the emulator, with the +-10% band issue 13 asks for."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,17 +223,27 @@ def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.Pat
 
     series = [("emulated", "emu_s_per_iter")] + [(f"real ({sh})", f"{sh}_s_per_iter")
                                                   for sh in shapers]
+    labels = [r["case"].split(":")[0][:22] for r in rows]
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(rows) + 2), 6.4),
+                                      sharex=True)
     width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows) + 2), 4.2))
     for i, (label, key) in enumerate(series):
         xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(rows))]
-        ax.bar(xs, [r[key] or 0.0 for r in rows], width, label=label)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels([r["case"].split(":")[0][:22] for r in rows], rotation=30, ha="right",
-                       fontsize=8)
-    ax.set_ylabel("seconds per iteration")
-    ax.set_title("Real runtime vs emulator, per iteration")
-    ax.legend(fontsize=8)
+        top.bar(xs, [r[key] or 0.0 for r in rows], width, label=label)
+    top.set_yscale("log")
+    top.set_ylabel("seconds per iteration")
+    top.set_title("Real runtime vs emulator, per iteration")
+    top.legend(fontsize=8)
+    width = 0.8 / len(shapers)
+    for i, sh in enumerate(shapers):
+        xs = [j + (i - (len(shapers) - 1) / 2) * width for j in range(len(rows))]
+        bottom.bar(xs, [100 * (r[f"{sh}_error"] or 0.0) for r in rows], width,
+                   label=f"real ({sh})", color=f"C{i + 1}")
+    bottom.axhspan(-10, 10, color="0.9", zorder=0)
+    bottom.axhline(0, color="0.3", lw=0.8)
+    bottom.set_ylabel("real / emulated - 1 (%)")
+    bottom.set_xticks(range(len(rows)))
+    bottom.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -228,13 +228,24 @@ def test_keep_prunes_old_and_incomplete_rounds(tmp_path: Path) -> None:
 
 
 def test_state_trees_round_trip_without_pickle(tmp_path: Path) -> None:
-    from geomx.codec.base import CodecState
-    from geomx.optim.adam import AdamState
+    import dataclasses
 
+    from geomx.codec.base import CodecState
+    from geomx.optim import create_optimizer
+
+    @dataclasses.dataclass
+    class Moments:  # a dataclass state (codec states are), filled back into a fresh one
+        mean: np.ndarray
+        var: np.ndarray
+        t: int = 0
+
+    adam_state = create_optimizer("adam").create_state(0, np.ones(2, np.float32))
+    adam_state["t"] = 5
     state = {"none": None, "nd": np.arange(4, dtype=np.float16), "tuple": (np.ones(2), 3),
              "dict": {1: {"sender": np.zeros(2)}, ("wan", 2, 0): [1.5, float("inf")]},
-             "scalar": np.float32(0.25), "adam": AdamState(np.ones(2, np.float32),
-                                                            np.zeros(2, np.float32), t=7)}
+             "scalar": np.float32(0.25), "adam": Moments(np.ones(2, np.float32),
+                                                         np.zeros(2, np.float32), t=7),
+             "adam_dict": adam_state}
     arrays: dict[str, np.ndarray] = {}
     tree = ckpt.pack(state, arrays, "s")
     ckpt.write_node_file(tmp_path / "n.npz", arrays, {"state": tree})
@@ -245,9 +256,10 @@ def test_state_trees_round_trip_without_pickle(tmp_path: Path) -> None:
     assert isinstance(out["tuple"], tuple) and out["tuple"][1] == 3
     assert out["dict"][("wan", 2, 0)] == [1.5, float("inf")]
     assert out["scalar"] == np.float32(0.25) and out["scalar"].dtype == np.float32
-    adam = ckpt.restore_into(out["adam"], AdamState(np.zeros(2, np.float32),
-                                                    np.zeros(2, np.float32)))
+    adam = ckpt.restore_into(out["adam"], Moments(np.zeros(2, np.float32),
+                                                  np.zeros(2, np.float32)))
     assert adam.t == 7 and adam.mean.tolist() == [1.0, 1.0]
+    assert out["adam_dict"]["t"] == 5 and set(out["adam_dict"]) == set(adam_state)
     with pytest.raises(ckpt.CheckpointError, match="cannot checkpoint a object"):
         ckpt.pack({"x": object()}, {}, "s")
     assert CodecState  # codec states are saved field by field (restore_codec_states)

@@ -202,7 +202,7 @@ class Node:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None and not isinstance(exc, NodeStopped) and self.failure is None:
+        if exc is not None and not _caused_by_stop(exc) and self.failure is None:
             self.failure = exc
             log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
             self.stop()
@@ -394,3 +394,16 @@ class Node:
             self._running = False
         if self.failure is not None:
             raise self.failure
+
+
+def _caused_by_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is the node being stopped, directly or through what it caused (a
+    kvstore call failing because its node was stopped is not a second failure to log
+    with a traceback)."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, NodeStopped):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

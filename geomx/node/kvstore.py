@@ -584,6 +584,14 @@ class _OptimizerNamespace:
     SGD = _OptimizerSpelling("sgd")
     DCASGD = _OptimizerSpelling("dcasgd")
     NAG = _OptimizerSpelling("nesterov")
+    AdaGrad = _OptimizerSpelling("adagrad")
+    RMSProp = _OptimizerSpelling("rmsprop")
+    AdaDelta = _OptimizerSpelling("adadelta")
+    Adamax = _OptimizerSpelling("adamax")
+    Nadam = _OptimizerSpelling("nadam")
+    Ftrl = _OptimizerSpelling("ftrl")
+    Signum = _OptimizerSpelling("signum")
+    LAMB = _OptimizerSpelling("lamb")
 
 
 optimizer = _OptimizerNamespace()

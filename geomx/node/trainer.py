@@ -63,6 +63,7 @@ class TrainSpec:
     seed: int = 0
     sync: dict[str, Any] = field(default_factory=dict)
     program: str = ""                                  # "" = the built-in loop (train_program)
+    algorithm: str = ""                                # [training] algorithm (geomx/algorithms)
     program_args: list[str] = field(default_factory=list)
     #: per-layer compute model (geomx/node/layered.py): per-key compute shares, [] = off
     layer_shares: list[float] = field(default_factory=list)

@@ -432,6 +432,8 @@ def _check_checkpoint(s: Scenario) -> None:
          "'hips', 'flat'"),
         (bool(s.training.program), "training.program", s.training.program,
          "a user program's loop state is its own", '"" (the built-in trainer)'),
+        (bool(s.training.algorithm), "training.algorithm", s.training.algorithm,
+         "an algorithm's pass over its data is not saved", '"" (a model)'),
         (s.training.model == "phantom", "training.model", "phantom",
          "a phantom model has no values to save", "a real model"),
         (s.training.layer_compute != "off", "training.layer_compute",
@@ -498,3 +500,25 @@ def _check_restart(s: Scenario) -> None:
                 "the real launcher does not restart crashed nodes; allowed: duration = 0s "
                 "(restart the worker yourself with geomx node --rejoin)",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+
+
+@scenario_check
+def _check_algorithm(s: Scenario) -> None:
+    """``[training] algorithm``: a sync algorithm it supports, iterations not epochs."""
+    name = s.training.algorithm
+    if not name:
+        return
+    from geomx.algorithms.registry import info_of
+
+    info = info_of(name)
+    sync = s.sync.algorithm
+    if sync != "auto" and sync not in info.syncs:
+        raise ScenarioError(
+            f"training.algorithm = {name!r} runs under {quote_list(info.syncs)} only, not "
+            f"{sync!r}; allowed: {quote_list(('auto', *info.syncs))}",
+            path="sync.algorithm", value=sync, allowed=quote_list(("auto", *info.syncs)))
+    if s.run.epochs > 0:
+        raise ScenarioError(
+            f"run.epochs is for models; training.algorithm = {name!r} counts "
+            f"{info.iteration}s in run.iterations; allowed: epochs = 0",
+            path="run.epochs", value=s.run.epochs, allowed="0")
