@@ -15,7 +15,8 @@ Contenders (``bench/peers_side.py`` says exactly what each does):
 
 * **geomx**: ``geomx.kv`` through ``geomx run --runtime real`` (TcpTransport, flat PS, one
   global server, ``[real] shape = false``, optimizer ``none`` so the server stores what it
-  is pushed), program ``bench/peers_geomx.py``;
+  is pushed, ``[metrics] events = false`` unless ``--events``), program
+  ``bench/peers_geomx.py``;
 * **mxnet**: MXNet 1.9.1 ``dist_sync`` kvstore (ps-lite over ZeroMQ, GeoMX's own base) in
   the Python given by ``--mxnet-python`` (a separate venv:
   ``pip install 'numpy<1.24' mxnet==1.9.1``), scheduler, server and worker processes with
@@ -122,6 +123,11 @@ dataset = "digits"
 
 [real]
 shape = false
+
+[metrics]
+events = {"true" if args.events else "false"}
+trace = false
+plot = false
 """)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "geomx", "run", str(scenario), "--out",
@@ -234,6 +240,9 @@ def main() -> None:
     p.add_argument("--torch-python", default="")
     p.add_argument("--only", default="", help=f"comma-separated subset of {','.join(PEERS)}")
     p.add_argument("--timeout-s", type=float, default=300.0)
+    p.add_argument("--events", action="store_true",
+                   help="geomx writes events.jsonl (a line per message; off by default, as "
+                        "a production job would run)")
     p.add_argument("--json", default="")
     args = p.parse_args()
     runs, skipped = available(args)
