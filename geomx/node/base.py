@@ -82,6 +82,10 @@ class Node:
         self.failed_node: str = ""
         self.failed_reason: str = ""
         self._send_nowait = getattr(transport, "send_nowait", None)
+        #: while a BATCH's requests are dispatched: the peer it came from and the replies
+        #: its handlers gave at once (they go back as one BATCH)
+        self._collect_dst: str | None = None
+        self._collected: list[Message] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
@@ -141,6 +145,9 @@ class Node:
         holds up only its own queue, never heartbeats or replies to anybody else.
         """
         assert self._running, "node not running"
+        if msg.dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
+            self._collected.append(msg)
+            return
         q = self._outboxes.get(msg.dst)
         if self._send_nowait is not None and (q is None or q.empty()) \
                 and not self._sending.get(msg.dst):
@@ -189,6 +196,51 @@ class Node:
             raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
                               f"{reply.meta.get('reason', '?')}")
         return reply
+
+    async def request_many(self, msgs: list[Message]) -> list[Message]:
+        """:meth:`request` for many messages, those to one peer sent as one BATCH.
+
+        The replies come back in order; a peer answers the requests its handlers can
+        answer at once in one BATCH too (see :meth:`dispatch`). Like ps-lite, which sends
+        a worker's list of keys to a server as one message rather than one per key.
+        """
+        by_dst: dict[str, list[Message]] = {}
+        for m in msgs:
+            by_dst.setdefault(m.dst, []).append(m)
+        if all(len(group) == 1 for group in by_dst.values()):
+            return list(await asyncio.gather(*(self.request(m) for m in msgs)))
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Message]] = []
+        for m in msgs:
+            m.request_id = self._next_request_id
+            self._next_request_id += 1
+            fut = loop.create_future()
+            self._pending[m.request_id] = fut
+            futs.append(fut)
+        for dst, group in by_dst.items():
+            self.post(group[0] if len(group) == 1 else
+                      Message(Kind.BATCH, self.name, dst, priority=max(m.priority for m in group),
+                              batch=group))
+        try:
+            if self.request_timeout_s > 0:
+                try:
+                    replies = await asyncio.wait_for(asyncio.gather(*futs), self.request_timeout_s)
+                except asyncio.TimeoutError:
+                    late = next(m for m, f in zip(msgs, futs) if not f.done())
+                    raise NodeFailure(f"{self.name}: no reply from {late.dst} to "
+                                      f"{late.kind.name} key={late.key} within "
+                                      f"{self.request_timeout_s:g} s (membership.request_timeout)"
+                                      ) from None
+            else:
+                replies = await asyncio.gather(*futs)
+        finally:
+            for m in msgs:
+                self._pending.pop(m.request_id, None)
+        for m, reply in zip(msgs, replies):
+            if reply.kind == Kind.ERROR:
+                raise RemoteError(f"{reply.src} refused {m.kind.name} key={m.key}: "
+                                  f"{reply.meta.get('reason', '?')}")
+        return list(replies)
 
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
@@ -251,6 +303,9 @@ class Node:
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
+        if msg.kind == Kind.BATCH:
+            self._dispatch_batch(msg)
+            return
         if msg.kind == Kind.SHUTDOWN:
             self.gone.add(msg.src)
         if msg.kind in REPLY_KINDS:
@@ -272,6 +327,22 @@ class Node:
         except Exception as e:  # a bad request must not take the node down
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
             self.reply_error(msg, f"{type(e).__name__}: {e}")
+
+    def _dispatch_batch(self, msg: Message) -> None:
+        """Each message of a BATCH as if it came alone; the replies given at once go back
+        as one BATCH (those given later, e.g. a pull waiting for its round, go alone)."""
+        outer = self._collect_dst, self._collected
+        self._collect_dst, self._collected = msg.src, []
+        try:
+            for sub in msg.batch or ():
+                self.dispatch(sub)
+        finally:
+            replies = self._collected
+            self._collect_dst, self._collected = outer
+        if len(replies) == 1:
+            self.post(replies[0])
+        elif replies:
+            self.post(Message(Kind.BATCH, self.name, msg.src, batch=replies))
 
     def _on_node_failed(self, msg: Message) -> None:
         """A scheduler says a node died: stop with an error naming it -- or, when the job

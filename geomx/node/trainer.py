@@ -24,6 +24,7 @@ samples (not the mean of batch means) and is computed by one evaluator every
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -170,7 +171,9 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     params = initial_params(spec) if spec.phantom else model.params
     node.params = params  # for inspection by tests and notebooks
     await kv.init(list(range(len(params))), params)  # one barrier for all keys
-    await kv.pull(list(range(len(params))), out=params)
+    # one pull per key, as before list calls became one BATCH per server (issue 16): the
+    # built-in trainer's emulated timings and event logs stay as they were
+    await asyncio.gather(*(kv.pull(k, out=p) for k, p in enumerate(params)))
 
     sync: Any
     layered = None
