@@ -350,8 +350,15 @@ def test_fuzzing_a_running_global_server_and_scheduler_changes_nothing(scenario_
     assert gs.optimizer.__class__.__name__.lower().startswith("adam")
 
 
+#: The one module that may unpickle: CIFAR-10's python batches are pickles on the user's
+#: disk, read with an unpickler that resolves no name but numpy's array reconstruction.
+DISK_PICKLE_READERS = {"geomx/ml/cifar.py"}
+
+
 def test_no_pickle_on_the_network_path():
-    """Nothing that arrives from a peer is unpickled: no module of geomx can even do it.
+    """Nothing that arrives from a peer is unpickled: no module of geomx can even do it,
+    except the CIFAR-10 file reader, which only a data set loader reaches and which
+    cannot call anything but numpy's array reconstruction.
 
     GeoMX pickles the optimizer and sends it to the global servers (a remote-code
     execution hole for anyone who can reach them); geomx sends it as JSON.
@@ -362,5 +369,16 @@ def test_no_pickle_on_the_network_path():
     unsafe = re.compile(r"^\s*(import|from)\s+(c?pickle|marshal|shelve|dill|cloudpickle)\b"
                         r"|\bpickle\.loads?\(|allow_pickle\s*=\s*True", re.M)
     hits = [f"{p.relative_to(root.parent)}: {m.group(0).strip()}"
-            for p in root.rglob("*.py") for m in unsafe.finditer(p.read_text())]
+            for p in root.rglob("*.py") for m in unsafe.finditer(p.read_text())
+            if str(p.relative_to(root.parent)) not in DISK_PICKLE_READERS]
     assert not hits, hits
+    # the exception is narrow: a restricted unpickler, plain pickle.load never called,
+    # and no module on the network path imports it
+    from geomx.ml.cifar import RestrictedUnpickler
+
+    assert RestrictedUnpickler.find_class is not __import__("pickle").Unpickler.find_class
+    cifar = (root / "ml/cifar.py").read_text()
+    assert not re.search(r"\bpickle\.loads?\(", cifar)
+    for pkg in ("runtime", "node", "sched", "sync", "codec", "optim", "sim", "topology"):
+        for p in (root / pkg).rglob("*.py"):
+            assert "cifar" not in p.read_text(), p
