@@ -178,13 +178,23 @@ class _Path:
         self.messages = 0
 
 
+def _deliver_next(conn: _Connection) -> None:
+    """An arrival timer of ``conn`` fired: deliver its oldest message in flight.
+
+    Arrival timers of one connection are non-decreasing, and each one delivers the
+    oldest message in flight, so order holds even when timers tie."""
+    msg, deliver = conn.in_flight.popleft()
+    conn._network.messages_delivered += 1
+    deliver(msg)
+
+
 class _Connection:
     """One (src, dst, channel) stream: a flow while it has backlog."""
 
     __slots__ = (
         "src", "dst", "channel", "cls", "reliable", "path", "links", "cap_bps", "loopback",
         "queue", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
-        "in_flight", "last_arrival", "deliver_next", "_new", "_fz", "_network",
+        "in_flight", "last_arrival", "_new", "_fz", "_network",
     )
 
     def __init__(self, network: Network, src: str, dst: str, channel: int, path: _Path | None) -> None:
@@ -210,16 +220,8 @@ class _Connection:
         self.packet = False    # current message sent as a single packet (not a flow)
         self.in_flight: deque[tuple[Any, Callable[[Any], None]]] = deque()
         self.last_arrival = -_INF
-        self.deliver_next = self._deliver_next
         self._new = 0.0
         self._fz = -1
-
-    def _deliver_next(self) -> None:
-        # Arrival timers of one connection are non-decreasing, and each one delivers the
-        # oldest message in flight, so order holds even when timers tie.
-        msg, deliver = self.in_flight.popleft()
-        self._network.messages_delivered += 1
-        deliver(msg)
 
     def __repr__(self) -> str:
         return f"Connection({self.src}->{self.dst} ch{self.channel}, {self.rate:g} bps)"
@@ -320,6 +322,7 @@ class Network:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when = _INF
         self._schedule_idle: Callable[..., Any] | None = None
+        self._call_at_plain: Callable[[float, Callable[[Any], Any], Any], Any] | None = None
         # counters
         self.messages_sent = 0
         self.messages_delivered = 0
@@ -568,6 +571,7 @@ class Network:
                                    "build one Network per emulated run")
         self._loop = loop
         self._schedule_idle = getattr(loop, "call_when_idle", None) or loop.call_soon
+        self._call_at_plain = getattr(loop, "call_at_plain", None) or loop.call_at
         self._timer = None
         self._timer_when = _INF
         self._dirty = False
@@ -905,6 +909,7 @@ class Network:
         heappop = heapq.heappop
         heappush = heapq.heappush
         hook = self.on_transfer
+        call_at_plain = self._call_at_plain
         while heap and heap[0][0] <= limit:
             finish, _, conn, gen = heappop(heap)
             if gen != conn.gen:
@@ -926,7 +931,7 @@ class Network:
                     arrival = conn.last_arrival
                 conn.last_arrival = arrival
                 conn.in_flight.append((msg, deliver))
-                loop.call_at(arrival, conn.deliver_next)
+                call_at_plain(arrival, _deliver_next, conn)
             if hook is not None:
                 hook(msg, t_start, arrival, path.link_names, dropped)
             queue = conn.queue
