@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import heapq
 import itertools
 from asyncio import events
@@ -59,6 +60,11 @@ T = TypeVar("T")
 # Rebuild the timer heap when more than this many cancelled timers sit in it and they
 # are more than half of it (wait_for/timeout cancel most of their timers).
 _PURGE_MIN_CANCELLED = 256
+
+# Garbage-collector thresholds while the loop runs (see VirtualTimeLoop.run_forever).
+_GC_YOUNG = 100_000
+_GC_MIDDLE = 20
+_GC_OLD = 100
 
 _Handle = events.Handle
 _TimerHandle = events.TimerHandle
@@ -196,6 +202,28 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
 
     def _process_events(self, event_list: Any) -> None:  # pragma: no cover - no I/O
         pass
+
+    # -- running -----------------------------------------------------------------
+
+    def run_forever(self) -> None:
+        """``BaseEventLoop.run_forever`` with CPython's cyclic garbage collector tuned for
+        an emulation (restored afterwards).
+
+        Every emulated message allocates a handful of container objects (futures,
+        handles, tasks, messages) that die young and almost never in a reference cycle.
+        With the default thresholds (700, 10, 10) the collector runs every few dozen
+        messages and, because whatever is in flight at that moment gets promoted, keeps
+        triggering full collections that walk every live object of every node: the cost
+        per message then grows with the size of the emulated cluster (40% of the CPU on
+        8 DCs x 16 workers). A young generation of 100k objects and rarer older
+        collections keep the collector's work proportional to the garbage made.
+        """
+        old = gc.get_threshold()
+        gc.set_threshold(max(old[0], _GC_YOUNG), max(old[1], _GC_MIDDLE), max(old[2], _GC_OLD))
+        try:
+            super().run_forever()
+        finally:
+            gc.set_threshold(*old)
 
     # -- the hot path ------------------------------------------------------------
 
