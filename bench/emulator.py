@@ -19,6 +19,10 @@ fraction of each.
 
     python bench/emulator.py [--iterations 20] [--profile]
     python bench/emulator.py --scale [--sizes 2x4,4x8,8x16,16x32,16x64] [--tensors 161]
+    python bench/emulator.py --scale --sizes scenarios/scale_1024.toml   # 1,024 workers, 10 iterations
+
+A ``--sizes`` entry may also be a scenario file, run as it is (with events, traces and
+plots off).
 """
 
 from __future__ import annotations
@@ -181,9 +185,16 @@ def main_default(args: argparse.Namespace) -> int:
 
 def main_row(args: argparse.Namespace) -> int:
     """One row of --scale, in its own process: prints a JSON object."""
-    n_dcs, wpd = (int(x) for x in args.row.split("x"))
-    iters = args.iterations if args.iterations_given else SCALE_ITERATIONS.get(n_dcs, 2)
-    r = measure(scaled_scenario(n_dcs, wpd, iters, args.tensors))
+    if args.row.endswith(".toml"):
+        s = load_scenario(args.row, QUIET)
+        worker_dcs = [dc for dc in s.dcs if dc.workers]
+        n_dcs, wpd = len(worker_dcs), max(dc.workers for dc in worker_dcs)
+        iters = s.run.iterations
+    else:
+        n_dcs, wpd = (int(x) for x in args.row.split("x"))
+        iters = args.iterations if args.iterations_given else SCALE_ITERATIONS.get(n_dcs, 2)
+        s = scaled_scenario(n_dcs, wpd, iters, args.tensors)
+    r = measure(s)
     r.pop("profile")
     print(json.dumps({"dcs": n_dcs, "workers_per_dc": wpd, "iterations": iters, **r}))
     return 0
