@@ -13,9 +13,9 @@ time (> 1 means the emulator runs faster than the system it emulates).
 30/40/50/60 ms latencies repeating), each row in a fresh subprocess so its peak RSS is its
 own. Next to it, measured in the same run on geomx's VirtualTimeLoop, the ceiling any
 Python emulator on this loop can reach: a bare ``call_soon`` chain (one callback per
-message) and an ``asyncio.Queue`` put/get pair between two tasks (a message handed to a
-waiting coroutine), both per wall second; the last columns are the emulator's msg/s as a
-fraction of each.
+message), an ``asyncio.Queue`` put/get pair, and a Queue hand-off to a task waiting for
+it (what a node's receive loop costs at least), all per wall second; the last columns
+are the emulator's msg/s as a fraction of the first two.
 
     python bench/emulator.py [--iterations 20] [--profile]
     python bench/emulator.py --scale [--sizes 2x4,4x8,8x16,16x32,16x64] [--tensors 161]
@@ -129,8 +129,22 @@ def call_soon_chain_per_s(n: int = 300_000) -> float:
     return run_virtual(main())
 
 
-def queue_put_get_per_s(n: int = 200_000) -> float:
-    """Messages per wall second through an asyncio.Queue from one task to a waiting one."""
+def queue_put_get_per_s(n: int = 300_000) -> float:
+    """``asyncio.Queue`` put/get pairs per wall second (one task: no switch)."""
+    async def main() -> float:
+        q: asyncio.Queue[int] = asyncio.Queue()
+        t0 = time.perf_counter()
+        for i in range(n):
+            q.put_nowait(i)
+            await q.get()
+        return n / (time.perf_counter() - t0)
+
+    return run_virtual(main())
+
+
+def queue_handoff_per_s(n: int = 200_000) -> float:
+    """Messages per wall second through an ``asyncio.Queue`` from one task to another
+    that waits for each (two task switches a message, as a node's receive loop)."""
     async def main() -> float:
         q: asyncio.Queue[int] = asyncio.Queue()
 
@@ -203,6 +217,7 @@ def main_row(args: argparse.Namespace) -> int:
 def main_scale(args: argparse.Namespace) -> int:
     soon = _best(call_soon_chain_per_s)
     queue = _best(queue_put_get_per_s)
+    handoff = _best(queue_handoff_per_s)
     rows = []
     for size in args.sizes.split(","):
         cmd = [sys.executable, __file__, "--row", size, "--tensors", str(args.tensors)]
@@ -212,7 +227,8 @@ def main_scale(args: argparse.Namespace) -> int:
         rows.append(json.loads(out.strip().splitlines()[-1]))
     print(f"phantom ResNet-50 ({args.tensors} tensors, 25.6M params), FSA, HiPS; "
           f"ceiling on VirtualTimeLoop: call_soon chain {soon / 1e3:.0f}k/s, "
-          f"asyncio.Queue put/get {queue / 1e3:.0f}k/s")
+          f"asyncio.Queue put/get {queue / 1e3:.0f}k/s, Queue hand-off to a waiting task "
+          f"{handoff / 1e3:.0f}k/s (wall, best of 3)")
     print(f"{'DCs x w':>8} {'workers':>7} {'iters':>5} {'tensors':>7} {'messages':>9} {'wall s':>7} "
           f"{'msg/s':>8} {'msg/CPUs':>8} {'us/msg':>7} {'emu/wall':>8} {'wall s/it':>9} "
           f"{'RSS MiB':>8} {'/soon':>6} {'/queue':>6}")
