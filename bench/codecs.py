@@ -11,11 +11,20 @@ load changes during a run), with any mutated state restored before each repetiti
 (outside the timed region). Throughput is bytes of fp32 *input* (4 * N) per second, whatever
 the operation reads or writes, so rows compare with each other and with link speeds
 (1 Gbps = 0.125 GB/s). The targets are the issue's, for this 2-core machine.
+
+Two more columns put each row against ceilings measured in the same run: "of copy" is
+``np.copyto`` of the same 25M array over the kernel's time (the machine's memory copy
+speed), and "x torch" is torch CPU's time for the same operation
+(``bench/codecs_torch.py``, same input and thread count) over the kernel's, > 1 = geomx
+faster. torch comes from this Python or ``--torch-python PATH`` (a venv with torch);
+without it the columns say so and stay empty.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +43,11 @@ class Row:
     numpy_s: float | None
     target: str = ""
     ok: bool | None = None
+    #: the same operation the torch way (bench/codecs_torch.py), and its best seconds
+    torch_op: str = ""
+    torch_s: float | None = None
+    #: values a sparsifying encode kept (torch's top-k keeps as many)
+    sent: int = 0
 
 
 def best_of(fn: Callable[[], object], repeat: int, setup: Callable[[], None] | None = None) -> float:
@@ -87,21 +101,22 @@ def cpu_rows(n: int, repeat: int, threshold: float, seed: int) -> list[Row]:
     enc16 = fp16.encode(0, x)
     assert np.array_equal(enc16.arrays[0].view(np.uint16), ref.f32_to_f16(x).view(np.uint16)), "fp16 mismatch"
     t_k, t_np = paired(lambda: fp16.encode(0, x), lambda: ref.f32_to_f16(x), repeat)
-    rows.append(Row("fp16 encode", t_k, t_np, ">= 4x numpy astype", t_np / t_k >= 4))
+    rows.append(Row("fp16 encode", t_k, t_np, ">= 4x numpy astype", t_np / t_k >= 4,
+                    torch_op="fp16 encode"))
     out = np.empty(n, np.float32)
     h = enc16.arrays[0]
     t_k, t_np = paired(lambda: decode(enc16, out=out), lambda: np.copyto(out, h), repeat)
-    rows.append(Row("fp16 decode", t_k, t_np))
+    rows.append(Row("fp16 decode", t_k, t_np, torch_op="fp16 decode"))
 
     # -- bf16
     bf16 = BF16Codec()
     encb = bf16.encode(0, x)
     assert np.array_equal(encb.arrays[0], ref.f32_to_bf16(x)), "bf16 mismatch"
     t_k, t_np = paired(lambda: bf16.encode(0, x), lambda: ref.f32_to_bf16(x), repeat)
-    rows.append(Row("bf16 encode", t_k, t_np))
+    rows.append(Row("bf16 encode", t_k, t_np, torch_op="bf16 encode"))
     hb = encb.arrays[0]
     t_k, t_np = paired(lambda: decode(encb, out=out), lambda: ref.bf16_to_f32(hb), repeat)
-    rows.append(Row("bf16 decode", t_k, t_np))
+    rows.append(Row("bf16 decode", t_k, t_np, torch_op="bf16 decode"))
     del encb, hb, enc16, h
 
     # -- Bi-Sparse: state after one warm round, restored before every repetition
@@ -132,19 +147,21 @@ def cpu_rows(n: int, repeat: int, threshold: float, seed: int) -> list[Row]:
     assert np.array_equal(state.v, rv) and np.array_equal(state.u, ru), "bsc state mismatch"
     t_k, t_np = paired(lambda: bsc.encode(7, x, state), numpy_push, repeat, restore)
     rows.append(Row(f"bsc encode (r={threshold:g}, {enc.arrays[0].size} sent)", t_k, t_np,
-                    ">= 3x numpy and >= 1.5 GB/s", t_np / t_k >= 3 and gbps(n, t_k) >= 1.5))
+                    ">= 3x numpy and >= 1.5 GB/s", t_np / t_k >= 3 and gbps(n, t_k) >= 1.5,
+                    torch_op="top-k sparsify", sent=int(enc.arrays[0].size)))
 
     acc = np.zeros(n, np.float32)
     vals, idx = enc.arrays
     t_k, t_np = paired(lambda: decode(enc, out=acc, accumulate=True), lambda: ref.scatter_add(acc, idx, vals), repeat)
-    rows.append(Row("bsc decode (scatter-add into out)", t_k, t_np, ">= 5 GB/s", gbps(n, t_k) >= 5))
+    rows.append(Row("bsc decode (scatter-add into out)", t_k, t_np, ">= 5 GB/s", gbps(n, t_k) >= 5,
+                    torch_op="scatter-add decode"))
     def numpy_dense() -> np.ndarray:
         o = np.zeros(n, np.float32)
         o[idx] = vals
         return o
 
     t_k, t_np = paired(lambda: decode(enc), numpy_dense, repeat)
-    rows.append(Row("bsc decode (new dense array)", t_k, t_np))
+    rows.append(Row("bsc decode (new dense array)", t_k, t_np, torch_op="dense decode"))
 
     # pull side: the GS re-sparsifies the sum of D = 2 pushes
     agg = np.zeros(n, np.float32)
@@ -168,11 +185,11 @@ def cpu_rows(n: int, repeat: int, threshold: float, seed: int) -> list[Row]:
         np.copyto(rr, r0)
 
     t_k, t_np = paired(lambda: ob.encode(0, x, ost), lambda: ref.onebit_encode(x, rr), repeat, orestore)
-    rows.append(Row("onebit encode (EF)", t_k, t_np))
+    rows.append(Row("onebit encode (EF)", t_k, t_np, torch_op="onebit encode"))
     orestore()
     eo = ob.encode(0, x, ost)
     t_k, t_np = paired(lambda: decode(eo, out=out), lambda: ref.onebit_decode(eo.arrays[0], eo.arrays[1][0], n), repeat)
-    rows.append(Row("onebit decode", t_k, t_np))
+    rows.append(Row("onebit decode", t_k, t_np, torch_op="onebit decode"))
     return rows
 
 
@@ -233,9 +250,12 @@ def _gpu_name() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def print_table(title: str, n: int, rows: list[Row]) -> None:
+def print_table(title: str, n: int, rows: list[Row], copy_s: float | None = None) -> None:
     print(f"\n{title}: N = {n:,} fp32 ({4 * n / 1e6:.0f} MB), GB/s of fp32 input, best of the repeats")
-    head = f"{'operation':<40} {'kernel ms':>10} {'GB/s':>7} {'numpy ms':>10} {'GB/s':>7} {'speedup':>8}  target"
+    head = f"{'operation':<40} {'kernel ms':>10} {'GB/s':>7} {'numpy ms':>10} {'GB/s':>7} {'speedup':>8}"
+    if copy_s:
+        head += f" {'of copy':>8} {'torch GB/s':>10} {'x torch':>8}"
+    head += "  target"
     print(head)
     print("-" * len(head) + "-" * 10)
     for r in rows:
@@ -243,8 +263,43 @@ def print_table(title: str, n: int, rows: list[Row]) -> None:
         np_gb = f"{gbps(n, r.numpy_s):7.2f}" if r.numpy_s else f"{'-':>7}"
         sp = f"{r.numpy_s / r.kernel_s:7.1f}x" if r.numpy_s else f"{'-':>8}"
         verdict = "" if r.ok is None else ("  ok" if r.ok else "  MISSED")
-        print(f"{r.op:<40} {r.kernel_s * 1e3:10.2f} {gbps(n, r.kernel_s):7.2f} {np_ms} {np_gb} {sp}  "
-              f"{r.target}{verdict}")
+        extra = ""
+        if copy_s:
+            extra = f" {copy_s / r.kernel_s:7.0%} "
+            extra += (f" {gbps(n, r.torch_s):10.2f} {r.torch_s / r.kernel_s:7.2f}x" if r.torch_s
+                      else f" {'-':>10} {'-':>8}")
+        print(f"{r.op:<40} {r.kernel_s * 1e3:10.2f} {gbps(n, r.kernel_s):7.2f} {np_ms} {np_gb} {sp}"
+              f"{extra}  {r.target}{verdict}")
+
+
+def torch_columns(n: int, rows: list[Row], repeat: int, seed: int,
+                  torch_python: str, threads: int) -> str:
+    """Fill ``Row.torch_s`` from bench/codecs_torch.py, in this process when torch imports
+    here, else under ``torch_python``; returns a line saying which torch ran, or why none."""
+    k = next((r.sent for r in rows if r.sent), 1)
+    if torch_python:
+        here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codecs_torch.py")
+        r = subprocess.run([torch_python, here, "--n", str(n), "--repeat", str(repeat),
+                            "--threads", str(threads), "--k", str(k), "--seed", str(seed)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return f"torch columns skipped: {torch_python} failed: {r.stderr.strip()[-300:]}"
+        times = json.loads(r.stdout.strip().splitlines()[-1])
+        where = f"torch {times['torch_version']} under {torch_python} (its own process)"
+    else:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return ("torch columns skipped: torch is not installed "
+                    "(pip install '.[peers]', or --torch-python PATH)")
+        from codecs_torch import torch_times
+
+        times = torch_times(n, repeat, threads, k, seed)
+        where = f"torch {times['torch_version']} in this process"
+    for row in rows:
+        if row.torch_op:
+            row.torch_s = times[row.torch_op]
+    return f"{where}, {threads} threads; its own np.copyto: {gbps(n, times['memcpy']):.2f} GB/s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.01, help="Bi-Sparse kept fraction (default 0.01)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cuda", action="store_true", help="also run the CUDA kernels (needs a GPU)")
+    ap.add_argument("--torch-python", default="",
+                    help="a Python with torch for the torch CPU columns (default: this one, if "
+                         "torch imports)")
+    ap.add_argument("--no-torch", action="store_true", help="leave out the torch CPU columns")
     args = ap.parse_args(argv)
     n = int(args.n)
     import numba
@@ -262,7 +321,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (a shared host: compare ratios)")
     t0 = time.perf_counter()
     rows = cpu_rows(n, args.repeat, args.threshold, args.seed)
-    print_table("CPU (Numba kernels vs numpy)", n, rows)
+    # the machine's memory copy speed, the ceiling for a codec that reads and writes once
+    x = np.random.default_rng(args.seed).standard_normal(n, dtype=np.float32)
+    out = np.empty_like(x)
+    copy_s = best_of(lambda: np.copyto(out, x), args.repeat)
+    del x, out
+    torch_line = ("torch columns left out (--no-torch)" if args.no_torch else
+                  torch_columns(n, rows, args.repeat, args.seed, args.torch_python,
+                                numba.get_num_threads()))
+    print_table("CPU (Numba kernels vs numpy; of copy = copy time / kernel time)", n, rows, copy_s)
+    print(f"np.copyto of the same array: {copy_s * 1e3:.2f} ms, {gbps(n, copy_s):.2f} GB/s; {torch_line}")
     if args.cuda:
         from numba import cuda
 

@@ -52,8 +52,16 @@ examples:
 """
 
 
-def _add_scenario_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("scenario", help="scenario file (TOML)")
+def _add_scenario_args(p: argparse.ArgumentParser, *, resumable: bool = False) -> None:
+    if resumable:
+        p.add_argument("scenario", nargs="?", default=None,
+                       help="scenario file (TOML); not with --resume")
+        p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                       help="continue the job of run folder RUN_DIR from its latest complete "
+                            "checkpoint ([checkpoint] every), with its scenario.toml (and "
+                            "--set), into a new run folder beside it")
+    else:
+        p.add_argument("scenario", help="scenario file (TOML)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. training.lr=0.05, dc.1.workers=4, "
                         "wan.0.bandwidth=20Mbps (repeatable)")
@@ -81,6 +89,7 @@ def _with_program(scenario, program: str | None, args: list[str] | None):
         t = dataclasses.replace(t, program=where + (sep + fn if sep else ""))
     if args is not None:
         t = dataclasses.replace(t, program_args=tuple(args))
+    t._check("training")  # e.g. an algorithm's options, or a program beside an algorithm
     return dataclasses.replace(scenario, training=t)
 
 
@@ -95,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run a scenario on the emulator or real sockets; writes "
                                      "runs/<name>-<time>/ with scenario.toml, events.jsonl, "
                                      "progress.csv, summary.json, trace.json and plots.")
-    _add_scenario_args(run)
+    _add_scenario_args(run, resumable=True)
     run.add_argument("--runtime", choices=("emu", "real"), default=None,
                      help="emu: virtual-time WAN emulator (default from the scenario); "
                           "real: one process per node on 127.0.0.1")
@@ -113,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "over real sockets and supervise them: on this host, "
                                         "or with --hostfile on each DC's hosts over ssh. "
                                         "Writes a run folder like `geomx run`.")
-    _add_scenario_args(launch)
+    _add_scenario_args(launch, resumable=True)
     launch.add_argument("--hostfile", default=None,
                         help="lines 'DC HOST [address=IP] [bind=IP] [python=PATH] [cwd=DIR]': "
                              "start each DC's nodes on its host(s) with ssh")
@@ -180,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
     sec.add_argument("--tls-ca", help="PEM CA bundle that peers' certificates must chain to")
     node.add_argument("--shape", action=argparse.BooleanOptionalAction, default=None,
                       help="shape WAN traffic like the scenario's links (default: [real].shape)")
+    node.add_argument("--link-budget", metavar="PATH",
+                      help="the job's shared link budget file on this host (launchers create "
+                           "it; or GEOMX_LINK_BUDGET; default: the node keeps its own)")
+    node.add_argument("--kernel-shapes", choices=("rate", "all"), default=None,
+                      help="the kernel already shapes the WAN's bandwidth (rate) or everything "
+                           "(all: netem too); launchers with [real] shaper = \"kernel\" set it")
+    node.add_argument("--rejoin", action="store_true",
+                      help="restart a worker the job lost ([membership] on_worker_loss = "
+                           "'continue'): it registers again, pulls the current model at the "
+                           "next round boundary and trains from there")
     node.add_argument("--print-config", action="store_true",
                       help="print the resolved settings and where each came from, then exit")
     node.add_argument("--watch-stdin", dest="parent_watch", action="store_true", default=None,
@@ -190,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     from geomx.cli_analysis import add_parsers
 
     add_parsers(sub, _add_scenario_args)
+    from geomx.fidelity import add_parser as add_fidelity_parser
+
+    add_fidelity_parser(sub)
     return parser
 
 
@@ -221,7 +243,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if args.command in ("sweep", "compare"):
+    if args.command in ("sweep", "compare", "fidelity"):
         return args.handler(args)
     from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
 
@@ -258,23 +280,46 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         # GeoMX's switches in the environment, as `geomx node` reads them, below --set
         env_sets = [o for o, _ in switch_overrides(os.environ)]
-        scenario = load_scenario(args.scenario, [*env_sets, *args.overrides])
+        resume = getattr(args, "resume", None)
+        if resume is not None:
+            if args.scenario is not None:
+                print(f"geomx {args.command}: give a scenario or --resume RUN_DIR, not both",
+                      file=sys.stderr)
+                return 2
+            from pathlib import Path
+
+            from geomx.experiment import resume_scenario
+
+            scenario = resume_scenario(resume, [*env_sets, *args.overrides])
+            if args.out is None:
+                args.out = str(Path(resume).resolve().parent)
+        elif args.scenario is None:
+            print(f"geomx {args.command}: a scenario file (or --resume RUN_DIR) is required",
+                  file=sys.stderr)
+            return 2
+        else:
+            scenario = load_scenario(args.scenario, [*env_sets, *args.overrides])
     except SwitchError as e:
         print(f"geomx: {e}", file=sys.stderr)
         return 2
-    except ScenarioError as e:
+    except ValueError as e:  # a ScenarioError, or --resume without a checkpoint
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
         print(f"geomx: scenario file not found: {e.filename or args.scenario}", file=sys.stderr)
         return 2
     if getattr(args, "program", None) or program_args is not None:
-        scenario = _with_program(scenario, getattr(args, "program", None), program_args)
+        try:
+            scenario = _with_program(scenario, getattr(args, "program", None), program_args)
+        except ScenarioError as e:
+            print(f"geomx: {e}", file=sys.stderr)
+            return 2
     if args.command == "validate":
         sys.stdout.write(scenario_to_toml(scenario))
         print(f"# OK: {args.scenario} is valid", file=sys.stderr)
         return 0
     from geomx.experiment import JobFailed, run_scenario
+    from geomx.runtime.netns import NetnsUnavailable
 
     try:
         if args.command == "launch":
@@ -285,14 +330,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except JobFailed as e:
         print(f"geomx: job failed: {e}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, ValueError) as e:  # ConfigError is a ValueError
+    except (FileNotFoundError, ValueError, NetnsUnavailable) as e:  # ConfigError: a ValueError
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     s = result.summary
     acc = "n/a" if s.final_accuracy is None else f"{s.final_accuracy:.4f}"
     emu = "" if s.emulated_seconds is None else f", emulated {s.emulated_seconds:.2f} s"
+    final = (s.extra or {}).get("final_eval", {})
+    metric = "accuracy"
+    if s.final_accuracy is None and isinstance(final.get("score"), (int, float)):
+        metric, acc = str(final.get("metric", "score")), f"{final['score']:.4f}"  # algorithms
     print(f"run folder: {result.run_dir}")
-    print(f"final accuracy {acc} after {s.iterations} iterations{emu}, wall "
+    if scenario.checkpoint.resume_from:
+        print(f"resumed from checkpoint {scenario.checkpoint.resume_from}")
+    print(f"final {metric} {acc} after {s.iterations} iterations{emu}, wall "
           f"{s.wall_seconds:.2f} s, WAN {s.bytes_wan / 1e6:.2f} MB, LAN {s.bytes_lan / 1e6:.2f} MB")
     reason = (s.extra or {}).get("final_eval", {}).get("stop_reason")
     if reason:

@@ -17,6 +17,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from geomx.algorithms.data import GENERATED as GENERATED_TABLES
+from geomx.algorithms.program import PROGRAM as ALGORITHM_PROGRAM
+from geomx.algorithms.program import state_bytes as algorithm_state_bytes
 from geomx.ml.flops import model_key_flops, preset_key_flops
 from geomx.node.global_server import GlobalServer
 from geomx.node.layered import normalised_shares
@@ -56,17 +59,15 @@ class JobPlan:
         return self.job.all_nodes()
 
 
-def _optimizer_config(name: str, lr: float, s: Scenario) -> dict[str, Any] | None:
-    if name == "none":
-        return None
-    cfg: dict[str, Any] = {"name": name, "lr": lr, "wd": s.training.weight_decay}
+def _optimizer_config(name: str, lr: float, s: Scenario, which: str = "optimizer") -> dict[str, Any] | None:
+    """``name`` is ``s.training.<which>``; the options come from ``<which>_options``."""
+    extra: dict[str, Any] = {}
     if s.training.global_grad_scale == "sum":
-        cfg["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
-    if name in ("momentum", "nesterov"):
-        cfg["momentum"] = s.training.momentum
+        extra["rescale_grad"] = 1.0  # GeoMX: the sum of the workers' mean gradients
     if name.startswith("dcasgd"):
-        cfg["lamda"] = s.sync.dcasgd_lambda
-    return cfg
+        extra["lamda"] = s.sync.dcasgd_lambda
+    assert getattr(s.training, which) == name
+    return s.training.optimizer_config(which, lr, extra)
 
 
 def _phantom_sizes(s: Scenario) -> list[int]:
@@ -132,8 +133,13 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
                "tsengine": tsengine_config(s)},
         state_server=layout.state_server,
     )
+    c = s.checkpoint
+    if c.enabled or c.resume_from:
+        job.checkpoint = {"every_rounds": c.every.rounds, "every_s": c.every.seconds,
+                          "keep": c.keep, "resume_from": c.resume_from}
     runtime = runtime or s.run.runtime
     m = s.membership
+    job.on_worker_loss = m.on_worker_loss
     if runtime == "real" or m.in_emulator:
         job.heartbeat_interval_s = m.heartbeat_interval_s
         job.heartbeat_timeout_s = m.heartbeat_timeout_s if m.heartbeat_interval_s > 0 else 0.0
@@ -142,8 +148,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     model_kwargs: dict[str, Any] = {}
     if t.model == "mlp":
         model_kwargs["hidden"] = list(t.hidden)
-    dataset_kwargs: dict[str, Any] = {}
-    if t.dataset == "synthetic":
+    dataset_kwargs: dict[str, Any] = dict(t.dataset_options)
+    if t.dataset in ("synthetic", *GENERATED_TABLES):
         dataset_kwargs = {"n_samples": t.synthetic_samples, "n_features": t.synthetic_features,
                           "n_classes": t.synthetic_classes}
     worker_lr = t.worker_lr or t.lr
@@ -154,14 +160,15 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
                           if uses_global_optimizer(algorithm) else None),
-        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s) or {"name": "sgd",
+        worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s, "worker_optimizer") or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
         target_accuracy=s.run.target_accuracy, max_emulated_s=s.run.max_emulated_time_s,
         max_wall_s=s.run.max_wall_time_s,
         phantom_sizes=_phantom_sizes(s) if t.model == "phantom" else [],
         evaluator=job.all_workers[0] if job.all_workers else "", seed=s.run.seed,
-        sync=dict(job.sync), program=t.program, program_args=list(t.program_args),
+        sync=dict(job.sync), program=ALGORITHM_PROGRAM if t.algorithm else t.program,
+        program_args=list(t.program_args), algorithm=t.algorithm,
     )
     if t.layer_compute != "off":
         train.layer_shares = layer_shares(s, train)
@@ -271,12 +278,39 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
              "mixed": s.sync.staleness + 1}.get(algo, 1)
     compute = max(compute_s.values(), default=0.0) * steps
-    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else         sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    if train.algorithm:
+        model_bytes = algorithm_state_bytes(train, job.num_all_workers)
+    else:
+        model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
+            sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
     fan_in = max([len(job.party_dcs), job.num_all_workers if job.mode == "flat_ps" else 0,
                   *(len(v) for v in job.workers_of.values())])
     rate_bps, rtt_s = _slowest_link_bps(s)
     transfer = 2 * fan_in * model_bytes * 8 / rate_bps + 4 * rtt_s
     return max(AUTO_REQUEST_TIMEOUT_FLOOR_S, AUTO_REQUEST_TIMEOUT_FACTOR * (compute + transfer))
+
+
+#: The largest message a job whose tensors are not known up front (a training program,
+#: which creates its keys as it runs) may send over the real runtime.
+PROGRAM_MAX_MESSAGE_BYTES = 256 * 2**20
+
+
+def max_message_bytes(plan: JobPlan) -> int:
+    """The largest message a node of this job can legitimately receive (real runtime).
+
+    A frame announcing more is a stranger's (or a bug's), so the transport refuses it
+    before holding any of it (issue 12: 8 connections announcing 128 MiB frames grew a
+    node by ~1 GB). Built-in models: twice the whole model (a message never carries more
+    than the model and, with a codec, its residual-free encoding) plus 16 MiB for headers
+    and small keys; training programs create keys as they run, so they get
+    :data:`PROGRAM_MAX_MESSAGE_BYTES`.
+    """
+    train = plan.train
+    if train.program:
+        return PROGRAM_MAX_MESSAGE_BYTES
+    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
+        sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+    return 2 * model_bytes + 16 * 2**20
 
 
 def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
@@ -303,7 +337,9 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
     if role in ("global_scheduler", "local_scheduler"):
         sch = Scheduler(name, dc, transport, services, job.scheduler_members(name),
                         heartbeat_timeout_s=job.heartbeat_timeout_s,
-                        register_timeout_s=job.register_timeout_s)
+                        register_timeout_s=job.register_timeout_s,
+                        losable=(set(job.all_workers) if job.on_worker_loss == "continue"
+                                 else set()))
         install_coordinators(sch, job)  # TSEngine's overlays, when on
         return sch
     if role == "mesh_server":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geomx.cluster import JobPlan, make_node, plan_job
+from geomx.node.checkpoint import injected_crashes, note_crash
 from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.JobFailed
 from geomx.metrics.channel_tally import DgtTally
 from geomx.metrics.chrome_trace import convert_events_file
@@ -124,7 +125,9 @@ def counters_from_network(network: Any) -> Any:
     return c
 
 
-async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
+async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = (),
+                     on_crash: Callable[[str, float], None] | None = None,
+                     restart: Callable[[str], Any] | None = None) -> None:
     """Run every node; the first failure cancels the rest and is raised with its name.
 
     Faults (``[[fault]]``) crash a node at an emulated time: its task is cancelled and
@@ -134,10 +137,40 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
     by_name = {n.name: t for t, n in tasks.items()}
     crashed: list[str] = []
 
-    def crash(name: str) -> None:
+    # a crash with a duration restarts the node (``--rejoin``) that much later: the job
+    # waits for the restarted node through a stand-in future
+    stand_in: dict[str, asyncio.Future[Any]] = {}
+
+    def start_again(name: str) -> None:
+        assert restart is not None
+        node = restart(name)
+        task = asyncio.ensure_future(node.run())
+        tasks[task] = node
+        by_name[name] = task
+        nodes[[n.name for n in nodes].index(name)] = node
+        fut = stand_in[name]
+
+        def settle(t: asyncio.Task[Any]) -> None:
+            if fut.done():
+                return
+            if t.cancelled():
+                fut.cancel()
+            elif t.exception() is not None:
+                fut.set_exception(t.exception())  # type: ignore[arg-type]
+            else:
+                fut.set_result(None)
+        task.add_done_callback(settle)
+
+    def crash(name: str, at_s: float, restart_after_s: float = 0.0) -> None:
         task = by_name[name]
+        if task.done() and name in stand_in and not stand_in[name].done():
+            stand_in[name].set_result(None)  # it finished first: nothing to restart
         if not task.done():
             crashed.append(name)
+            if on_crash is not None:
+                on_crash(name, at_s)
+            if name in stand_in:
+                loop.call_at(at_s + restart_after_s, start_again, name)
             tasks[task].record("crash", fault="crash")
             task.cancel()
             asyncio.ensure_future(tasks[task].transport.close())
@@ -145,7 +178,10 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
     loop = asyncio.get_running_loop()
     for f in faults:
         if f.kind == "crash":
-            loop.call_at(f.at_s, crash, f.node)
+            if f.duration_s > 0 and restart is not None and f.node not in stand_in:
+                stand_in[f.node] = loop.create_future()
+                tasks[stand_in[f.node]] = tasks[by_name[f.node]]  # (names a failure)
+            loop.call_at(f.at_s, crash, f.node, f.at_s, f.duration_s)
     pending = set(tasks)
     while pending:
         done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
@@ -166,7 +202,8 @@ async def _run_nodes(nodes: list[Any], faults: tuple[Any, ...] = ()) -> None:
 
 
 def _set_link_state(network: Any, recorder: EventRecorder, state: Any) -> None:
-    """A step of the ``link_down`` faults' timeline: links fail, routes converge, links return."""
+    """A step of the ``link_down`` / ``partition`` faults' timeline: links fail, routes
+    converge, links return."""
     network.set_link_state(state.down, state.rerouted)
     recorder.record("link_state", "network", down=sorted("-".join(sorted(e)) for e in state.down),
                     rerouted=sorted("-".join(sorted(e)) for e in state.rerouted))
@@ -175,6 +212,7 @@ def _set_link_state(network: Any, recorder: EventRecorder, state: Any) -> None:
 def _deadlock_hint(s: Scenario) -> str:
     crashes = [f.node for f in s.faults if f.kind == "crash"]
     links = ["-".join(f.link) for f in s.faults if f.kind == "link_down"]
+    cut = [", ".join(f.dcs) for f in s.faults if f.kind == "partition"]
     hint = []
     if crashes:
         hint.append(f"the injected crash of {', '.join(crashes)} (turn on "
@@ -182,7 +220,51 @@ def _deadlock_hint(s: Scenario) -> str:
     if links:
         hint.append(f"the failed WAN link {', '.join(links)} (do the other links still "
                     "connect every DC?)")
+    if cut:
+        hint.append(f"the partition cutting off {'; '.join(cut)} (it never healed: give it a "
+                    "duration)")
     return " after " + " and ".join(hint) if hint else ""
+
+
+def resume_time_s(s: Scenario) -> float:
+    """The emulated time a resumed run starts at: its checkpoint's (0 for a fresh run)."""
+    if not s.checkpoint.resume_from:
+        return 0.0
+    from geomx.node.checkpoint import read_manifest
+
+    return float(read_manifest(Path(s.checkpoint.resume_from)).get("t", 0.0))
+
+
+def resume_scenario(run_dir: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()
+                    ) -> Scenario:
+    """The scenario that continues run folder ``run_dir``: its resolved ``scenario.toml``
+    (plus ``overrides``, e.g. a higher ``run.iterations``) starting from its latest complete
+    checkpoint -- or, for a resumed run that stopped before its first checkpoint, from
+    the checkpoint it had resumed from. Raises ValueError naming what is missing."""
+    import dataclasses
+
+    from geomx.node.checkpoint import complete_rounds, latest_checkpoint
+    from geomx.scenario import load_scenario
+
+    folder = Path(run_dir)
+    if not (folder / "scenario.toml").is_file():
+        raise ValueError(f"--resume {run_dir}: not a run folder (no scenario.toml)")
+    s = load_scenario(folder / "scenario.toml", overrides)
+    ckpt = latest_checkpoint(folder)
+    if ckpt is None and s.checkpoint.resume_from:
+        earlier = Path(s.checkpoint.resume_from)
+        if int(earlier.name) in complete_rounds(earlier.parent):
+            ckpt = earlier
+    if ckpt is None:
+        every = "off" if not s.checkpoint.enabled else "on"
+        raise ValueError(f"--resume {run_dir}: no complete checkpoint in "
+                         f"{folder / 'checkpoints'} (checkpoint.every is {every}; a checkpoint "
+                         "is complete once every server and worker wrote its file)")
+    # crashes the interrupted run already injected are history, not part of the rest
+    done = injected_crashes(folder)
+    faults = tuple(f for f in s.faults if f.kind != "crash" or (f.node, f.at_s) not in done)
+    return dataclasses.replace(s, faults=faults, checkpoint=dataclasses.replace(
+        s.checkpoint, resume_from=str(ckpt.resolve())))
 
 
 def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
@@ -195,7 +277,10 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     from geomx.sim.transport import SimFabric
 
     plan = plan_job(s, "emu")
-    loop = new_virtual_loop()
+    start_s = resume_time_s(s)
+    if plan.job.checkpoint:
+        plan.job.checkpoint["dir"] = str(run_dir / "checkpoints")
+    loop = new_virtual_loop(start_time=start_s)
     network = build_network(s, plan)
     recorder = EventRecorder(run_dir / "events.jsonl", clock=loop.time,
                              enabled=s.metrics.events, dc_of=plan.job.dc_of.get)
@@ -226,12 +311,21 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
     fabric = SimFabric(network)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
-    workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
+
+    def restart(name: str) -> Any:
+        """A crashed worker started again, as ``geomx node --rejoin`` does."""
+        node = make_node(plan, name, fabric.transport(name), services)
+        node.rejoining = True
+        return node
     asyncio.set_event_loop(loop)
-    for state in link_timeline(link_faults(s.faults)):
+    for state in link_timeline(link_faults(s.faults, s.wans)):
         loop.call_at(state.t_s, _set_link_state, network, recorder, state)
     try:
-        loop.run_until_complete(_run_nodes(nodes, s.faults))
+        # resuming: the clock goes on from the checkpoint; crashes before it are history
+        faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s)
+        loop.run_until_complete(_run_nodes(nodes, faults,
+                                           on_crash=lambda n, t: note_crash(run_dir, n, t),
+                                           restart=restart))
     except EmulationDeadlock as e:
         raise JobFailed(f"the emulated job deadlocked (every node is waiting)"
                         f"{_deadlock_hint(s)}: {e}") from e
@@ -251,6 +345,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     emulated_s = loop.time()
     if inspect is not None:
         inspect(nodes)
+    workers = [n for n in nodes if getattr(n, "role", "") == "worker" and not n.is_master]
     iterations = max((n.iteration for n in workers), default=0)
     final = next((n.result for n in workers if n.name == evaluator), None) or {}
     counters = recorder.counters if s.metrics.events else counters_from_network(network)
@@ -276,6 +371,11 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
 
 def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
     """Write summary.json, trace.json and plots."""
+    if s.checkpoint.resume_from:
+        # a resumed run's folder records the continuation; this links it to the old one
+        summary.extra = {**(summary.extra or {}), "resumed_from": {
+            "checkpoint": s.checkpoint.resume_from,
+            "run_dir": str(Path(s.checkpoint.resume_from).parent.parent)}}
     if s.sched.p3 and s.metrics.events and (run_dir / "events.jsonl").exists():
         from geomx.metrics.p3_stats import p3_stats
         from geomx.metrics.recorder import iter_events

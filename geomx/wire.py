@@ -54,6 +54,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT_ACK = 6
     SHUTDOWN = 7
     NODE_FAILED = 8
+    NODE_REJOINED = 9      # a lost worker is back ([membership] on_worker_loss = "continue")
     # control commands (optimizer, codec, sync mode), acknowledged end to end
     COMMAND = 16
     COMMAND_ACK = 17
@@ -78,6 +79,9 @@ class Kind(enum.IntEnum):
     ROUTE_RELEASE = 57     # NETSTORM: a server reached an iteration boundary (a barrier)
     ROUTE_PLAN = 58        # NETSTORM: the controller's answer: the plan for that iteration
     SPEED_REPORT = 59      # NETSTORM: a server's passive estimate of one incoming link
+    # many requests (or replies) to one peer as one message: a list push/pull (ps-lite
+    # sends a list of keys to a server as one message too)
+    BATCH = 64
 
 
 _KIND_VALUES = frozenset(int(k) for k in Kind)
@@ -167,6 +171,8 @@ class Message:
     channel: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
     payloads: list[Payload] = field(default_factory=list)
+    #: ``Kind.BATCH`` only: the messages it carries (same src and dst, none a batch)
+    batch: list["Message"] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -177,6 +183,9 @@ class Message:
         would cost more than it is worth.
         """
         n = HEADER_ESTIMATE_BYTES
+        if self.batch is not None:
+            for m in self.batch:
+                n += m.nbytes
         for p in self.payloads:
             n += PAYLOAD_DESCRIPTOR_ESTIMATE_BYTES + p.nbytes
         return n
@@ -208,6 +217,9 @@ MAX_NDIM = 8
 MAX_PAYLOADS = 64
 MAX_NAME_BYTES = 255
 MAX_META_BYTES = 1 << 20
+#: Most messages one BATCH carries.
+MAX_BATCH = 1 << 16
+_LEN = struct.Struct("<Q")
 
 
 def _json_default(o: Any) -> Any:
@@ -228,6 +240,8 @@ def encode(msg: Message) -> list[bytes | memoryview]:
     dst = msg.dst.encode()
     if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
         raise WireError("node name longer than 255 bytes")
+    if msg.kind == Kind.BATCH:
+        return _encode_batch(msg, src, dst)
     meta = json.dumps(msg.meta, separators=(",", ":"), sort_keys=True,
                       default=_json_default).encode() if msg.meta else b""
     if len(msg.payloads) > MAX_PAYLOADS:
@@ -247,6 +261,30 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         if p.data is not None and p.nbytes:
             buffers.append(memoryview(p.data).cast("B"))
     return [b"".join(parts), *buffers]
+
+
+def _encode_batch(msg: Message, src: bytes, dst: bytes) -> list[bytes | memoryview]:
+    """A BATCH: the header (``key`` = how many), the names, then each message as its
+    8-byte length and its own encoding (array data stays zero-copy views)."""
+    subs = msg.batch or []
+    if not 0 < len(subs) <= MAX_BATCH:
+        raise WireError(f"a batch carries 1..{MAX_BATCH} messages, got {len(subs)}")
+    head = [_HEADER.pack(MAGIC, WIRE_VERSION, int(Kind.BATCH), msg.channel, 0, 0, len(src),
+                         len(dst), 0, len(subs), 0, 0, 0, msg.priority), src, dst]
+    out: list[bytes | memoryview] = []
+    for m in subs:
+        if m.kind == Kind.BATCH or m.src != msg.src or m.dst != msg.dst:
+            raise WireError("a batch carries non-batch messages between its own src and dst")
+        frames = encode(m)
+        head.append(_LEN.pack(frame_length(frames)))
+        head.append(frames[0])
+        if len(frames) > 1:
+            out.append(b"".join(head))
+            head = []
+            out.extend(frames[1:])
+    if head:
+        out.append(b"".join(head))
+    return out
 
 
 def frame_length(frames: list[bytes | memoryview]) -> int:
@@ -303,6 +341,9 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         if not isinstance(meta, dict):
             raise WireError("meta must be a JSON object")
     off = end
+    if kind == Kind.BATCH:
+        return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
+                             max_bytes, copy)
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:
@@ -339,3 +380,32 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         raise WireError(f"{n - off} trailing bytes after the last payload")
     return Message(Kind(kind), src, dst, key, part, ver, request_id, priority, channel, meta,
                    payloads)
+
+
+def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, channel: int,
+                  priority: int, meta_len: int, n_payloads: int, max_bytes: int,
+                  copy: bool) -> Message:
+    n = mv.nbytes
+    if meta_len or n_payloads:
+        raise WireError("a batch has no meta and no payloads of its own")
+    if not 0 < count <= MAX_BATCH:
+        raise WireError(f"a batch carries 1..{MAX_BATCH} messages, got {count}")
+    subs: list[Message] = []
+    for i in range(count):
+        if off + _LEN.size > n:
+            raise WireError(f"truncated batch: length of message {i}")
+        (length,) = _LEN.unpack_from(mv, off)
+        off += _LEN.size
+        if length > n - off:
+            raise WireError(f"truncated batch: message {i} needs {length} bytes, {n - off} left")
+        try:
+            m = decode(mv[off:off + length], max_bytes=max_bytes, copy=copy)
+        except WireError as e:
+            raise WireError(f"batch message {i}: {e}") from None
+        if m.kind == Kind.BATCH or m.src != src or m.dst != dst:
+            raise WireError(f"batch message {i}: a nested batch or another src/dst")
+        subs.append(m)
+        off += length
+    if off != n:
+        raise WireError(f"{n - off} trailing bytes after the last batch message")
+    return Message(Kind.BATCH, src, dst, channel=channel, priority=priority, batch=subs)

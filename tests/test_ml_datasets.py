@@ -137,8 +137,8 @@ def test_synthetic_is_deterministic_scaled_and_learnable() -> None:
 
 
 def test_unknown_dataset_and_options_are_rejected() -> None:
-    with pytest.raises(ValueError, match="allowed: digits, mnist, fashion_mnist, synthetic"):
-        load_dataset("cifar10")
+    with pytest.raises(ValueError, match="allowed: digits, mnist, fashion_mnist, synthetic, cifar10, libsvm, csv"):
+        load_dataset("cifar100")
     with pytest.raises(ValueError, match="n_featurez"):
         load_dataset("synthetic", n_featurez=3)
     with pytest.raises(ValueError, match="no path"):

@@ -97,3 +97,26 @@ def test_half_sent_large_frames_share_one_budget():
         await peer.close()
         await victim.close()
     eventloop.run(main())
+
+
+def test_a_node_transport_is_bounded_by_its_job(scenario_of):
+    """No UDP socket unless DGT sends datagrams; no frame larger than the job's largest
+    message (twice the model plus headers; a training program's keys are unknown up front,
+    so it gets a fixed 256 MiB); large frames in flight within max(64 MiB, one message)."""
+    from geomx.cluster import PROGRAM_MAX_MESSAGE_BYTES, plan_job
+    from geomx.node.trainer import initial_params
+    from geomx.runtime.framing import PREAMBLE_BYTES
+    from geomx.runtime.node_main import transport_limits
+
+    s = scenario_of("quickstart.toml")
+    plan = plan_job(s, "real")
+    model = sum(p.nbytes for p in initial_params(plan.train))
+    limits = transport_limits(s, plan)
+    assert limits == {"udp": False, "max_frame_bytes": 2 * model + (16 << 20) + PREAMBLE_BYTES,
+                      "max_partial_frame_bytes": 64 << 20}
+    s = scenario_of("quickstart.toml", "sched.dgt=udp")
+    assert transport_limits(s, plan_job(s, "real"))["udp"] is True
+    s = scenario_of("quickstart.toml", "training.program=examples.mnist:main")
+    limits = transport_limits(s, plan_job(s, "real"))
+    assert limits["max_frame_bytes"] == PROGRAM_MAX_MESSAGE_BYTES + PREAMBLE_BYTES
+    assert limits["max_partial_frame_bytes"] == limits["max_frame_bytes"]

@@ -380,9 +380,9 @@ def _linked(**wan):
     (_linked(loss=float("inf")), "wan[0].loss", "in [0%, 100%)"),
     ({"codec": {"threshold": float("nan")}}, "codec.threshold", "in (0%, 100%)"),
     # Size
-    ({"network": {"tcp_window": "1e999MiB"}}, "network.tcp_window", "> 0B"),
-    ({"network": {"tcp_window": float("inf")}}, "network.tcp_window", "> 0B"),
-    ({"network": {"mss": float("nan")}}, "network.mss", "> 0B"),
+    ({"network": {"tcp_window": "1e999MiB"}}, "network.tcp_window", "in (0B, 1GiB]"),
+    ({"network": {"tcp_window": float("inf")}}, "network.tcp_window", "in (0B, 1GiB]"),
+    ({"network": {"mss": float("nan")}}, "network.mss", "in (0B, 65535B]"),
 ])
 def test_non_finite_numbers_are_refused_naming_field_value_and_range(raw, path, allowed):
     err = error_of(raw)

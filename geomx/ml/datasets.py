@@ -8,7 +8,10 @@ network at all. So:
 * ``mnist`` / ``fashion_mnist``: files the user already has (IDX, optionally gzipped,
   or one ``.npz``); a missing file raises :class:`DatasetNotFoundError` naming where we
   looked;
-* ``synthetic``: a seeded Gaussian mixture, learnable and identical on every machine.
+* ``synthetic``: a seeded Gaussian mixture, learnable and identical on every machine;
+* ``cifar10``: the CIFAR-10 python batches the user has, read with a restricted
+  unpickler (``cifar.py``);
+* ``libsvm`` / ``csv``: a user's tabular file (``tabular.py``), features scaled to [0, 1].
 
 All loaders return float32 inputs scaled to [0, 1] (images NCHW, as gluon's
 ``ToTensor``) and int64 labels.
@@ -21,17 +24,28 @@ import importlib.util
 import os
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from geomx.ml.cifar import load_cifar10
+from geomx.ml.dataset_types import (
+    DATA_DIR_ENV,
+    Dataset,
+    DatasetFormatError,
+    DatasetNotFoundError,
+    default_data_dirs,
+)
+from geomx.ml.tabular import load_csv, load_libsvm
 
 __all__ = [
     "Dataset",
     "DatasetNotFoundError",
     "DatasetFormatError",
     "DATASET_NAMES",
+    "FILE_DATASETS",
+    "default_data_dirs",
     "load_dataset",
     "load_digits",
     "load_idx_mnist",
@@ -41,47 +55,9 @@ __all__ = [
     "iter_batches",
 ]
 
-DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic")
-
-# Environment variable naming a directory whose subdirectories ``mnist/`` and
-# ``fashion_mnist/`` are searched when no ``path`` is given.
-DATA_DIR_ENV = "GEOMX_DATA_DIR"
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """The data files are not where we looked. geomx never downloads data."""
-
-
-class DatasetFormatError(ValueError):
-    """A data file exists but is not what its name or extension promises."""
-
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """Train and test arrays plus what a model builder needs to know (compared by identity)."""
-
-    x_train: np.ndarray  # float32, (N, *input_shape), values in [0, 1]
-    y_train: np.ndarray  # int64, (N,)
-    x_test: np.ndarray
-    y_test: np.ndarray
-    num_classes: int
-    input_shape: tuple[int, ...]
-    name: str = ""
-
-    @property
-    def num_train(self) -> int:
-        return int(self.y_train.shape[0])
-
-    @property
-    def num_test(self) -> int:
-        return int(self.y_test.shape[0])
-
-    def __repr__(self) -> str:
-        return (
-            f"Dataset({self.name!r}, train={self.num_train}, test={self.num_test}, "
-            f"input_shape={self.input_shape}, num_classes={self.num_classes})"
-        )
-
+DATASET_NAMES: tuple[str, ...] = ("digits", "mnist", "fashion_mnist", "synthetic", "cifar10", "libsvm", "csv")
+#: Datasets read from one file the user names (``path`` is required).
+FILE_DATASETS: tuple[str, ...] = ("libsvm", "csv")
 
 # -- digits -------------------------------------------------------------------------------
 
@@ -256,22 +232,13 @@ def _load_npz(path: Path, name: str) -> Dataset:
     return _from_arrays(arrays, name, str(path))
 
 
-def _default_dirs(name: str) -> list[Path]:
-    dirs = []
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        dirs.append(Path(env) / name)
-    dirs.append(Path.home() / ".geomx" / "data" / name)
-    return dirs
-
-
 def load_idx_mnist(name: str = "mnist", path: str | os.PathLike[str] | None = None) -> Dataset:
     """MNIST-format data from ``path``: a directory of IDX files, a directory holding
     ``<name>.npz``, or an ``.npz`` file with keys x_train, y_train, x_test, y_test.
 
     Without ``path`` we look in ``$GEOMX_DATA_DIR/<name>`` and ``~/.geomx/data/<name>``.
     """
-    candidates = [Path(path).expanduser()] if path is not None else _default_dirs(name)
+    candidates = [Path(path).expanduser()] if path is not None else default_data_dirs(name)
     looked: list[str] = []
     for base in candidates:
         if base.is_file():
@@ -349,12 +316,27 @@ def make_synthetic(
 
 
 def load_dataset(name: str, *, path: str | os.PathLike[str] | None = None, seed: int = 0, **kw: Any) -> Dataset:
-    """Load a dataset by name: ``digits``, ``mnist``, ``fashion_mnist`` or ``synthetic``.
+    """Load a dataset by name: ``digits``, ``mnist``, ``fashion_mnist``, ``synthetic``,
+    ``cifar10``, ``libsvm`` or ``csv``.
 
-    ``seed`` fixes the digits split and the synthetic draw; ``path`` points at MNIST-style
-    files; ``kw`` goes to the loader (``test_fraction`` for digits; ``n_samples``,
-    ``n_features``, ``n_classes``, ``separability``, ``test_fraction`` for synthetic).
+    ``seed`` fixes the digits / tabular split and the synthetic draw; ``path`` points at
+    MNIST-style or CIFAR files (optional) or at the LIBSVM / CSV file (required); ``kw``
+    goes to the loader (``test_fraction`` for digits, libsvm and csv; ``n_samples``,
+    ``n_features``, ``n_classes``, ``separability``, ``test_fraction`` for synthetic;
+    ``n_features`` for libsvm; ``label_column``, ``delimiter`` for csv).
     """
+    if name == "cifar10":
+        if kw:
+            raise ValueError(f"dataset 'cifar10' takes no options besides path; got {sorted(kw)}")
+        return load_cifar10(path)
+    if name in FILE_DATASETS:
+        if path is None or str(path) == "":
+            raise ValueError(f"dataset {name!r} needs a path to the {name} file (training.data_path)")
+        loader = load_libsvm if name == "libsvm" else load_csv
+        try:
+            return loader(path, seed=seed, **kw)
+        except TypeError as exc:
+            raise ValueError(f"dataset {name!r}: {exc}") from None
     if name in ("mnist", "fashion_mnist"):
         if kw:
             raise ValueError(f"dataset {name!r} takes no options besides path; got {sorted(kw)}")

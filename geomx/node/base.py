@@ -82,9 +82,15 @@ class Node:
         self.failed_node: str = ""
         self.failed_reason: str = ""
         self._send_nowait = getattr(transport, "send_nowait", None)
+        #: while a BATCH's requests are dispatched: the peer it came from and the replies
+        #: its handlers gave at once (they go back as one BATCH)
+        self._collect_dst: str | None = None
+        self._collected: list[Message] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
+        #: nodes lost while the job went on ([membership] on_worker_loss = "continue")
+        self.lost_members: set[str] = set()
         #: Everything this node knows of peers' addresses (merged across schedulers);
         #: the real runtime seeds it with the schedulers' addresses.
         self.address_book: dict[str, str] = {}
@@ -102,6 +108,7 @@ class Node:
         #: long (``[[fault]] kind = "slow"``: a straggler for a while, in both runtimes)
         self.slow_periods: tuple[tuple[float, float, float], ...] = ()
         self.on(Kind.NODE_FAILED, self._on_node_failed)
+        self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:
@@ -138,6 +145,9 @@ class Node:
         holds up only its own queue, never heartbeats or replies to anybody else.
         """
         assert self._running, "node not running"
+        if msg.dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
+            self._collected.append(msg)
+            return
         q = self._outboxes.get(msg.dst)
         if self._send_nowait is not None and (q is None or q.empty()) \
                 and not self._sending.get(msg.dst):
@@ -187,6 +197,51 @@ class Node:
                               f"{reply.meta.get('reason', '?')}")
         return reply
 
+    async def request_many(self, msgs: list[Message]) -> list[Message]:
+        """:meth:`request` for many messages, those to one peer sent as one BATCH.
+
+        The replies come back in order; a peer answers the requests its handlers can
+        answer at once in one BATCH too (see :meth:`dispatch`). Like ps-lite, which sends
+        a worker's list of keys to a server as one message rather than one per key.
+        """
+        by_dst: dict[str, list[Message]] = {}
+        for m in msgs:
+            by_dst.setdefault(m.dst, []).append(m)
+        if all(len(group) == 1 for group in by_dst.values()):
+            return list(await asyncio.gather(*(self.request(m) for m in msgs)))
+        loop = asyncio.get_running_loop()
+        futs: list[asyncio.Future[Message]] = []
+        for m in msgs:
+            m.request_id = self._next_request_id
+            self._next_request_id += 1
+            fut = loop.create_future()
+            self._pending[m.request_id] = fut
+            futs.append(fut)
+        for dst, group in by_dst.items():
+            self.post(group[0] if len(group) == 1 else
+                      Message(Kind.BATCH, self.name, dst, priority=max(m.priority for m in group),
+                              batch=group))
+        try:
+            if self.request_timeout_s > 0:
+                try:
+                    replies = await asyncio.wait_for(asyncio.gather(*futs), self.request_timeout_s)
+                except asyncio.TimeoutError:
+                    late = next(m for m, f in zip(msgs, futs) if not f.done())
+                    raise NodeFailure(f"{self.name}: no reply from {late.dst} to "
+                                      f"{late.kind.name} key={late.key} within "
+                                      f"{self.request_timeout_s:g} s (membership.request_timeout)"
+                                      ) from None
+            else:
+                replies = await asyncio.gather(*futs)
+        finally:
+            for m in msgs:
+                self._pending.pop(m.request_id, None)
+        for m, reply in zip(msgs, replies):
+            if reply.kind == Kind.ERROR:
+                raise RemoteError(f"{reply.src} refused {m.kind.name} key={m.key}: "
+                                  f"{reply.meta.get('reason', '?')}")
+        return list(replies)
+
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
         task = asyncio.ensure_future(coro)
@@ -199,7 +254,7 @@ class Node:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None and not isinstance(exc, NodeStopped) and self.failure is None:
+        if exc is not None and not _caused_by_stop(exc) and self.failure is None:
             self.failure = exc
             log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
             self.stop()
@@ -248,6 +303,9 @@ class Node:
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
+        if msg.kind == Kind.BATCH:
+            self._dispatch_batch(msg)
+            return
         if msg.kind == Kind.SHUTDOWN:
             self.gone.add(msg.src)
         if msg.kind in REPLY_KINDS:
@@ -270,8 +328,32 @@ class Node:
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
             self.reply_error(msg, f"{type(e).__name__}: {e}")
 
+    def _dispatch_batch(self, msg: Message) -> None:
+        """Each message of a BATCH as if it came alone; the replies given at once go back
+        as one BATCH (those given later, e.g. a pull waiting for its round, go alone)."""
+        outer = self._collect_dst, self._collected
+        self._collect_dst, self._collected = msg.src, []
+        try:
+            for sub in msg.batch or ():
+                self.dispatch(sub)
+        finally:
+            replies = self._collected
+            self._collect_dst, self._collected = outer
+        if len(replies) == 1:
+            self.post(replies[0])
+        elif replies:
+            self.post(Message(Kind.BATCH, self.name, msg.src, batch=replies))
+
     def _on_node_failed(self, msg: Message) -> None:
-        """A scheduler says a node died: stop with an error naming it."""
+        """A scheduler says a node died: stop with an error naming it -- or, when the job
+        survives that node (``meta.continue``, [membership] on_worker_loss), go on."""
+        if msg.meta.get("continue") and msg.src in self.schedulers:
+            node = str(msg.meta.get("node", "?"))
+            self.lost_members.add(node)
+            self.gone.add(node)  # nothing more to deliver to it, nor to wait for at the end
+            self.record("member_lost", lost=node, by=msg.src)
+            self.on_member_lost(node)
+            return
         if self.failure is None:
             self.failed_node = str(msg.meta.get("node", "?"))
             self.failed_reason = str(msg.meta.get("reason", "no reason given"))
@@ -280,6 +362,26 @@ class Node:
                                        f"(reported by {msg.src})")
             self.record("node_failed", failed=msg.meta.get("node"), by=msg.src)
         self.stop()
+
+    def _on_node_rejoined(self, msg: Message) -> None:
+        """A scheduler says a lost node is back (at a new address, perhaps)."""
+        node = str(msg.meta.get("node", ""))
+        if msg.src not in self.schedulers or node not in self.lost_members:
+            return
+        address = str(msg.meta.get("address", ""))
+        if address:
+            self.learn_addresses({node: address})
+        self.lost_members.discard(node)
+        self.gone.discard(node)
+        self.record("member_rejoined", member=node, by=msg.src)
+        self.on_member_rejoined(node)
+
+    def on_member_rejoined(self, node: str) -> None:
+        """A lost node is back; nothing to do by default."""
+
+    def on_member_lost(self, node: str) -> None:
+        """A node this one may wait for is gone for good and the job goes on (a local
+        server stops counting the worker); nothing to do by default."""
 
     async def heartbeat(self, scheduler: str) -> None:
         """Heartbeat ``scheduler`` until the node stops; fail if it stops answering."""
@@ -363,3 +465,16 @@ class Node:
             self._running = False
         if self.failure is not None:
             raise self.failure
+
+
+def _caused_by_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is the node being stopped, directly or through what it caused (a
+    kvstore call failing because its node was stopped is not a second failure to log
+    with a traceback)."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, NodeStopped):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geomx.node.base import Node
+from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
@@ -110,6 +111,13 @@ class GlobalServer(Node):
         if TsSettings.from_sched(job.sched).inter and job.mode == "hips":
             self.ts = OverlayPeer(self, "inter", job.global_scheduler, self.pushers,
                                   root_receive=self._ts_receive)
+        #: checkpoints (geomx/node/checkpoint.py): round -> is it a checkpoint round;
+        #: round -> keys that finished it
+        self.ckpt = ckpt.NodeCheckpoints(job, name)
+        self._ckpt_due: dict[int, bool] = {}
+        self._ckpt_reached: dict[int, int] = {}
+        self._restored_opt: dict[str, Any] = {}
+        self._restore()
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -133,6 +141,7 @@ class GlobalServer(Node):
             self.optimizer = optimizer_from_config(dict(msg.meta["config"]))
             if "rescale_grad" not in msg.meta["config"]:  # explicit (1.0 = GeoMX's sum) wins
                 self.optimizer.rescale_grad = 1.0 / max(1, self.job.num_all_workers)
+            self._restore_optimizer()
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
             self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
@@ -284,6 +293,8 @@ class GlobalServer(Node):
                 slot.opt_state = self.optimizer.create_state(key, slot.store)
             self.optimizer.update(key, slot.store, grad, slot.opt_state, sender=sender)
         slot.version += 1
+        if self.ckpt.enabled:
+            self._round_done(slot.version)
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
         if TS_META in msg.meta and self.ts is not None:
@@ -303,6 +314,7 @@ class GlobalServer(Node):
                                 payloads=payloads))
             return
         meta = {"stop": True} if self.stop_requested else {}
+        self._mark_checkpoint(meta, slot)
         self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
 
     def _on_pull(self, msg: Message) -> None:
@@ -336,10 +348,67 @@ class GlobalServer(Node):
         payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan", weights=dense)
         if self.stop_requested:
             meta["stop"] = True
+        self._mark_checkpoint(meta, slot)
         return payloads, meta
+
+    # ------------------------------------------------------------------ checkpoints
+    def _mark_checkpoint(self, meta: dict[str, Any], slot: Slot) -> None:
+        """Replies of a checkpoint round tell the tiers below to snapshot after it."""
+        if self._ckpt_due.get(slot.version):
+            meta["ckpt"] = slot.version
+
+    def _round_done(self, round_: int) -> None:
+        """A key finished global round ``round_``: decide (first key) whether it is a
+        checkpoint round; snapshot once every key has finished it (nothing of the next
+        round can have arrived yet, see geomx/node/checkpoint.py)."""
+        if round_ not in self._ckpt_due:
+            self._ckpt_due[round_] = self.ckpt.due(round_, self.now())
+            for old in [r for r in self._ckpt_due if r < round_ - 2]:
+                del self._ckpt_due[old]
+        done = self._ckpt_reached[round_] = self._ckpt_reached.get(round_, 0) + 1
+        if done < sum(1 for s in self.slots.values() if s.store is not None):
+            return
+        del self._ckpt_reached[round_]
+        if self._ckpt_due[round_]:
+            self._save_checkpoint(round_)
+
+    def _save_checkpoint(self, round_: int) -> None:
+        slots = [[k, p, s.store, s.version, s.opt_state]
+                 for (k, p), s in sorted(self.slots.items()) if s.store is not None]
+        state = {"slots": slots, "optimizer": ckpt.optimizer_private(self.optimizer),
+                 "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t}
+        path = self.ckpt.save(round_, state, {"t": self.now()})
+        self.record("checkpoint", round=round_, file=path.name)
+
+    def _restore(self) -> None:
+        """Resuming: the stores, versions and codec state of the checkpoint; optimizer
+        states wait for the master's set_optimizer (_restore_optimizer)."""
+        loaded = self.ckpt.load()
+        if loaded is None:
+            return
+        tree, meta, arrays = loaded
+        state = ckpt.unpack(tree, arrays)
+        for key, part, store, version, opt_state in state["slots"]:
+            self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
+                                                     opt_state=opt_state)
+        self._restored_opt = dict(state["optimizer"])
+        ckpt.restore_codec_states(self.codec, state["codec"])
+        self.record("restore", round=meta["round"], keys=len(self.slots))
+
+    def _restore_optimizer(self) -> None:
+        assert self.optimizer is not None
+        for (key, _), slot in self.slots.items():
+            if isinstance(slot.opt_state, ckpt.Deferred) or slot.opt_state is not None:
+                slot.opt_state = ckpt.restore_into(
+                    slot.opt_state, self.optimizer.create_state(key, slot.store))
+        for name, value in self._restored_opt.items():
+            setattr(self.optimizer, name, ckpt.restore_into(value, getattr(self.optimizer,
+                                                                           name, None)))
+        self._restored_opt = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def main(self) -> None:
+        self.ckpt.last_t = self.now()  # a checkpoint period counts from the (re)start
         await register(self, self.job.global_scheduler)
         await self._done.wait()
         if self.ts is not None:

@@ -283,8 +283,8 @@ class KVStore:
                         for p in parts]
             if requests:
                 self._learn(await asyncio.gather(*requests))
-            if not self._node.is_master:
-                await self._barrier_now()
+            if not self._node.is_master and not getattr(self._node, "rejoining", False):
+                await self._barrier_now()  # (a rejoined worker's DC passed it long ago)
 
         keyed = [self._inflight.get(k) for k, _ in items]
         task = self._ordered(run, after=[self._fence, *keyed])
@@ -298,7 +298,15 @@ class KVStore:
         of arrays for one key is summed first, as MXNet sums per-device values."""
         tasks = []
         ready = self._node.now()
-        for k, v in self._keys(key, value):
+        pairs = self._keys(key, value)
+        if len(pairs) > 1 and self._batchable([k for k, _ in pairs]):
+            values = [(k, self._merge_devices(k, v)) for k, v in pairs]
+            task = self._ordered(functools.partial(self._push_batch, values),
+                                 after=[self._fence, *(self._inflight.get(k) for k, _ in pairs)])
+            for k, _ in pairs:
+                self._inflight[k] = task
+            return task
+        for k, v in pairs:
             self._check_key(k)
             v = self._merge_devices(k, v)
             wire = self._wire[k]
@@ -357,7 +365,15 @@ class KVStore:
         """Fetch the current value of ``key`` (after this worker's last push of it) into
         ``out``; await the returned task for the value (a list for a list of keys)."""
         tasks = []
-        for k, o in self._keys(key, out):
+        pairs = self._keys(key, out)
+        if (len(pairs) > 1 and not any(isinstance(o, (list, tuple)) for _, o in pairs)
+                and self._batchable([k for k, _ in pairs])):
+            task = self._ordered(functools.partial(self._pull_batch, pairs),
+                                 after=[self._fence, *(self._inflight.get(k) for k, _ in pairs)])
+            for k, _ in pairs:
+                self._inflight[k] = task
+            return task
+        for k, o in pairs:
             self._check_key(k)
             wire = self._wire[k]
             fan_out = isinstance(o, (list, tuple))
@@ -431,6 +447,12 @@ class KVStore:
                         for p in parts]
             replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
             self._learn(replies)
+        return self._pulled(parts, shape, dtype, replies, out)
+
+    def _pulled(self, parts: list[Any], shape: tuple[int, ...], dtype: str,
+                replies: Sequence[Message], out: Any) -> Any:
+        """Decode a pull's replies (one per part) into ``out`` (a new array if None)."""
+        node = self._node
         if out is None:
             out = (Payload.phantom(shape, dtype) if replies[0].payloads[0].is_phantom
                    else np.empty(shape, dtype=dtype))
@@ -445,6 +467,47 @@ class KVStore:
                 out.reshape(-1)[p.lo:p.hi] = value.reshape(-1)
         return out
 
+    def _batchable(self, keys: list[int]) -> bool:
+        """A list call goes as one message per server (``request_many``) when every key
+        travels whole to one server: no P3 slices, no TSEngine overlay, no split key."""
+        for k in keys:
+            self._check_key(k)
+        if self.p3.enabled or self._ts is not None:
+            return False
+        return all(len(self._wire[k]) == 1 and len(self._parts(k)) == 1 for k in keys)
+
+    async def _push_batch(self, values: list[tuple[int, Any]]) -> None:
+        """Push many whole keys, one BATCH per server (what ``_push_one`` does per key)."""
+        node = self._node
+        meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
+        if self._loss is not None and self._carry_loss:
+            meta["loss"] = self._loss
+        msgs = []
+        for k, v in values:
+            p = self._parts(k)[0]
+            payloads, m = node.lan_codec.encode_push(k, v, tier=node.push_tier, part=p.index)
+            m.update(meta)
+            msgs.append(Message(Kind.PUSH, node.name, self._servers[p.server], key=k,
+                                part=p.index, version=node.iteration, meta=m,
+                                payloads=payloads))
+        self._learn(await node.request_many(msgs))
+
+    async def _pull_batch(self, pairs: list[tuple[int, Any]]) -> list[Any]:
+        """Pull many whole keys, one BATCH per server; the values in key order."""
+        node = self._node
+        msgs = []
+        for k, _ in pairs:
+            p = self._parts(k)[0]
+            msgs.append(Message(Kind.PULL, node.name, self._servers[p.server], key=k,
+                                part=p.index))
+        replies = await node.request_many(msgs)
+        self._learn(replies)
+        out = []
+        for (k, o), reply in zip(pairs, replies):
+            shape, dtype = self._wire_shapes[k]
+            out.append(self._pulled(self._parts(k), shape, dtype, [reply], o))
+        return out
+
     def _learn(self, replies: Sequence[Message]) -> None:
         """What replies carry besides values: a stop, and a codec the master configured
         with ``set_gradient_compression`` (the local server passes it on, as GeoMX's global
@@ -453,6 +516,10 @@ class KVStore:
         for r in replies:
             if r.meta.get("stop"):
                 node.stop_seen = True
+            node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
+            if r.meta.get("ckpt"):
+                # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it
+                node.ckpt_due = max(int(getattr(node, "ckpt_due", 0)), int(r.meta["ckpt"]))
             cfg = r.meta.get("codec_config")
             if cfg is not None and dict(cfg) != getattr(node.lan_codec, "config", None):
                 from geomx.node.link_codec import LinkCodec
@@ -580,6 +647,14 @@ class _OptimizerNamespace:
     SGD = _OptimizerSpelling("sgd")
     DCASGD = _OptimizerSpelling("dcasgd")
     NAG = _OptimizerSpelling("nesterov")
+    AdaGrad = _OptimizerSpelling("adagrad")
+    RMSProp = _OptimizerSpelling("rmsprop")
+    AdaDelta = _OptimizerSpelling("adadelta")
+    Adamax = _OptimizerSpelling("adamax")
+    Nadam = _OptimizerSpelling("nadam")
+    Ftrl = _OptimizerSpelling("ftrl")
+    Signum = _OptimizerSpelling("signum")
+    LAMB = _OptimizerSpelling("lamb")
 
 
 optimizer = _OptimizerNamespace()

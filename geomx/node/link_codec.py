@@ -121,6 +121,7 @@ class LinkCodec:
 
         meta = dict(msg.meta)
         meta.pop("stop", None)
+        meta.pop("ckpt", None)
         n = meta.get("n")
         if like is not None and n != _num_elements(like):
             raise ValueError(f"encoded tensor has {n} elements, key {msg.key} has "

@@ -17,7 +17,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from geomx.node.base import Node
+from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
@@ -55,6 +58,7 @@ class LocalSlot:
     early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
     priority: int = 0          # P3: the workers' priority, carried on to the global tier
     key: int = -1
+    ckpt_round: int = 0        # the global round just finished is a checkpoint round
 
 
 class LocalServer(Node):
@@ -64,6 +68,10 @@ class LocalServer(Node):
         super().__init__(name, dc, transport, services)
         self.job = job
         self.workers = list(job.workers_of[dc])
+        #: workers still in the job (a lost one leaves it: [membership] on_worker_loss),
+        #: and each worker's pushes applied in completed rounds (nothing counts twice)
+        self.live = list(self.workers)
+        self.applied: dict[str, int] = {w: 0 for w in self.workers}
         self.slots: dict[int, LocalSlot] = {}
         # one codec for both hops: it picks per tier and keys its state by tier
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
@@ -74,6 +82,12 @@ class LocalServer(Node):
         #: DGT of the pushes to the global servers (None = plain pushes)
         self.dgt: DgtSender | None = DgtSender(dgt) if dgt.enabled else None
         self._done = asyncio.Event()
+        self._stopped_workers: set[str] = set()
+        #: rejoined workers waiting for a round boundary, their parked pulls, and the
+        #: rounds being exchanged right now
+        self._joining: list[str] = []
+        self._join_pulls: list[Message] = []
+        self._rounds_running = 0
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -93,6 +107,17 @@ class LocalServer(Node):
                         root_receive=self._ts_intra_receive) if ts.intra else None)
         if self.ts_inter is not None:
             self.on(Kind.RELAY, self.ts_inter.on_relay)
+        #: checkpoints (geomx/node/checkpoint.py): round -> keys answered after it
+        self.ckpt = ckpt.NodeCheckpoints(job, name)
+        self._ckpt_answered: dict[int, set[int]] = {}
+        self._restored: dict[int, Any] = {}
+        loaded = self.ckpt.load()
+        if loaded is not None:
+            tree, meta, arrays = loaded
+            state = ckpt.unpack(tree, arrays)
+            self._restored = {int(k): v for k, v in state["slots"]}
+            ckpt.restore_codec_states(self.codec, state["codec"])
+            self.record("restore", round=meta["round"], keys=len(self._restored))
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
@@ -178,8 +203,8 @@ class LocalServer(Node):
             # (kv.init's barrier keeps honest workers from getting here)
             self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
-        if msg.src not in self.workers:
-            self.reply_error(msg, f"{msg.src} is not a worker of {self.dc}")
+        if msg.src not in self.live:
+            self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
             return
         if msg.src in slot.contributors:
             self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
@@ -201,13 +226,71 @@ class LocalServer(Node):
         if msg.meta.get("stop"):
             slot.stop_requested = True
         slot.waiting_pushes.append(msg)
-        if slot.count == len(self.workers):
-            merged, slot.merged = slot.merged, None
-            slot.count = 0
-            slot.contributors.clear()
-            waiting, slot.waiting_pushes = slot.waiting_pushes, []
-            stop, slot.stop_requested = slot.stop_requested, False
-            self.spawn(self.policy.on_round(self, msg.key, slot, merged, waiting, stop))
+        self._complete_round(slot)
+
+    def _complete_round(self, slot: LocalSlot) -> None:
+        """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync policy.
+        Without a lost worker's push the sum is scaled by workers / contributors, so the
+        DC keeps its weight in the global aggregate."""
+        if slot.count == 0 or not set(self.live) <= slot.contributors:
+            return
+        merged, slot.merged = slot.merged, None
+        n = len(slot.contributors)
+        if n < len(self.workers) and isinstance(merged, np.ndarray):
+            merged *= merged.dtype.type(len(self.workers) / n)
+            self.record("reweight", key=slot.key, contributors=n, workers=len(self.workers))
+        for w in slot.contributors:
+            self.applied[w] += 1
+        slot.count = 0
+        slot.contributors.clear()
+        waiting = [m for m in slot.waiting_pushes if m.src in self.live]
+        slot.waiting_pushes = []
+        stop, slot.stop_requested = slot.stop_requested, False
+        self._rounds_running += 1
+        self.spawn(self._run_round(slot, merged, waiting, stop))
+
+    async def _run_round(self, slot: LocalSlot, merged: Value, waiting: list[Message],
+                         stop: bool) -> None:
+        try:
+            await self.policy.on_round(self, slot.key, slot, merged, waiting, stop)
+        finally:
+            self._rounds_running -= 1
+        self._admit_joining()
+
+    def on_member_rejoined(self, node: str) -> None:
+        """A lost worker of this DC restarted (``geomx node --rejoin``): it joins at the
+        next round boundary -- its pulls wait until then, so it starts from a model every
+        key agrees on, and its first push belongs to the next round."""
+        if node in self.workers and node not in self.live and node not in self._joining:
+            self._joining.append(node)
+            self._stopped_workers.discard(node)
+            self._admit_joining()
+
+    def _admit_joining(self) -> None:
+        if not self._joining or self._rounds_running:
+            return
+        slots = list(self.slots.values())
+        if any(not s.initialized or s.count for s in slots) or len({s.round for s in slots}) > 1:
+            return  # mid-round: the next boundary admits them
+        for w in self._joining:
+            self.record("worker_rejoined", worker=w, round=slots[0].round if slots else 0)
+        self.live = [w for w in self.workers if w in self.live or w in self._joining]
+        self._joining = []
+        parked, self._join_pulls = self._join_pulls, []
+        for pull in parked:
+            self._serve_pull(pull, self.slots[pull.key])
+
+    def on_member_lost(self, node: str) -> None:
+        """A worker of this DC is gone and the job goes on: stop waiting for it; rounds it
+        held up complete now with the pushes that arrived."""
+        if node not in self.live:
+            return
+        self.live.remove(node)
+        for slot in self.slots.values():
+            if slot.initialized:
+                self._complete_round(slot)
+        if self._stopped_workers and set(self.live) <= self._stopped_workers:
+            self._done.set()
 
     def _ts_intra_receive(self, msg: Message, value: Value, count: int,
                           senders: list[str]) -> None:
@@ -281,13 +364,17 @@ class LocalServer(Node):
                 else await asyncio.gather(*(push_part(p) for p in parts)))
         if any(a.meta.get("stop") for a in acks):
             self.global_stop = True
+        slot.ckpt_round = max([slot.ckpt_round, *(int(a.meta.get("ckpt", 0)) for a in acks)])
         if self.p3.enabled and all(a.payloads for a in acks):
             return self._assemble(slot, list(zip(parts, acks)))
         return await self.pull_global(key, slot)
 
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
-        reply_meta = {"stop": True} if self.global_stop else {}
+        reply_meta: dict[str, Any] = {"stop": True} if self.global_stop else {}
+        round_, slot.ckpt_round = slot.ckpt_round, 0
+        if round_:
+            reply_meta["ckpt"] = round_
         if self.ts_intra is not None:
             # TSEngine inside the DC: the workers get the round's value by the broadcast
             assert slot.store is not None
@@ -304,6 +391,37 @@ class LocalServer(Node):
             else:
                 self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
                                     meta=self._tell_codec(req.src, dict(reply_meta))))
+        if round_:
+            self._answered_checkpoint_round(round_, slot.key)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _answered_checkpoint_round(self, round_: int, key: int) -> None:
+        """Snapshot once every key of checkpoint round ``round_`` has been answered."""
+        keys = self._ckpt_answered.setdefault(round_, set())
+        keys.add(key)
+        if len(keys) < len(self.slots):
+            return
+        del self._ckpt_answered[round_]
+        slots = [[k, {"store": s.store, "round": s.round, "policy": self._policy_state(k)}]
+                 for k, s in sorted(self.slots.items())]
+        state = {"slots": slots, "codec": ckpt.codec_states(self.codec)}
+        path = self.ckpt.save(round_, state, {"t": self.now()})
+        self.record("checkpoint", round=round_, file=path.name)
+
+    def _policy_state(self, key: int) -> Any:
+        get = getattr(self.policy, "checkpoint_state", None)
+        return get(key) if get is not None else None
+
+    def _restore_slot(self, key: int, slot: LocalSlot) -> None:
+        """Resuming: after the global initial pull, the checkpoint's value and round of
+        ``key`` and its sync-policy state replace what initialisation set."""
+        saved = self._restored.pop(key, None)
+        if saved is None:
+            return
+        slot.store = saved["store"]
+        slot.round = int(saved["round"])
+        if saved["policy"] is not None:
+            self.policy.restore_state(key, saved["policy"])  # type: ignore[attr-defined]
 
     async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
         """The current global value of ``key``, reassembled from its parts (``initial``:
@@ -332,6 +450,7 @@ class LocalServer(Node):
                 self.global_stop = True
             like = slot.store if len(parts) == 1 else flat_slice(slot.store, part.lo, part.hi)
             value = self.codec.decode(reply, like=like)
+            slot.ckpt_round = max(slot.ckpt_round, int(reply.meta.get("ckpt", 0)))
             if new is None:
                 new = value
             else:
@@ -344,6 +463,8 @@ class LocalServer(Node):
         slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
         self.policy.on_initialized(self, key, slot)
+        if self._restored:
+            self._restore_slot(key, slot)
         if self.ts_intra is not None:
             self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
         self.record("init", key=key)
@@ -364,6 +485,9 @@ class LocalServer(Node):
         if not slot.initialized:
             slot.waiting_pulls.append(msg)
             return
+        if msg.src in self._joining:
+            self._join_pulls.append(msg)  # a rejoined worker starts at a round boundary
+            return
         self._serve_pull(msg, slot)
 
     def _serve_pull(self, msg: Message, slot: LocalSlot) -> None:
@@ -376,7 +500,14 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ lifecycle
     def _on_stop(self, msg: Message) -> None:
-        if msg.src in self.workers:
+        if msg.src not in self.workers:
+            return
+        if self.job.on_worker_loss != "continue":
+            self._done.set()  # GeoMX: the DC's rank-0 worker, after the workers' barrier
+            return
+        # a worker may be lost at any time: every live worker says it is done
+        self._stopped_workers.add(msg.src)
+        if set(self.live) <= self._stopped_workers:
             self._done.set()
 
     async def main(self) -> None:
@@ -390,6 +521,9 @@ class LocalServer(Node):
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", rounds=sum(s.round for s in self.slots.values()))
+        self.record("server_done", rounds=sum(s.round for s in self.slots.values()),
+                    **({"applied": dict(sorted(self.applied.items())),
+                        "lost": sorted(set(self.workers) - set(self.live))}
+                       if self.job.on_worker_loss == "continue" else {}))
         leave(self, self.job.global_scheduler)
         leave(self, self.job.local_scheduler_of[self.dc])

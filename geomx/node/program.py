@@ -171,7 +171,45 @@ class ProgramContext:
         """The scenario's sync settings (``algorithm``, ``k1``, ``k2``, ...)."""
         return dict(self._spec.sync)
 
+    @property
+    def algorithm(self) -> str:
+        """``[training] algorithm`` ("" when the scenario names a model)."""
+        return self._spec.algorithm
+
+    @property
+    def optimizer_config(self) -> dict[str, Any] | None:
+        """The global optimizer the scenario asks for (``training.optimizer``, ``lr``...),
+        as ``kv.set_optimizer`` takes it; None for ``optimizer = "none"``."""
+        cfg = self._spec.global_optimizer
+        return None if cfg is None else dict(cfg)
+
+    @property
+    def worker_optimizer_config(self) -> dict[str, Any]:
+        """``training.worker_optimizer`` / ``worker_lr`` as a config dict."""
+        return dict(self._spec.worker_optimizer)
+
     # ------------------------------------------------------------------ data
+    @property
+    def dataset_name(self) -> str:
+        return self._spec.dataset
+
+    @property
+    def data_path(self) -> str | None:
+        return self._spec.data_path
+
+    @property
+    def dataset_options(self) -> dict[str, Any]:
+        """Generated data sets' sizes (``synthetic_samples`` ...)."""
+        return dict(self._spec.dataset_kwargs)
+
+    @property
+    def partition_scheme(self) -> str:
+        return self._spec.partition
+
+    @property
+    def dirichlet_alpha(self) -> float:
+        return float(self._spec.dirichlet_alpha)
+
     def dataset(self) -> Any:
         """The scenario's dataset (``x_train``, ``y_train``, ``x_test``, ``y_test``...)."""
         return load_data(self._spec)

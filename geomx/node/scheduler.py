@@ -30,9 +30,14 @@ class Scheduler(Node):
     role = "scheduler"
 
     def __init__(self, name: str, dc: str, transport: Any, services: Any, members: list[str],
-                 *, heartbeat_timeout_s: float = 0.0, register_timeout_s: float = 0.0):
+                 *, heartbeat_timeout_s: float = 0.0, register_timeout_s: float = 0.0,
+                 losable: set[str] | None = None):
         super().__init__(name, dc, transport, services)
         self.members = list(members)
+        #: members whose death the job survives ([membership] on_worker_loss = "continue"),
+        #: and those lost so far
+        self.losable = set(losable or ()) & set(self.members)
+        self.lost: list[str] = []
         self.addresses: dict[str, str] = {}
         self._register_requests: dict[str, Message] = {}
         self._barriers: dict[str, list[Message]] = {}
@@ -67,6 +72,13 @@ class Scheduler(Node):
         if holder is not None and msg.meta.get("claim_token") != holder:
             self.reply_error(msg, f"{msg.src} was claimed by another process that started "
                                   "without a rank; give this one a free rank, or none")
+            return
+        if msg.src in self.losable and self.registered and msg.src not in self._left:
+            # a live member registers again: its process restarted (``geomx node
+            # --rejoin``) before its silence was noticed; the old one is gone
+            self.lose(msg.src, "it registered again (restarted)")
+        if msg.src in self.lost and self.registered:
+            self._rejoin(msg)
             return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
@@ -149,7 +161,13 @@ class Scheduler(Node):
             return
         waiting.append(msg)
         size = self._barrier_size[group]
-        if len(waiting) >= size:
+        self._release_if_complete(group)
+
+    def _release_if_complete(self, group: str) -> None:
+        """Release a barrier once its members are in; lost members are not waited for."""
+        waiting = self._barriers[group]
+        size = self._barrier_size[group]
+        if len(waiting) >= size - len(self.lost):
             del self._barriers[group]
             del self._barrier_size[group]
             self.record("barrier", group=group, size=size)
@@ -178,7 +196,11 @@ class Scheduler(Node):
         self.declare_dead(node, reason, reported_by=msg.src)
 
     def declare_dead(self, node: str, reason: str, *, reported_by: str = "") -> None:
-        """Tell every live member that ``node`` died, then stop with that error."""
+        """Tell every live member that ``node`` died, then stop with that error (or, for a
+        worker the job survives, go on without it: :meth:`lose`)."""
+        if node in self.losable and not reported_by and self.registered:
+            self.lose(node, reason)  # (one that never registered still fails the job)
+            return
         if self.dead is not None:
             return
         self.dead = node
@@ -192,6 +214,46 @@ class Scheduler(Node):
                                   meta={"node": node, "reason": reason}))
         self.failure = NodeFailure(f"node {node} failed: {reason}")
         self.stop()
+
+    def lose(self, node: str, reason: str) -> None:
+        """``node`` died and the job goes on: tell the live members (NODE_FAILED with
+        ``continue``: a local server stops waiting for it), count it as gone for the
+        barriers and for the end of the job."""
+        if node in self.lost or node in self._left:
+            return
+        self.lost.append(node)
+        self._left.add(node)
+        self.record("worker_lost", lost=node, reason=reason)
+        log.warning("%s: %s lost (%s); the job continues without it", self.name, node, reason)
+        for m in self.members:
+            if m != node and m not in self._left and m in self.addresses:
+                self.post(Message(Kind.NODE_FAILED, self.name, m,
+                                  meta={"node": node, "reason": reason, "continue": True}))
+        for group in list(self._barriers):
+            self._barriers[group] = [w for w in self._barriers[group] if w.src != node]
+            self._release_if_complete(group)
+        if set(self.members) <= self._left:
+            self._all_left.set()
+
+    def _rejoin(self, msg: Message) -> None:
+        """A lost worker registers again (``geomx node --rejoin``): it gets the book, the
+        barriers count it again, and the live members learn where it now listens."""
+        node = msg.src
+        self.lost.remove(node)
+        self._left.discard(node)
+        self.addresses[node] = str(msg.meta.get("address", ""))
+        if self.addresses[node]:
+            self.learn_addresses({node: self.addresses[node]})
+        self.last_seen[node] = self.now()
+        self.record("worker_rejoined", member=node)
+        log.warning("%s: %s rejoined", self.name, node)
+        book = dict(self.addresses)
+        book[self.name] = self.transport.local_address()
+        self.post(msg.reply(Kind.REGISTER_ACK, meta={"book": book}))
+        for m in self.members:
+            if m != node and m not in self._left and m in self.addresses:
+                self.post(Message(Kind.NODE_REJOINED, self.name, m,
+                                  meta={"node": node, "address": self.addresses[node]}))
 
     async def _watch(self) -> None:
         """Declare a member dead when it misses heartbeats or never registers."""

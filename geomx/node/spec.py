@@ -53,6 +53,11 @@ class JobSpec:
     #: NETSTORM / MLNET (mode "netstorm"): the controller's and servers' settings, plain
     #: values from [netstorm] and the mesh (geomx/node/mesh_server.py reads them)
     mesh: dict[str, Any] = field(default_factory=dict)
+    #: [checkpoint] (geomx/node/checkpoint.py): every_rounds, every_s, keep, resume_from;
+    #: the runtime adds ``dir`` (this run's checkpoints folder). {} = off
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    #: [membership] on_worker_loss: "fail" (stop the job) | "continue" (the DC goes on)
+    on_worker_loss: str = "fail"
 
     @property
     def num_all_workers(self) -> int:

@@ -24,6 +24,7 @@ samples (not the mean of batch means) and is computed by one evaluator every
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -32,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from geomx.node import kvstore
+from geomx.node import checkpoint, kvstore
+from geomx.node.checkpoint import NodeCheckpoints
 from geomx.sync.policy import kvstore_type, make_worker_sync
 from geomx.wire import Payload
 
@@ -62,6 +64,7 @@ class TrainSpec:
     seed: int = 0
     sync: dict[str, Any] = field(default_factory=dict)
     program: str = ""                                  # "" = the built-in loop (train_program)
+    algorithm: str = ""                                # [training] algorithm (geomx/algorithms)
     program_args: list[str] = field(default_factory=list)
     #: per-layer compute model (geomx/node/layered.py): per-key compute shares, [] = off
     layer_shares: list[float] = field(default_factory=list)
@@ -168,7 +171,9 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     params = initial_params(spec) if spec.phantom else model.params
     node.params = params  # for inspection by tests and notebooks
     await kv.init(list(range(len(params))), params)  # one barrier for all keys
-    await kv.pull(list(range(len(params))), out=params)
+    # one pull per key, as before list calls became one BATCH per server (issue 16): the
+    # built-in trainer's emulated timings and event logs stay as they were
+    await asyncio.gather(*(kv.pull(k, out=p) for k, p in enumerate(params)))
 
     sync: Any
     layered = None
@@ -196,6 +201,18 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     last_eval: dict[str, Any] = {}
     it = 0
     next_eval = spec.eval_every
+    saver = NodeCheckpoints(job, node.name)
+    loaded = saver.load()
+    if loaded is not None:
+        it, next_eval, losses, last_eval = restore_worker(node, loaded, params, sync, stream)
+        node.iteration = it
+    if getattr(node, "rejoining", False):
+        # a restarted worker (geomx node --rejoin) pulled the current model of round
+        # ``seen_version``: it trains from the next round on, to the job's last iteration
+        it = int(getattr(node, "seen_version", 0))
+        next_eval = (it // spec.eval_every + 1) * spec.eval_every if spec.eval_every > 0 else 0
+        node.iteration = it
+        node.record("rejoined", iteration=it)
     while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
         it += 1
         node.iteration = it
@@ -226,6 +243,8 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             last_eval = evaluate(node, model, data, it, losses)
             if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:
                 kv.request_stop()
+        if getattr(node, "ckpt_due", 0) and saver.enabled:
+            save_worker(node, saver, it, next_eval, losses, last_eval, params, sync, stream)
         if spec.max_emulated_s > 0 and node.now() >= spec.max_emulated_s:
             kv.request_stop()
         if spec.max_wall_s > 0 and node.services.wall_elapsed_s() >= spec.max_wall_s:
@@ -238,6 +257,48 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
         else "iteration limit"
     node.record("worker_done", iterations=it, stop_reason=reason)
     return {"iterations": it, "stop_reason": reason, **last_eval}
+
+
+def save_worker(node: Any, saver: NodeCheckpoints, it: int, next_eval: int,
+                losses: list[float], last_eval: dict[str, Any], params: list[Any], sync: Any,
+                stream: BatchStream | None) -> None:
+    """This worker's part of checkpoint round ``node.ckpt_due`` (geomx/node/checkpoint.py):
+    everything the next iterations read -- the model, local optimizer states (FSA without
+    a global optimizer, HFA), the data stream and its RNG, the codec's error feedback."""
+    round_, node.ckpt_due = node.ckpt_due, 0
+    state = {"iteration": it, "next_eval": next_eval, "losses": losses[-20:],
+             "last_eval": last_eval, "params": list(params),
+             "sync_states": list(getattr(sync, "states", [])),
+             "codec": checkpoint.codec_states(node.lan_codec),
+             "stream": None if stream is None else {
+                 "rng": checkpoint.rng_state(stream.rng), "order": stream._order,
+                 "pos": stream._pos, "epoch": stream.epoch}}
+    path = saver.save(round_, state, {"t": node.now(), "iteration": it})
+    node.record("checkpoint", round=round_, iteration=it, file=path.name)
+
+
+def restore_worker(node: Any, loaded: Any, params: list[Any], sync: Any,
+                   stream: BatchStream | None) -> tuple[int, int, list[float], dict[str, Any]]:
+    """Resuming: put a checkpoint's worker state back (the inverse of save_worker)."""
+    tree, meta, arrays = loaded
+    state = checkpoint.unpack(tree, arrays)
+    if len(state["params"]) != len(params):
+        raise checkpoint.CheckpointError(f"the checkpoint has {len(state['params'])} "
+                                         f"parameter arrays, this model {len(params)}")
+    for p, saved in zip(params, state["params"]):
+        np.copyto(p, saved)
+    if getattr(sync, "states", None) is not None:
+        sync.states = checkpoint.restore_into(state["sync_states"], list(sync.states))
+    checkpoint.restore_codec_states(node.lan_codec, state["codec"])
+    saved_stream = state["stream"]
+    if stream is not None and saved_stream is not None:
+        checkpoint.set_rng_state(stream.rng, saved_stream["rng"])
+        stream._order = saved_stream["order"]
+        stream._pos = int(saved_stream["pos"])
+        stream.epoch = int(saved_stream["epoch"])
+    node.record("restore", round=meta["round"], iteration=state["iteration"])
+    return (int(state["iteration"]), int(state["next_eval"]), list(state["losses"]),
+            dict(state["last_eval"]))
 
 
 def evaluate(node: Any, model: Any, data: Any, iteration: int, losses: list[float]) -> dict[str, Any]:

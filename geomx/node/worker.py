@@ -77,7 +77,8 @@ class Worker(Node):
             # remaining training (flat PS, asynchronous); liveness is the heartbeats' job
             await self.worker_barrier("done", timeout_s=math.inf)
             if self.job.mode == "hips":
-                if self.rank == 0:
+                # with on_worker_loss = "continue" rank 0 may be gone: each worker tells
+                if self.rank == 0 or self.job.on_worker_loss == "continue":
                     self.post(Message(Kind.SHUTDOWN, self.name,
                                       self.job.local_server_of[self.dc]))
             else:

@@ -10,35 +10,37 @@
 The bias correction is folded into the learning rate and ``epsilon`` sits outside the
 square root, so results differ slightly from Kingma & Ba's ``m_hat / (sqrt(v_hat) + eps)``.
 MXNet's adam operator clips after adding weight decay; we follow it.
+
+State: ``{"mean": m, "var": v, "t": t}`` (float32 arrays, int count). Kernel:
+``kernels.adam``, one pass.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from geomx.optim.base import JSONScalar, OptimizerBase, as_float32, check_option, check_shapes, write_back
+from geomx.optim.base import JSONScalar, OptimizerBase, check_option, flat, kernels
 
-__all__ = ["Adam", "AdamState"]
+__all__ = ["Adam", "AdamState", "moments_state"]
+
+#: ``{"mean": ndarray, "var": ndarray, "t": int}``
+AdamState = dict[str, Any]
 
 
-@dataclass
-class AdamState:
-    """First and second moment estimates (float32) and this key's update count."""
-
-    mean: np.ndarray
-    var: np.ndarray
-    t: int = 0
+def moments_state(weight: np.ndarray, first: str = "mean", second: str = "var") -> dict[str, Any]:
+    """Two zeroed float32 moment arrays of the weight's shape and an update count 0."""
+    return {first: np.zeros(weight.shape, np.float32), second: np.zeros(weight.shape, np.float32), "t": 0}
 
 
 class Adam(OptimizerBase):
     """MXNet 1.x Adam (defaults lr=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8)."""
 
     name = "adam"
+    has_kernel = True
 
     def __init__(
         self,
@@ -57,29 +59,31 @@ class Adam(OptimizerBase):
         return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
 
     def create_state(self, key: Hashable, weight: np.ndarray) -> AdamState:
-        return AdamState(np.zeros(weight.shape, np.float32), np.zeros(weight.shape, np.float32))
+        return moments_state(weight)
 
-    def update(
-        self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: AdamState, *, sender: str | None = None
-    ) -> None:
-        check_shapes(weight, grad)
-        state.t += 1
-        t = state.t
-        lr_t = self.lr * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
-        w = as_float32(weight)
-        g = np.array(grad, dtype=np.float32, copy=True)
-        if self.rescale_grad != 1.0:
-            g *= np.float32(self.rescale_grad)
-        if self.wd:
-            g += np.float32(self.wd) * w
-        if self.clip_gradient is not None:
-            np.clip(g, -self.clip_gradient, self.clip_gradient, out=g)
-        state.mean *= np.float32(self.beta1)
-        state.mean += np.float32(1.0 - self.beta1) * g
+    def _lr_t(self, state: AdamState) -> float:
+        state["t"] += 1
+        t = state["t"]
+        return self.lr * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)
+
+    def _numpy_update(self, key: Hashable, w: np.ndarray, grad: np.ndarray, state: AdamState) -> None:
+        lr_t = self._lr_t(state)
+        g = self._clipped_decayed_grad(w, grad)
+        mean, var = state["mean"], state["var"]
+        mean *= np.float32(self.beta1)
+        mean += np.float32(1.0 - self.beta1) * g
         g *= g
-        state.var *= np.float32(self.beta2)
-        state.var += np.float32(1.0 - self.beta2) * g
-        denom = np.sqrt(state.var)
+        var *= np.float32(self.beta2)
+        var += np.float32(1.0 - self.beta2) * g
+        denom = np.sqrt(var)
         denom += np.float32(self.epsilon)
-        w -= np.float32(lr_t) * state.mean / denom
-        write_back(weight, w)
+        w -= np.float32(lr_t) * mean / denom
+
+    def _kernel_update(self, key: Hashable, w: np.ndarray, g: np.ndarray, state: AdamState) -> None:
+        f = np.float32
+        lr_t = self._lr_t(state)
+        kernels().run(
+            kernels().adam, (w, g, flat(state["mean"]), flat(state["var"])),
+            f(lr_t), f(self.beta1), f(1.0 - self.beta1), f(self.beta2), f(1.0 - self.beta2),
+            f(self.epsilon), f(self.rescale_grad), f(self.wd), self._clip_bound,
+        )

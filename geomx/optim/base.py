@@ -6,8 +6,10 @@ GeoMX installs the optimizer on the global servers (``kv.set_optimizer``) and ru
 
 * ``create_state(key, weight)`` makes the per-key state (momentum buffers, ...);
 * ``update(key, weight, grad, state)`` changes ``weight`` *in place*;
-* ``rescale_grad`` multiplies the gradient first, then ``clip_gradient`` clips it,
-  then weight decay ``wd`` is added, as MXNet's update operators do.
+* ``rescale_grad`` multiplies the gradient first; then, as MXNet's operators do, the SGD
+  family (sgd, momentum, NAG, AdaGrad, AdaDelta, FTRL, Signum, LAMB, DC-ASGD) clips with
+  ``clip_gradient`` before weight decay ``wd`` enters, and the Adam family (Adam,
+  RMSProp, Adamax, Nadam) adds ``wd * w`` before clipping. Each module states its rule.
 
 Two additions for the per-sender DC-ASGD rule: ``update`` takes ``sender=`` (the node
 that pushed), and ``note_pull(key, sender, weight)`` tells the optimizer what model a
@@ -17,19 +19,39 @@ pass them; ``needs_pull_notes`` lets it skip the call.
 The arithmetic runs in float32 whatever the stored dtype (a float16 key is updated in
 float32 and rounded back), and optimizers are shipped to servers as JSON
 (``to_config()``), never pickled as GeoMX does.
+
+**State contract.** What ``create_state`` returns, and ``update`` mutates in place, is
+one of: ``None``; a float32 ``np.ndarray``; a tuple of them; or a ``dict`` from ``str``
+to a float32 ndarray, a float or an int (e.g. Adam's ``{"mean", "var", "t"}``). Nothing
+else -- no dataclasses, no None inside containers -- so a checkpoint can save and restore
+any optimizer's states generically, without pickle. Arrays have the weight's shape and are
+C-contiguous (the kernels update them through flat views).
+
+**Two implementations of every elementwise update.** ``_kernel_update`` runs a Numba
+kernel (``geomx/optim/kernels.py``: one pass over memory, chunks on a thread pool) and
+``_numpy_update`` the same formula as whole-array numpy operations. The kernel is used
+when ``use_kernels`` is true (default; ``GEOMX_OPTIM_KERNELS=0`` turns it off for the
+process) and the state holds only contiguous float32 arrays; the numpy path is the
+readable reference the tests hold the kernels to.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Hashable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Optimizer", "OptimizerBase", "JSONScalar"]
+__all__ = ["Optimizer", "OptimizerBase", "JSONScalar", "kernels_enabled_by_default"]
 
 JSONScalar = None | bool | int | float | str
+
+
+def kernels_enabled_by_default() -> bool:
+    """Whether new optimizers use the Numba kernels (``GEOMX_OPTIM_KERNELS=0``: no)."""
+    return os.environ.get("GEOMX_OPTIM_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @runtime_checkable
@@ -53,14 +75,35 @@ class Optimizer(Protocol):
     def to_config(self) -> dict[str, JSONScalar]: ...
 
 
-def check_option(name: str, value: float, *, minimum: float | None = None, below: float | None = None) -> float:
+def check_option(
+    name: str,
+    value: float,
+    *,
+    minimum: float | None = None,
+    below: float | None = None,
+    above: float | None = None,
+) -> float:
+    """``value`` as a float, or a ValueError naming the option and its allowed range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"optimizer option {name} must be a finite number, got {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"optimizer option {name} must be >= {minimum}, got {value!r}")
     if below is not None and value >= below:
         raise ValueError(f"optimizer option {name} must be < {below}, got {value!r}")
+    if above is not None and value <= above:
+        raise ValueError(f"optimizer option {name} must be > {above}, got {value!r}")
     return float(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"optimizer option {name} must be true or false, got {value!r}")
+    return value
+
+
+def check_optional(name: str, value: float | None, *, minimum: float | None = None) -> float | None:
+    """An option that may be None (off), else a finite number >= ``minimum``."""
+    return None if value is None else check_option(name, value, minimum=minimum)
 
 
 class OptimizerBase:
@@ -68,6 +111,8 @@ class OptimizerBase:
 
     name: ClassVar[str] = ""
     needs_pull_notes: bool = False
+    #: Has a Numba kernel (``_kernel_update``); otherwise only ``_numpy_update`` runs.
+    has_kernel: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -80,6 +125,9 @@ class OptimizerBase:
         self.wd = check_option("wd", wd, minimum=0.0)
         self.rescale_grad = check_option("rescale_grad", rescale_grad)
         self.clip_gradient = None if clip_gradient is None else check_option("clip_gradient", clip_gradient, minimum=0.0)
+        #: Run the Numba kernel when one exists (not part of the config: a property of
+        #: the process, not of the optimizer; the result is the same to float32 rounding).
+        self.use_kernels = kernels_enabled_by_default()
 
     # -- protocol -----------------------------------------------------------------------
     def create_state(self, key: Hashable, weight: np.ndarray) -> Any:
@@ -88,7 +136,29 @@ class OptimizerBase:
     def update(
         self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: Any, *, sender: str | None = None
     ) -> None:
+        """Update ``weight`` in place: through the kernel when possible, else numpy."""
+        check_shapes(weight, grad)
+        if self.use_kernels and self.has_kernel and kernel_ready(state):
+            work = np.ascontiguousarray(weight, dtype=np.float32)
+            g = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
+            self._kernel_update(key, work.reshape(-1), g, state)
+        else:
+            work = as_float32(weight)
+            self._numpy_update(key, work, grad, state)
+        write_back(weight, work)
+
+    def _numpy_update(self, key: Hashable, w: np.ndarray, grad: np.ndarray, state: Any) -> None:
+        """The update as numpy operations on the float32 working weight ``w`` (in place)."""
         raise NotImplementedError
+
+    def _kernel_update(self, key: Hashable, w: np.ndarray, g: np.ndarray, state: Any) -> None:
+        """The update through a Numba kernel; ``w`` and ``g`` are flat float32 views."""
+        raise NotImplementedError
+
+    @property
+    def _clip_bound(self) -> np.float32:
+        """The clip bound as the kernels take it (negative: off, MXNet's -1)."""
+        return np.float32(-1.0 if self.clip_gradient is None else self.clip_gradient)
 
     def note_pull(self, key: Hashable, sender: str, weight: np.ndarray) -> None:
         """Only the per-sender DC-ASGD rule keeps track of pulls."""
@@ -117,15 +187,25 @@ class OptimizerBase:
         return f"{type(self).__name__}({options})"
 
     # -- helpers ------------------------------------------------------------------------
-    def _work_and_grad(self, weight: np.ndarray, grad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The float32 working weight and ``clip(rescale_grad * grad) + wd * w``: the common
-        start of the SGD family's updates (Adam orders weight decay and clipping its own way)."""
-        check_shapes(weight, grad)
-        w = as_float32(weight)
+    def _decayed_grad(self, w: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """``clip(rescale_grad * grad) + wd * w``: the SGD family's gradient (MXNet's
+        sgd_update order: clip, then weight decay)."""
         g = self._prepared_grad(grad)
         if self.wd:
             g += np.float32(self.wd) * w
-        return w, g
+        return g
+
+    def _clipped_decayed_grad(self, w: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        """``clip(rescale_grad * grad + wd * w)``: the Adam family's gradient (MXNet's
+        adam/rmsprop/adamax/nadam order: weight decay, then clip)."""
+        g = np.array(grad, dtype=np.float32, copy=True)
+        if self.rescale_grad != 1.0:
+            g *= np.float32(self.rescale_grad)
+        if self.wd:
+            g += np.float32(self.wd) * w
+        if self.clip_gradient is not None:
+            np.clip(g, -self.clip_gradient, self.clip_gradient, out=g)
+        return g
 
     def _prepared_grad(self, grad: np.ndarray) -> np.ndarray:
         """A fresh float32 ``clip(rescale_grad * grad)``: never aliases the caller's array."""
@@ -135,6 +215,36 @@ class OptimizerBase:
         if self.clip_gradient is not None:
             np.clip(g, -self.clip_gradient, self.clip_gradient, out=g)
         return g
+
+
+def kernel_ready(state: Any) -> bool:
+    """Whether every array in ``state`` (see the state contract) is a contiguous float32
+    array, so the kernels can update it through a flat view."""
+    if state is None:
+        return True
+    if isinstance(state, np.ndarray):
+        return state.dtype == np.float32 and state.flags.c_contiguous
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, tuple) else None
+    if values is None:
+        return False
+    return all(
+        (v.dtype == np.float32 and v.flags.c_contiguous) if isinstance(v, np.ndarray) else isinstance(v, (int, float))
+        for v in values
+    )
+
+
+def flat(array: np.ndarray) -> np.ndarray:
+    """A 1-D view of a contiguous state array (never a copy)."""
+    view = array.reshape(-1)
+    assert np.may_share_memory(view, array) or array.size == 0
+    return view
+
+
+def kernels():  # type: ignore[no-untyped-def]
+    """The kernel module, imported on first use (it imports numba)."""
+    from geomx.optim import kernels as module
+
+    return module
 
 
 def check_shapes(weight: np.ndarray, grad: np.ndarray) -> None:

@@ -25,7 +25,6 @@ Two rules for ``w_bak`` (geomx-behaviour.md §2.2, §3.3; algorithms.md §6.3):
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,19 +37,13 @@ __all__ = ["DCASGD", "DCASGDState"]
 _ADAPTIVE_EPS = 1e-7
 
 
-@dataclass
-class DCASGDState:
-    """Per-key state.
-
-    ``backup``: for the shared rule, the weight before the previous update; for the
-    per-sender rule, the initial weight (the fallback ``w_bak`` for senders that never
-    pulled). ``momentum`` is None when momentum is 0; ``mean_square`` is None unless
-    adaptive.
-    """
-
-    backup: np.ndarray
-    momentum: np.ndarray | None = None
-    mean_square: np.ndarray | None = None
+#: Per-key state, a dict (the state contract in base.py): ``"backup"``: for the shared
+#: rule, the weight before the previous update; for the per-sender rule, the initial
+#: weight (the fallback ``w_bak`` for senders that never pulled). ``"momentum"`` only
+#: when momentum > 0; ``"mean_square"`` only when adaptive. The per-sender backups live
+#: on the optimizer (``pulled_weight``), not in the state. No kernel: DC-ASGD's update is
+#: not the hot path of any scenario, and its per-sender lookups are Python anyway.
+DCASGDState = dict[str, np.ndarray]
 
 
 class DCASGD(OptimizerBase):
@@ -92,11 +85,12 @@ class DCASGD(OptimizerBase):
         return config
 
     def create_state(self, key: Hashable, weight: np.ndarray) -> DCASGDState:
-        return DCASGDState(
-            backup=np.array(weight, dtype=np.float32, copy=True),
-            momentum=np.zeros(weight.shape, np.float32) if self.momentum else None,
-            mean_square=np.zeros(weight.shape, np.float32) if self.adaptive else None,
-        )
+        state: DCASGDState = {"backup": np.array(weight, dtype=np.float32, copy=True)}
+        if self.momentum:
+            state["momentum"] = np.zeros(weight.shape, np.float32)
+        if self.adaptive:
+            state["mean_square"] = np.zeros(weight.shape, np.float32)
+        return state
 
     def note_pull(self, key: Hashable, sender: str, weight: np.ndarray) -> None:
         """Record that ``sender`` now holds ``weight`` for ``key`` (its next ``w_bak``)."""
@@ -128,16 +122,17 @@ class DCASGD(OptimizerBase):
                     "dcasgd keeps a backup per sender and needs update(..., sender=name); "
                     "use 'dcasgd_shared' for MXNet's single-backup rule"
                 )
-            w_bak = self._pulled.get(key, {}).get(sender, state.backup)
+            w_bak = self._pulled.get(key, {}).get(sender, state["backup"])
         else:
-            w_bak = state.backup
+            w_bak = state["backup"]
         w = as_float32(weight)
         g = self._prepared_grad(grad)
         lam: np.floating | np.ndarray = np.float32(self.lamda)
-        if state.mean_square is not None:
-            state.mean_square *= np.float32(self.ms_decay)
-            state.mean_square += np.float32(1.0 - self.ms_decay) * g * g
-            lam = np.float32(self.lamda) / (np.sqrt(state.mean_square) + np.float32(_ADAPTIVE_EPS))
+        mean_square = state.get("mean_square")
+        if mean_square is not None:
+            mean_square *= np.float32(self.ms_decay)
+            mean_square += np.float32(1.0 - self.ms_decay) * g * g
+            lam = np.float32(self.lamda) / (np.sqrt(mean_square) + np.float32(_ADAPTIVE_EPS))
         # delta = -lr * (g + wd*w + lam*g*g*(w - w_bak))
         delta = g * g
         delta *= lam
@@ -147,10 +142,11 @@ class DCASGD(OptimizerBase):
             delta += np.float32(self.wd) * w
         delta *= np.float32(-self.lr)
         if not self.per_sender:
-            np.copyto(state.backup, w)  # w_prev <- the weight before this update
-        if state.momentum is not None:
-            state.momentum *= np.float32(self.momentum)
-            state.momentum += delta
-            delta = state.momentum
+            np.copyto(state["backup"], w)  # w_prev <- the weight before this update
+        velocity = state.get("momentum")
+        if velocity is not None:
+            velocity *= np.float32(self.momentum)
+            velocity += delta
+            delta = velocity
         w += delta
         write_back(weight, w)

@@ -15,14 +15,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from geomx.optim.adadelta import AdaDelta
+from geomx.optim.adagrad import AdaGrad
 from geomx.optim.adam import Adam
+from geomx.optim.adamax import Adamax
 from geomx.optim.base import JSONScalar, OptimizerBase
 from geomx.optim.dcasgd import DCASGD
+from geomx.optim.ftrl import Ftrl
+from geomx.optim.lamb import LAMB
+from geomx.optim.nadam import Nadam
+from geomx.optim.rmsprop import RMSProp
 from geomx.optim.sgd import SGD, Momentum, Nesterov
+from geomx.optim.signum import Signum
 
 __all__ = [
     "OPTIMIZER_NAMES",
     "OptimizerConfig",
+    "SERVER_ONLY",
     "create_optimizer",
     "optimizer_from_config",
 ]
@@ -37,7 +46,19 @@ _REGISTRY: dict[str, tuple[type[OptimizerBase], dict[str, Any]]] = {
     "adam": (Adam, {}),
     "dcasgd": (DCASGD, {}),
     "dcasgd_shared": (DCASGD, {"per_sender": False}),
+    "adagrad": (AdaGrad, {}),
+    "rmsprop": (RMSProp, {}),
+    "rmsprop_centered": (RMSProp, {"centered": True}),
+    "adadelta": (AdaDelta, {}),
+    "adamax": (Adamax, {}),
+    "nadam": (Nadam, {}),
+    "ftrl": (Ftrl, {}),
+    "signum": (Signum, {}),
+    "lamb": (LAMB, {}),
 }
+
+#: Optimizers that need to know who pushed and what they pulled: server-side only.
+SERVER_ONLY: tuple[str, ...] = ("dcasgd", "dcasgd_shared")
 
 OPTIMIZER_NAMES: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -53,7 +74,9 @@ def _allowed_options(cls: type[OptimizerBase], fixed: Mapping[str, Any]) -> list
 
 def create_optimizer(name: str, **options: Any) -> OptimizerBase:
     """Build an optimizer by name: ``sgd``, ``momentum``, ``nesterov``, ``adam``,
-    ``dcasgd`` (per-sender backups) or ``dcasgd_shared`` (MXNet's single backup).
+    ``dcasgd`` (per-sender backups), ``dcasgd_shared`` (MXNet's single backup),
+    ``adagrad``, ``rmsprop``, ``rmsprop_centered`` (Graves), ``adadelta``, ``adamax``,
+    ``nadam``, ``ftrl``, ``signum`` or ``lamb`` (docs/optimizers.md).
 
     Unknown names or options raise ValueError naming what is allowed.
     """

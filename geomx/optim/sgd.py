@@ -6,7 +6,8 @@
 * ``nesterov`` (MXNet ``NAG``): ``g' = g + wd * w; m <- mu * m + g';
   w <- w - lr * (g' + mu * m)`` (Sutskever et al. 2013, in the form MXNet uses).
 
-``g`` is always ``clip(rescale_grad * grad)``.
+``g`` is always ``clip(rescale_grad * grad)``. Each has a one-pass Numba kernel
+(``kernels.sgd`` / ``momentum`` / ``nesterov``); the numpy code below is the reference.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from geomx.optim.base import JSONScalar, OptimizerBase, check_option, write_back
+from geomx.optim.base import JSONScalar, OptimizerBase, check_option, flat, kernels
 
 __all__ = ["SGD", "Momentum", "Nesterov"]
 
@@ -25,20 +26,23 @@ class SGD(OptimizerBase):
     """Plain stochastic gradient descent; no state."""
 
     name = "sgd"
+    has_kernel = True
 
-    def update(
-        self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: Any, *, sender: str | None = None
-    ) -> None:
-        w, step = self._work_and_grad(weight, grad)
+    def _numpy_update(self, key: Hashable, w: np.ndarray, grad: np.ndarray, state: Any) -> None:
+        step = self._decayed_grad(w, grad)
         step *= np.float32(self.lr)
         w -= step
-        write_back(weight, w)
+
+    def _kernel_update(self, key: Hashable, w: np.ndarray, g: np.ndarray, state: Any) -> None:
+        f = np.float32
+        kernels().run(kernels().sgd, (w, g), f(self.lr), f(self.rescale_grad), f(self.wd), self._clip_bound)
 
 
 class Momentum(OptimizerBase):
     """Heavy-ball momentum; the state is the velocity ``m`` (float32, starts at 0)."""
 
     name = "momentum"
+    has_kernel = True
 
     def __init__(self, lr: float = 0.01, momentum: float = 0.9, **kwargs: Any) -> None:
         super().__init__(lr=lr, **kwargs)
@@ -50,15 +54,20 @@ class Momentum(OptimizerBase):
     def create_state(self, key: Hashable, weight: np.ndarray) -> np.ndarray:
         return np.zeros(weight.shape, dtype=np.float32)
 
-    def update(
-        self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: np.ndarray, *, sender: str | None = None
-    ) -> None:
-        w, g = self._work_and_grad(weight, grad)
+    def _numpy_update(self, key: Hashable, w: np.ndarray, grad: np.ndarray, state: np.ndarray) -> None:
+        g = self._decayed_grad(w, grad)
         state *= np.float32(self.momentum)
         g *= np.float32(self.lr)
         state -= g
         w += state
-        write_back(weight, w)
+
+    def _kernel_update(self, key: Hashable, w: np.ndarray, g: np.ndarray, state: np.ndarray) -> None:
+        self._run_kernel(kernels().momentum, w, g, state)
+
+    def _run_kernel(self, kernel: Any, w: np.ndarray, g: np.ndarray, state: np.ndarray) -> None:
+        f = np.float32
+        kernels().run(kernel, (w, g, flat(state)), f(self.lr), f(self.momentum), f(self.rescale_grad),
+                      f(self.wd), self._clip_bound)
 
 
 class Nesterov(Momentum):
@@ -66,13 +75,13 @@ class Nesterov(Momentum):
 
     name = "nesterov"
 
-    def update(
-        self, key: Hashable, weight: np.ndarray, grad: np.ndarray, state: np.ndarray, *, sender: str | None = None
-    ) -> None:
-        w, g = self._work_and_grad(weight, grad)
+    def _numpy_update(self, key: Hashable, w: np.ndarray, grad: np.ndarray, state: np.ndarray) -> None:
+        g = self._decayed_grad(w, grad)
         state *= np.float32(self.momentum)
         state += g
         g += np.float32(self.momentum) * state
         g *= np.float32(self.lr)
         w -= g
-        write_back(weight, w)
+
+    def _kernel_update(self, key: Hashable, w: np.ndarray, g: np.ndarray, state: np.ndarray) -> None:
+        self._run_kernel(kernels().nesterov, w, g, state)

@@ -79,6 +79,12 @@ class NodeConfig:
     shape: bool
     connect_timeout_s: float
     sources: dict[str, str] = field(default_factory=dict)
+    #: the job's shared link budget file on this host (geomx/runtime/link_budget.py);
+    #: None = the node keeps its own
+    link_budget: str | None = None
+    #: what a kernel-shaped WAN (``[real] shaper = "kernel"``) already does, so the node's
+    #: own shaper leaves it out: "rate" (bandwidth) or "all" (netem too); None = nothing
+    kernel_shapes: str | None = None
     parent_watch: bool = False      # exit when stdin closes (ssh / launcher pipe)
     #: no rank was given: ``name`` is rank 0 of its kind until run_node claims the first
     #: free rank from its scheduler (geomx/runtime/rank_claim.py)
@@ -94,7 +100,8 @@ class NodeConfig:
                  ("secret", "set" if self.secret else "none"),
                  ("tls", "off" if self.tls is None else
                   f"cert={self.tls.cert} key={self.tls.key} ca={self.tls.ca or '(system)'}"),
-                 ("shape", str(self.shape)), ("connect_timeout_s", f"{self.connect_timeout_s:g}")]
+                 ("shape", str(self.shape)), ("link_budget", self.link_budget or "(own)"),
+                 ("connect_timeout_s", f"{self.connect_timeout_s:g}")]
         width = max(len(k) for k, _ in rows)
         lines = []
         for k, v in rows:
@@ -195,6 +202,8 @@ class NodeArgs:
     tls_key: str | None = None
     tls_ca: str | None = None
     shape: bool | None = None
+    link_budget: str | None = None           # shared link budget file (launcher)
+    kernel_shapes: str | None = None         # "rate" | "all" (kernel-shaped launcher)
     scenario_text: str | None = None         # from --stdin-config
     parent_watch: bool = False
 
@@ -419,11 +428,18 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     shape = r.pick("shape", (args.shape, "cli --shape/--no-shape"),
                    (bool_env(env, "GEOMX_SHAPE"), "env GEOMX_SHAPE"),
                    (s.real.shape, r.scenario_src("real", "shape")))
+    link_budget = r.pick("link_budget", (args.link_budget, "cli --link-budget"),
+                         (env_value(env, "GEOMX_LINK_BUDGET"), "env GEOMX_LINK_BUDGET"))
+    kernel_shapes = r.pick("kernel_shapes", (args.kernel_shapes, "cli --kernel-shapes"),
+                           (env_value(env, "GEOMX_KERNEL_SHAPES"), "env GEOMX_KERNEL_SHAPES"))
+    if kernel_shapes not in (None, "", "rate", "all"):
+        raise ConfigError(f"kernel shapes {kernel_shapes!r}: allowed: 'rate', 'all'")
     r.sources["connect_timeout_s"] = r.scenario_src("real", "connect_timeout")
     return NodeConfig(scenario=s, name=name, role=role, dc=dc, run_dir=Path(run_dir), book=book,
                       host=host, bind_host=bind, port=port, start_epoch=start_epoch,
                       secret=secret, tls=tls, shape=bool(shape),
                       connect_timeout_s=s.real.connect_timeout_s, sources=r.sources,
+                      link_budget=link_budget or None, kernel_shapes=kernel_shapes or None,
                       parent_watch=args.parent_watch, claim_rank=r.claim_rank)
 
 

@@ -10,6 +10,9 @@ Every frame on a geomx TCP stream is an 8-byte *preamble* followed by a body::
     2       1     type   1 = MESSAGE (body = one wire.encode'd Message)
                          2 = HELLO, 3 = CHALLENGE, 4 = AUTH, 5 = WELCOME, 6 = REFUSE
                              (handshake, body = a small UTF-8 JSON object, <= 4 KiB)
+                         7 = SEQ_MESSAGE (body = u64 sequence number + one Message),
+                         8 = ACK (body = u64: every sequence number up to it arrived)
+                             (resumable streams only, see geomx.runtime.tcp_resume)
     3       1     flags  reserved, must be 0
     4       4     length u32 little-endian byte length of the body (not counting the preamble)
 
@@ -83,11 +86,16 @@ class FrameType(enum.IntEnum):
     AUTH = 4
     WELCOME = 5
     REFUSE = 6
+    SEQ_MESSAGE = 7
+    ACK = 8
 
 
 CONTROL_TYPES = frozenset({FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH,
                            FrameType.WELCOME, FrameType.REFUSE})
 _FRAME_TYPES = frozenset(int(t) for t in FrameType)
+#: The sequence number of a SEQ_MESSAGE frame and the body of an ACK: u64 little-endian.
+SEQ = struct.Struct("<Q")
+SEQ_BYTES = SEQ.size
 
 
 class FramingError(Exception):
@@ -115,6 +123,31 @@ def message_frames(msg: Message) -> tuple[list[bytes | memoryview], int]:
     body = wire.frame_length(frames)
     frames[0] = pack_preamble(FrameType.MESSAGE, body) + frames[0]
     return frames, body + PREAMBLE_BYTES
+
+
+def sequenced_frames(msg: Message) -> tuple[list[bytes | bytearray | memoryview], int]:
+    """Frames of a SEQ_MESSAGE for ``msg`` with its sequence number still blank, and size.
+
+    Like :func:`message_frames`; the first frame is a ``bytearray`` (preamble, sequence
+    number, wire header) that :func:`stamp_sequence` fills in when the message is given
+    its place in the stream (when it is written, not when it is queued: priorities
+    reorder the queue).
+    """
+    frames = wire.encode(msg)
+    body = SEQ_BYTES + wire.frame_length(frames)
+    frames[0] = bytearray(pack_preamble(FrameType.SEQ_MESSAGE, body) + bytes(SEQ_BYTES)
+                          + frames[0])
+    return frames, body + PREAMBLE_BYTES
+
+
+def stamp_sequence(frames: list, seq: int) -> None:
+    """Write ``seq`` into frames made by :func:`sequenced_frames` (once, before writing)."""
+    SEQ.pack_into(frames[0], PREAMBLE_BYTES, seq)
+
+
+def ack_frame(seq: int) -> bytes:
+    """An ACK frame: the receiver has every message of the stream up to ``seq``."""
+    return pack_preamble(FrameType.ACK, SEQ_BYTES) + SEQ.pack(seq)
 
 
 def control_frame(ftype: FrameType, **fields: Any) -> bytes:

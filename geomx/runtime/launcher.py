@@ -19,6 +19,7 @@ of a node killed before it ever registered: only the process that started it kno
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -39,6 +40,7 @@ from geomx.metrics.counters import ByteCounters
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
+from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
 from geomx.scenario import Scenario, scenario_to_toml
 
@@ -163,13 +165,44 @@ def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
 
 
 def _local_commands(s: Scenario, plan: Any, run_dir: Path, book: dict[str, str],
-                    start_epoch: float) -> dict[str, tuple[list[str], bytes]]:
+                    start_epoch: float, kernel: Any = None) -> dict[str, tuple[list[str], bytes]]:
+    """Each node's command line; with ``kernel`` (a :class:`~geomx.runtime.kernel_wan.KernelWan`)
+    inside its DC's namespace, bound to the DC's address there."""
     out = {}
+    budget = _link_budget(s, plan, run_dir)
     for name in plan.nodes:
-        out[name] = ([sys.executable, "-m", "geomx", "node", str(run_dir / "scenario.toml"),
-                      "--name", name, "--run-dir", str(run_dir), "--book", json.dumps(book),
-                      "--start-epoch", repr(start_epoch), "--watch-stdin"], b"")
+        cmd = [sys.executable, "-m", "geomx", "node", str(run_dir / "scenario.toml"),
+               "--name", name, "--run-dir", str(run_dir), "--book", json.dumps(book),
+               "--start-epoch", repr(start_epoch), "--watch-stdin"]
+        cmd += ["--link-budget", str(budget)] if budget else []
+        if kernel is not None:
+            dc = plan.job.dc_of[name]
+            cmd = kernel.exec_argv(dc, cmd + ["--host", kernel.address(dc),
+                                              "--kernel-shapes", kernel.kernel_shapes])
+        out[name] = (cmd, b"")
     return out
+
+
+def _kernel_book(s: Scenario, plan: Any, kernel: Any) -> dict[str, str]:
+    """Scheduler addresses inside the DCs' namespaces (every port is free there; one from
+    this host's free ports keeps them apart from anything else the user runs)."""
+    book: dict[str, str] = {}
+    for name, role in plan.roles.items():
+        if role in ("global_scheduler", "local_scheduler"):
+            book[name] = f"{kernel.address(plan.job.dc_of[name])}:{free_port('127.0.0.1')}"
+    return book
+
+
+def _link_budget(s: Scenario, plan: Any, run_dir: Path) -> Path | None:
+    """The job's shared link budget file (every node is on this host), or None when
+    ``[real] shape`` or ``shared_links`` is off (geomx/runtime/link_budget.py)."""
+    if not (s.real.shape and s.real.shared_links):
+        return None
+    from geomx.runtime.link_budget import create_budget_file
+    from geomx.runtime.wan_shapes import LinkTable
+
+    table = LinkTable(s, list(plan.nodes), plan.job.dc_of)
+    return create_budget_file(run_dir / "link_budget.bin", len(table))
 
 
 def _remote_commands(s: Scenario, plan: Any, run_dir: Path, start_epoch: float,
@@ -210,8 +243,29 @@ def run_real(s: Scenario, run_dir: Path, *, progress: bool = True,
     if s.training.model == "phantom":
         raise ValueError("training.model = 'phantom' has no data to send over real sockets; "
                          "use the emulator (--runtime emu) for phantom models")
+    kernel = None
+    if s.real.shape and s.real.shaper == "kernel":
+        if remote is not None:
+            raise ValueError('[real] shaper = "kernel" builds the WAN on this host; it cannot '
+                             "shape a job spread over a hostfile's hosts (use \"userspace\")")
+        from geomx.runtime.kernel_wan import KernelWan
+
+        kernel = KernelWan(s)
+    with (kernel if kernel is not None else contextlib.nullcontext()):
+        return _run_real(s, plan, run_dir, progress, timeout_s, remote, kernel)
+
+
+def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: float | None,
+              remote: RemoteOptions | None, kernel: Any) -> Summary:
     start_epoch = time.time()
-    if remote is None:
+    if kernel is not None:
+        book = _kernel_book(s, plan, kernel)
+        commands = _local_commands(s, plan, run_dir, book, start_epoch, kernel)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "kernel_wan.sh").write_text(
+            "# what the kernel-shaped WAN of this run was built with (deleted after it)\n"
+            + "".join(shlex.join(c) + "\n" for c in kernel.commands))
+    elif remote is None:
         book = scheduler_book(s, plan)
         commands = _local_commands(s, plan, run_dir, book, start_epoch)
     else:
@@ -258,6 +312,8 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
     drain_deadline: float | None = None
     exit_seen: dict[str, float] = {}
+    survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
+    lost: list[str] = []
     try:
         while True:
             now = time.perf_counter()
@@ -265,12 +321,22 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 f = faults.pop(0)
                 p = procs[f.node]
                 if p.poll() is None:
+                    note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
                     os.killpg(p.pid, signal.SIGKILL)
             running = {n: p for n, p in procs.items() if p.poll() is None}
             for n, p in procs.items():
                 if p.returncode is not None and n not in exit_seen:
                     exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+            for n in [n for n in bad if n in survivable]:
+                # [membership] on_worker_loss = "continue": its DC goes on without it
+                bad.remove(n)
+                if n not in lost:
+                    lost.append(n)
+                    print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
+                          f"continues without it (to bring it back: its command in "
+                          f"{run_dir / 'launch.json'} plus --rejoin)", file=sys.stderr,
+                          flush=True)
             if bad and failure is None:
                 # the first to die; among those seen at once, a killed one before the
                 # ones that exited because they noticed it

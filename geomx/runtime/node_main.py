@@ -16,6 +16,7 @@ them (and collects ``logs/<name>.log``, the process's output).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -25,12 +26,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from geomx.cluster import make_node, plan_job
+from geomx.cluster import make_node, max_message_bytes, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
 from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
+from geomx.runtime.framing import PREAMBLE_BYTES
 from geomx.runtime.services import RealServices
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
@@ -38,31 +40,70 @@ from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
 
-__all__ = ["safe_name", "build_shaper", "run_node", "node_main", "MembersOnly"]
+__all__ = ["safe_name", "build_shaper", "transport_limits", "run_node", "node_main", "MembersOnly"]
 
 
-def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None):
-    """Per-peer shapes for ``name``'s traffic to nodes in other DCs (None: no WAN).
+def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = None,
+                 budget_path: str | None = None, kernel_shapes: str | None = None):
+    """Per-peer shapes for ``name``'s traffic (None: nothing to shape).
 
-    ``start_epoch`` (Unix seconds of the job's start, the same on every node) places the
-    ``link_down`` faults' phases on this process's shaper clock."""
+    Peers in other DCs get their route's shape (:func:`dc_link_shapes`); peers inside a
+    DC whose NICs are modelled (``lan_bandwidth`` at most
+    :data:`~geomx.runtime.wan_shapes.NIC_SHAPED_MAX_BPS`) get the LAN's. Bandwidth is
+    reserved per scenario link in the budget file at ``budget_path`` (shared with every
+    node of the job on this host, :mod:`geomx.runtime.link_budget`), or in one of this
+    process's own when there is none. ``start_epoch`` (Unix seconds of the job's start,
+    the same on every node) places traces' and ``link_down`` faults' phases on this
+    process's shaper clock. ``kernel_shapes`` (``[real] shaper = "kernel"``,
+    :mod:`geomx.runtime.kernel_wan`): the kernel already paces the WAN links ("rate": the
+    node adds their delay, jitter and loss) or does everything ("all")."""
+    from geomx.runtime.link_budget import LinkBudget, SharedLinkBudget
     from geomx.runtime.shaper import Shaper, now_s
+    from geomx.runtime.wan_shapes import LinkTable, dc_routes, lan_shape, route_hops
 
     shapes_by_dc = dc_link_shapes(s)
     phases_by_dc = dc_link_phases(s)
+    routes = dc_routes(s)
+    dc_of = plan.job.dc_of
+    table = LinkTable(s, list(plan.nodes), dc_of)
     zero = now_s() - (0.0 if start_epoch is None else time.time() - start_epoch)  # job start
-    my_dc = plan.job.dc_of[name]
-    shapes, phases = {}, {}
+    my_dc = dc_of[name]
+    lan = {d.name: d.lan_latency_s for d in s.dcs}
+    shapes, phases, hops = {}, {}, {}
     for peer in plan.nodes:
-        pair = (my_dc, plan.job.dc_of[peer])
+        if peer == name:
+            continue
+        pair = (my_dc, dc_of[peer])
+        if pair[0] == pair[1]:
+            if name in table.nic_bps or peer in table.nic_bps:
+                shapes[peer] = lan_shape(s, my_dc)
+                hops[peer] = table.hops(name, peer, ())
+            continue
         shape = shapes_by_dc.get(pair)
-        if shape is not None:
-            shapes[peer] = shape
-            if pair in phases_by_dc:  # one lazy reading of the pair's phases per peer
-                phases[peer] = ((zero + t, sh) for t, sh in phases_by_dc[pair]())
+        if shape is None:
+            continue
+        if kernel_shapes is not None:
+            # the kernel's qdiscs pace the WAN links and its TCP meets their loss: only
+            # the NIC links (and, without netem, delay, jitter and UDP loss) are left here
+            shape = dataclasses.replace(shape, bandwidth_bps=0, tcp_window_bytes=None,
+                                        **({"loss": 0.0, "jitter_s": 0.0, "delay_s":
+                                            (lan[pair[0]] + lan[pair[1]]) / 2}
+                                           if kernel_shapes == "all" else {}))
+            nic = table.hops(name, peer, ())
+            if kernel_shapes == "all" and not nic:
+                continue
+            shapes[peer], hops[peer] = shape, nic
+            continue
+        shapes[peer] = shape
+        hops[peer] = table.hops(name, peer, route_hops(routes[pair]))
+        if pair in phases_by_dc:  # one lazy reading of the pair's phases per peer
+            phases[peer] = ((zero + t, sh, table.hops(name, peer, wan))
+                            for t, sh, wan in phases_by_dc[pair]())
     if not shapes:
         return None
-    return Shaper(shapes, seed=s.run.seed, phases=phases)
+    budget = (SharedLinkBudget(budget_path, len(table)) if budget_path
+              else LinkBudget(len(table)))
+    return Shaper(shapes, seed=s.run.seed, phases=phases, hops=hops, budget=budget)
 
 
 class MembersOnly:
@@ -135,13 +176,15 @@ def tls_contexts(cfg: NodeConfig) -> tuple[Any, Any]:
     return server, client
 
 
-async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None
-                   ) -> dict[str, Any]:
+async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None,
+                   rejoin: bool = False) -> dict[str, Any]:
     """Run node ``cfg.name`` until it finishes; write its events and result files.
 
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
     """
     plan = plan_job(cfg.scenario, "real")  # the job's plan: the same whatever rank is claimed
+    if plan.job.checkpoint:  # [checkpoint]: this run's folder (shared by the job's hosts)
+        plan.job.checkpoint["dir"] = str(cfg.run_dir / "checkpoints")
     token = ""
     if cfg.claim_rank:
         from geomx.runtime.rank_claim import claim_rank
@@ -151,7 +194,9 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     s, name = cfg.scenario, cfg.name
     nodes_dir = cfg.run_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
-    recorder = EventRecorder(nodes_dir / f"{safe_name(name)}.events.jsonl",
+    # a rejoined worker keeps the events of the process it replaces
+    stem = safe_name(name) + (".rejoined" if rejoin else "")
+    recorder = EventRecorder(nodes_dir / f"{stem}.events.jsonl",
                              clock=lambda: time.time() - cfg.start_epoch,
                              enabled=s.metrics.events, dc_of=plan.job.dc_of.get,
                              byte_kinds=("send",))
@@ -172,7 +217,8 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
         recorder.close()
     stats = transport.stats()
     security_counts = {k: stats[k] for k in ("rejected_frames", "rejected",
-                                             "refused_connections", "dropped_messages")}
+                                             "refused_connections", "dropped_messages",
+                                             "streams")}
     security_counts["dropped_from_strangers"] = members.dropped_from_strangers
     security_counts["dropped_to_strangers"] = members.dropped_to_strangers
     result: dict[str, Any] = {"name": name, "role": plan.roles[name],
@@ -186,6 +232,20 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     return result
 
 
+def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
+    """What a node's transport may be made to hold, from the job (issue 12):
+
+    * a UDP socket only where a scheduler sends datagrams (DGT's ``"udp"`` bands), so
+      there is no reassembly for strangers to feed otherwise;
+    * frames no bigger than the job's largest legitimate message
+      (:func:`geomx.cluster.max_message_bytes`), refused before any of it is held;
+    * large frames arriving at once within 64 MiB together (or one such message).
+    """
+    frame_cap = min(max_message_bytes(plan) + PREAMBLE_BYTES, (1 << 32) - 1)
+    return {"udp": s.sched.dgt == "udp", "max_frame_bytes": frame_cap,
+            "max_partial_frame_bytes": max(64 * 2**20, frame_cap)}
+
+
 async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool = True) -> Any:
     """The node's TCP transport, listening, with the schedulers' addresses installed
     (``shape=False``: unshaped, as a rank claim's short-lived transport is)."""
@@ -196,9 +256,12 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
     transport = TcpTransport(name, host=cfg.bind_host, port=cfg.port,
                              advertise_host=cfg.host if cfg.host != cfg.bind_host else None,
                              secret=cfg.secret, ssl_server=ssl_server, ssl_client=ssl_client,
-                             shaper=(build_shaper(s, plan, name, cfg.start_epoch)
+                             shaper=(build_shaper(s, plan, name, cfg.start_epoch,
+                                                  cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
+                             reconnect_timeout_s=s.real.reconnect_timeout_s,
+                             **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,
                                                 s.membership.register_timeout_s))
@@ -320,6 +383,13 @@ def _watch_parent() -> None:
     threading.Thread(target=wait, name="parent-watch", daemon=True).start()
 
 
+def _mark_rejoining(node: Any) -> None:
+    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py)."""
+    if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):
+        raise ConfigError(f"--rejoin is for a training worker, not {node.name}")
+    node.rejoining = True
+
+
 def node_main(ns: Any) -> int:
     """Entry point of ``geomx node`` (argparse namespace from ``geomx.cli``)."""
     from geomx.runtime.eventloop import run
@@ -342,7 +412,8 @@ def node_main(ns: Any) -> int:
     if cfg.parent_watch:
         _watch_parent()
     try:
-        run(run_node(cfg))
+        rejoin = bool(getattr(ns, "rejoin", False))
+        run(run_node(cfg, on_node=_mark_rejoining if rejoin else None, rejoin=rejoin))
     except Exception as e:  # the launcher reports the node by name
         log.exception("node %s failed", cfg.name)
         print(f"geomx node {cfg.name}: failed: {type(e).__name__}: {e}", flush=True)

@@ -57,6 +57,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from geomx.runtime.link_budget import LinkBudget
 from geomx.transport import derive_seed
 
 #: Segment size used by the Mathis rate cap (Ethernet MSS).
@@ -187,37 +188,53 @@ STALLED_S = 365 * 86400.0
 
 
 class ShapedLink:
-    """The shaping state of one peer: the shared bandwidth bucket, seeded jitter and loss.
+    """The shaping state of one peer: its bandwidth budget, seeded jitter and loss.
 
-    ``phases`` (optional): ``(t, shape or None)`` pairs in :func:`now_s` time, in time
+    Bandwidth comes from one of two places:
+
+    * ``hops`` and ``budget`` (what :func:`geomx.runtime.node_main.build_shaper` gives):
+      the scenario links on the route to the peer, ``(link index, rate_Bps)`` each; every
+      piece reserves its bytes on each of them in the
+      :class:`~geomx.runtime.link_budget.LinkBudget` that every sender crossing those links
+      shares, and has crossed when the last reservation ends;
+    * otherwise a token bucket of this peer's own at ``shape``'s bandwidth.
+
+    ``phases`` (optional): ``(t, shape or None[, hops])`` in :func:`now_s` time, in time
     order, possibly endless (read as time goes by): from ``t`` on the link has that shape
-    (a trace's rate), or carries nothing (``None``: a failed WAN link on the route;
+    (a trace's rate; the route's hops and their current rates), or carries nothing
+    (``None``: a failed WAN link on the route;
     :func:`geomx.runtime.wan_shapes.dc_link_phases`). Bytes paced while it is stalled
     leave when the next phase starts, at that phase's rate; bytes already paced keep their
     times (they were on the wire).
     """
 
     def __init__(self, peer: str, shape: LinkShape, seed: int,
-                 phases: Iterable[tuple[float, LinkShape | None]] | None = None):
+                 phases: Iterable[tuple] | None = None, *,
+                 hops: tuple[tuple[int, float], ...] | None = None,
+                 budget: LinkBudget | None = None):
         self.peer = peer
         self.shape = shape
         self.bucket = TokenBucket(shape.rate_Bps, shape.burst)
+        self.budget = budget
+        self.hops = hops if budget is not None else None
         self._rng = random.Random(derive_seed(seed, f"shaper:{peer}"))
         self.datagrams_lost = 0
         self.stalled = False
-        self._phases: Iterator[tuple[float, LinkShape | None]] | None = (
-            iter(phases) if phases is not None else None)
+        self._phases: Iterator[tuple] | None = iter(phases) if phases is not None else None
         self._next = next(self._phases, None) if self._phases is not None else None
 
     def _advance(self, now: float) -> None:
         """Enter every phase that has started by ``now``."""
         while self._next is not None and self._next[0] <= now:
-            t, shape = self._next
+            phase = self._next
             self._next = next(self._phases, None)  # type: ignore[arg-type]
+            shape = phase[1]
             if shape is None:
                 self.stalled = True
                 continue
             self.stalled = False
+            if len(phase) > 2 and self.budget is not None:
+                self.hops = phase[2]
             if shape != self.shape:
                 finish = self.bucket._finish
                 self.shape = shape
@@ -240,7 +257,17 @@ class ShapedLink:
                     return now + STALLED_S
                 now = self._next[0]
                 self._advance(now)
-        t = self.bucket.transmit(nbytes, now)
+        hops = self.hops
+        if hops is not None:
+            t = now
+            reserve, mss = self.budget.reserve, self.shape.mss_bytes  # type: ignore[union-attr]
+            for link, rate in hops:
+                # no burst credit beyond one segment: an emulated link has none
+                done = reserve(link, nbytes / rate, mss / rate, now)
+                if done > t:
+                    t = done
+        else:
+            t = self.bucket.transmit(nbytes, now)
         if flow is not None:
             t = max(t, flow.transmit(nbytes, now))
         return t
@@ -278,12 +305,16 @@ class Shaper:
 
     Peers not in ``shapes`` get ``default`` (None = not shaped). Random draws (jitter,
     loss) come from a generator per peer seeded from ``seed`` and the peer's name, so a
-    run is reproducible up to the timing noise of a real machine.
+    run is reproducible up to the timing noise of a real machine. A peer listed in
+    ``hops`` draws its bandwidth from ``budget``, on the links of its route, shared with
+    every other sender crossing them (:mod:`geomx.runtime.link_budget`).
     """
 
     def __init__(self, shapes: dict[str, LinkShape], seed: int = 0, *,
                  default: LinkShape | None = None,
-                 phases: dict[str, Iterable[tuple[float, LinkShape | None]]] | None = None):
+                 phases: dict[str, Iterable[tuple]] | None = None,
+                 hops: dict[str, tuple[tuple[int, float], ...]] | None = None,
+                 budget: LinkBudget | None = None):
         for peer, shape in shapes.items():
             if not isinstance(shape, LinkShape):
                 raise TypeError(f"Shaper: shape for {peer!r} must be a LinkShape, "
@@ -292,6 +323,8 @@ class Shaper:
         self.seed = int(seed)
         self.default = default
         self.phases = dict(phases or {})  # peer -> ShapedLink phases (now_s() times)
+        self.hops = dict(hops or {})      # peer -> the route's (link index, rate_Bps)
+        self.budget = budget
         self._links: dict[str, ShapedLink] = {}
 
     def shape_for(self, peer: str) -> LinkShape | None:
@@ -304,8 +337,10 @@ class Shaper:
             shape = self.shape_for(peer)
             if shape is None:
                 return None
-            link = self._links[peer] = ShapedLink(peer, shape, self.seed,
-                                                  self.phases.get(peer))
+            hops = self.hops.get(peer)
+            link = self._links[peer] = ShapedLink(
+                peer, shape, self.seed, self.phases.get(peer), hops=hops,
+                budget=self.budget if hops is not None else None)
         return link
 
     def stats(self) -> dict[str, dict[str, int]]:

@@ -57,10 +57,17 @@ reading the sockets, which closes the TCP windows and pushes the stall back to t
 senders (UDP messages arriving while the inbox is over the limit are dropped and
 counted).
 
-Delivery is in order per (src, dst, channel) and exactly once while both ends live. If
-an established connection breaks, the messages still queued on it are dropped, logged
-and counted (``stats()["dropped_messages"]``; a message already partly written is lost
-with the connection), and the next ``send()`` reconnects.
+Delivery is in order per (src, dst, channel) and exactly once while both ends live,
+even across a connection that drops (:mod:`geomx.runtime.tcp_resume`): every message is
+numbered and kept until the receiver acknowledges it (at most ``retain_limit_bytes``
+unacknowledged per connection, then the writer waits); a connection that breaks with
+messages unacknowledged or queued is dialled again for up to ``reconnect_timeout_s``,
+the receiver says in the handshake what it has, and the sender writes the rest again,
+in order; the receiver drops what it already delivered. Only past that bound (or when
+the peer refuses the handshake, or turns out to be a new process) are the messages
+dropped, logged naming the peer, and counted (``stats()["dropped_messages"]``); the
+next ``send()`` dials again. ``stats()["streams"]`` counts reconnects, resent messages
+and bytes, duplicates dropped and acknowledgements.
 
 Shaping
 -------
@@ -78,8 +85,8 @@ import ssl
 from collections import deque
 
 from geomx.runtime import security
-from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, Body, RejectLog,
-                                   decode_message, message_frames)
+from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ, SEQ_BYTES,
+                                   Body, RejectLog, decode_message, sequenced_frames)
 from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, UnknownPeer,
                                       parse_address)
 from geomx.runtime.shaper import Shaper
@@ -89,6 +96,8 @@ from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_
 from geomx.runtime.tcp_outgoing import (CONNECT_BACKOFF_S, DEFAULT_CONNECT_TIMEOUT_S,
                                         DEFAULT_SEND_QUEUE_LIMIT_BYTES, SHAPED_PIECE_BYTES,
                                         SMALL_MESSAGE_BYTES, WRITE_BATCH_BYTES, Outgoing)
+from geomx.runtime.tcp_resume import (DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_RETAIN_LIMIT_BYTES,
+                                      InStreams)
 from geomx.runtime.udp import (DEFAULT_CHUNK_PAYLOAD_BYTES, DEFAULT_REASSEMBLY_TIMEOUT_S,
                                UdpEndpoint)
 from geomx.wire import UNRELIABLE_BASE, Message, WireError
@@ -97,6 +106,7 @@ __all__ = [
     "TcpTransport", "HandshakeRefused", "UnknownPeer", "parse_address",
     "DEFAULT_SEND_QUEUE_LIMIT_BYTES", "DEFAULT_RECV_QUEUE_LIMIT_BYTES",
     "DEFAULT_CONNECT_TIMEOUT_S", "DEFAULT_ADDRESS_WAIT_S", "DEFAULT_HANDSHAKE_TIMEOUT_S",
+    "DEFAULT_RECONNECT_TIMEOUT_S", "DEFAULT_RETAIN_LIMIT_BYTES",
     "WRITE_HIGH_WATER_BYTES", "SMALL_MESSAGE_BYTES", "WRITE_BATCH_BYTES", "SHAPED_PIECE_BYTES",
     "CONNECT_BACKOFF_S", "HANDSHAKE_VERSION", "MAX_NAME_BYTES",
 ]
@@ -119,7 +129,8 @@ class TcpTransport:
     """A node's real-socket transport (implements :class:`geomx.transport.Transport`).
 
     ``TcpTransport(name, host=, port=, secret=, ssl_server=, ssl_client=, shaper=,
-    max_frame_bytes=, send_queue_limit_bytes=)``; then ``await start()``,
+    max_frame_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=, retain_limit_bytes=)``;
+    then ``await start()``,
     ``set_address_book({...})``, ``send``/``recv``, ``await close()``. See the module
     docstring for the model.
     """
@@ -133,6 +144,8 @@ class TcpTransport:
                  send_queue_limit_bytes: int = DEFAULT_SEND_QUEUE_LIMIT_BYTES,
                  recv_queue_limit_bytes: int = DEFAULT_RECV_QUEUE_LIMIT_BYTES,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+                 reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+                 retain_limit_bytes: int = DEFAULT_RETAIN_LIMIT_BYTES,
                  address_wait_s: float = DEFAULT_ADDRESS_WAIT_S,
                  handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
                  udp: bool = True,
@@ -152,6 +165,8 @@ class TcpTransport:
         for label, v in (("send_queue_limit_bytes", send_queue_limit_bytes),
                          ("recv_queue_limit_bytes", recv_queue_limit_bytes),
                          ("connect_timeout_s", connect_timeout_s),
+                         ("reconnect_timeout_s", reconnect_timeout_s),
+                         ("retain_limit_bytes", retain_limit_bytes),
                          ("address_wait_s", address_wait_s),
                          ("handshake_timeout_s", handshake_timeout_s),
                          ("max_partial_frame_bytes", max_partial_frame_bytes),
@@ -171,6 +186,11 @@ class TcpTransport:
         self.send_queue_limit_bytes = send_queue_limit_bytes
         self.recv_queue_limit_bytes = recv_queue_limit_bytes
         self.connect_timeout_s = connect_timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.retain_limit_bytes = retain_limit_bytes
+        self._streams = InStreams()
+        self._resume_counts = {"reconnects": 0, "reconnect_failures": 0, "resent_messages": 0,
+                               "resent_bytes": 0, "unacked_dropped": 0, "acks_received": 0}
         self._members = AddressBook(name, wait_s=address_wait_s, is_closed=lambda: self.closed)
         self.handshake_timeout_s = handshake_timeout_s
         self.closed = False
@@ -274,7 +294,7 @@ class TcpTransport:
         if self._server is not None:
             self._server.close()
         outs = list(self._out.values())
-        pending = [o.flush() for o in outs if o.is_open]
+        pending = [o.flush() for o in outs if o.active]
         flushed = True
         if pending:
             try:
@@ -288,6 +308,7 @@ class TcpTransport:
             if o.proto is not None:
                 conns.append(o.proto)
             o.shutdown(abort=not flushed)
+        self._streams.flush_all()  # what arrived is acknowledged: nobody resends it
         for c in list(self._incoming):
             conns.append(c)
             c.close()
@@ -334,22 +355,22 @@ class TcpTransport:
         if ch >= UNRELIABLE_BASE:
             await self._send_udp(msg)
             return
-        frames, nbytes = message_frames(msg)
-        if nbytes - PREAMBLE_BYTES > self.max_frame_bytes:
-            raise WireError(f"message of {nbytes - PREAMBLE_BYTES} bytes exceeds max_frame_bytes "
-                            f"({self.max_frame_bytes})")
+        frames, nbytes = sequenced_frames(msg)
+        if nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes:
+            raise WireError(f"message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes exceeds "
+                            f"max_frame_bytes ({self.max_frame_bytes})")
         out = self._outgoing(msg.dst, ch)
-        if not out.is_open:
+        if not out.active:  # (while a dropped connection is dialled again, messages queue)
             await out.ready()
-        if nbytes <= WRITE_BATCH_BYTES and out.idle_unshaped():
+        if nbytes <= WRITE_BATCH_BYTES and out.idle_unshaped(nbytes):
             # Fast path: nothing queued or being written, so writing now keeps every
             # ordering guarantee and saves a hop through the writer task.
             await out.write_now(frames, nbytes)
             return
         await out.reserve(nbytes)
-        if not out.is_open:  # the connection broke while we waited (fail() resets the count)
-            raise ConnectionError(f"{self.name}: connection to {msg.dst!r} (channel {ch}) lost")
-        out.push(msg.priority, frames, nbytes)
+        if self.closed:
+            raise ConnectionError(f"{self.name}: transport is closed")
+        out.push(msg.priority, frames, nbytes)  # (dials again if the connection dropped)
 
     async def _send_udp(self, msg: Message) -> None:
         if self._udp is None:
@@ -411,6 +432,40 @@ class TcpTransport:
             self._paused.add(conn)
             conn.pause("inbox")
 
+    def _on_seq_frame(self, conn: Conn, body: Body) -> None:
+        """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it."""
+        counters = self._counters(conn.peer)  # type: ignore[arg-type]
+        counters.bytes_received += PREAMBLE_BYTES + len(body)
+        st = conn.stream
+        if len(body) < SEQ_BYTES:
+            self._rejects.reject(conn.label, f"SEQ_MESSAGE frame of {len(body)} bytes",
+                                 "protocol")
+            conn.abort()
+            return
+        seq = SEQ.unpack_from(body, 0)[0]
+        verdict = self._streams.accept(st, seq)
+        if verdict is None:
+            self._rejects.reject(conn.label, f"message #{seq} out of order (#{st.delivered} "
+                                 "was the last delivered)", "protocol")
+            conn.abort()
+            return
+        if verdict:
+            # numbered, so a malformed one is acknowledged like any other (never resent)
+            msg = decode_message(memoryview(body)[SEQ_BYTES:], conn.label, self._rejects,
+                                 max_bytes=self.max_frame_bytes)
+            if msg is not None and self.secret is not None and msg.src != conn.peer:
+                self._rejects.reject(conn.label, f"message claims src {msg.src!r} but the "
+                                     f"connection authenticated as {conn.peer!r}",
+                                     "src_mismatch")
+                msg = None
+            if msg is not None:
+                counters.msgs_received += 1
+                self._deliver(msg, len(body))
+        self._streams.delivered(st, len(body))
+        if self._inbox_bytes > self.recv_queue_limit_bytes and conn not in self._paused:
+            self._paused.add(conn)
+            conn.pause("inbox")
+
     def _on_udp_message(self, msg: Message, nbytes: int) -> None:
         if self._inbox_bytes + nbytes > self.recv_queue_limit_bytes:
             self._udp_inbox_dropped += 1
@@ -446,7 +501,7 @@ class TcpTransport:
     async def _serve_handshake(self, conn: Conn) -> None:
         await serve_handshake(conn, name=self.name, secret=self.secret,
                               timeout_s=self.handshake_timeout_s, rejects=self._rejects,
-                              on_refused=self._count_refused)
+                              on_refused=self._count_refused, resume=self._streams.attach)
 
     def _count_refused(self) -> None:
         self._refused += 1
@@ -479,9 +534,10 @@ class TcpTransport:
         if conn.incoming:
             self._incoming.discard(conn)
             self._paused.discard(conn)
+            self._streams.detach(conn)
             return
         out = conn.out
-        if out is not None and out.proto is conn and not self.closed:
+        if out is not None and out.proto is conn:
             out.fail(exc or ConnectionError("closed by the peer"))
 
     # -- statistics -------------------------------------------------------------------
@@ -515,6 +571,15 @@ class TcpTransport:
             "connections_out": sum(1 for o in outs if o.is_open),
             "connections_in": len(self._incoming),
             "udp_inbox_dropped": self._udp_inbox_dropped,
+            "streams": {
+                **self._resume_counts,
+                "resumed_in": self._streams.resumed,
+                "duplicates_dropped": self._streams.duplicates,
+                "acks_sent": self._streams.acks_sent,
+                "streams_in": len(self._streams),
+                "unacked_bytes": sum(o.window.bytes for o in outs),
+                "max_unacked_bytes": max((o.window.peak_bytes for o in outs), default=0),
+            },
         }
         if self._udp is not None:
             d["udp"] = self._udp.stats()

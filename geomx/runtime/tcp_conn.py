@@ -10,6 +10,10 @@ same line. This module owns what happens on *one* socket, in either direction:
   frames queued for :mod:`geomx.runtime.tcp_handshake`, message frames handed to the
   transport only once the connection is open (and only on incoming connections),
   write flow control (``drain``), and bad frames counted in the transport's reject log;
+  on a resumable stream (:mod:`geomx.runtime.tcp_resume`) SEQ_MESSAGE frames go to the
+  transport with their stream, and ACK frames coming back on an outgoing connection go
+  to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
+  connection did not negotiate are unknown to it, as any other);
 * :class:`PeerCounters`, the per-peer byte and message counters behind ``stats()``.
 
 It does not know what a handshake says (:mod:`~geomx.runtime.tcp_handshake`), how
@@ -25,8 +29,9 @@ import socket
 from collections import deque
 from typing import Any, Protocol
 
-from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES, Body,
-                                   FrameDecoder, FrameType, FramingError, RejectLog)
+from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
+                                   SEQ, SEQ_BYTES, Body, FrameDecoder, FrameType,
+                                   FramingError, RejectLog)
 
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
@@ -54,6 +59,8 @@ class ConnOwner(Protocol):
 
     def _on_message_frame(self, conn: "Conn", body: Body) -> None: ...
 
+    def _on_seq_frame(self, conn: "Conn", body: Body) -> None: ...
+
     def _conn_lost(self, conn: "Conn", exc: Exception | None) -> None: ...
 
 
@@ -79,6 +86,7 @@ class Conn(asyncio.BufferedProtocol):
         self.peer: str | None = None
         self.channel = -1
         self.out: Any = None  # the tcp_outgoing.Outgoing writing on it (outgoing only)
+        self.stream: Any = None  # the tcp_resume.InStream it carries (resumable, incoming)
         self.transport: asyncio.Transport | None = None
         self.state = HANDSHAKE
         self.aborted = False
@@ -136,7 +144,8 @@ class Conn(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         was_aborted = self.aborted
         self.state = CLOSED
-        if not was_aborted and self.decoder.pending_bytes():
+        # a resumable stream cut mid-frame is no attack: the sender writes it again
+        if not was_aborted and self.stream is None and self.decoder.pending_bytes():
             self.tr._rejects.reject(self.label, "connection closed mid-frame ("
                                     + self.decoder.pending_description() + ")", "truncated")
         self.decoder.abandon()  # its large frame's budget goes back to the transport
@@ -209,9 +218,12 @@ class Conn(asyncio.BufferedProtocol):
         self.peer = peer
         self.channel = channel
         self.state = OPEN
-        self.decoder.max_frame_bytes = self.tr.max_frame_bytes
         if self.incoming:
+            # a SEQ_MESSAGE frame is a message and its sequence number
+            self.decoder.max_frame_bytes = self.tr.max_frame_bytes + (
+                SEQ_BYTES if self.stream is not None else 0)
             self.decoder.grow(SCRATCH_BYTES)
+        # an outgoing connection only ever reads ACK frames: its limit stays small
         self.label = f"{peer} ({self.label}, channel {channel})"
 
     async def next_control(self) -> tuple[int, Body]:
@@ -229,11 +241,31 @@ class Conn(asyncio.BufferedProtocol):
     def _on_frame(self, ftype: int, flags: int, body: Body) -> None:
         if self.state == CLOSED:
             return
+        if ftype == FrameType.SEQ_MESSAGE and self.state == OPEN and self.stream is not None:
+            if flags:
+                self.tr._rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
+                                        "bad_flags")
+                return
+            self.tr._on_seq_frame(self, body)
+            return
+        if ftype == FrameType.ACK and self.state == OPEN and self.out is not None:
+            if len(body) != SEQ_BYTES or flags:
+                raise FramingError(f"malformed ACK frame ({len(body)} bytes, flags "
+                                   f"{flags:#x})", "protocol")
+            try:
+                self.out.on_ack(self, SEQ.unpack_from(body, 0)[0])
+            except ValueError as e:
+                raise FramingError(str(e), "protocol") from None
+            return
         if ftype == FrameType.MESSAGE:
             if self.state == OPEN and self.incoming:
                 if flags:
                     self.tr._rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
                                             "bad_flags")
+                    return
+                if self.stream is not None:
+                    self.tr._rejects.reject(self.label, "unsequenced message on a resumable "
+                                            "stream", "protocol")
                     return
                 self.tr._on_message_frame(self, body)
                 return

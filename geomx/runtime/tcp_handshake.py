@@ -11,7 +11,12 @@ a message, so the exchange has a module of its own. It owns
 * the accepting side, :func:`serve_handshake`: checks the HELLO, challenges with a
   secret, answers WELCOME or REFUSE (:class:`Refuse` carries the reason logged here and
   the one told to the peer), counts and logs refusals, and opens the connection;
-* the field checks (:func:`hex_field`, names up to ``MAX_NAME_BYTES``, the version).
+* the field checks (:func:`hex_field`, names up to ``MAX_NAME_BYTES``, the version);
+* resuming a stream (:mod:`geomx.runtime.tcp_resume`): the HELLO may carry the
+  sender's session id (``sess``); once the peer is authenticated the accepting side
+  asks its ``resume`` callback for the last message it delivered on that session and
+  answers it in the WELCOME (``ack``, with its incarnation ``inc``). A HELLO without
+  ``sess`` opens a plain stream (MESSAGE frames, no acknowledgements).
 
 The cryptography (nonces, HMAC proofs, constant-time compare) is
 :mod:`geomx.runtime.security`'s; the frames are :mod:`geomx.runtime.framing`'s; the
@@ -23,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from geomx.runtime import security
 from geomx.runtime.framing import FrameType, RejectLog, control_frame, parse_control
 from geomx.runtime.tcp_conn import Conn
+from geomx.runtime.tcp_resume import SESSION_BYTES
 from geomx.wire import UNRELIABLE_BASE
 
 # the transport's logger: these messages have always been the TCP transport's
@@ -73,16 +80,20 @@ async def next_control(conn: Conn) -> tuple[FrameType, dict]:
 
 
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
-                           secret: bytes | None, host: str, port: int) -> None:
+                           secret: bytes | None, host: str, port: int,
+                           session: str | None = None) -> tuple[int, str]:
     """Handshake as node ``name`` dialling ``peer`` at ``host:port`` on ``channel``.
 
     Opens ``proto`` on success; raises :class:`HandshakeRefused` (or ConnectionError if
-    the connection closes) otherwise.
+    the connection closes) otherwise. With a ``session`` (a resumable stream), returns
+    the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
+    and the peer's incarnation; ``(0, "")`` without one.
     """
     ch = channel
     where = f"{peer!r} at {host}:{port}"
+    fields: dict[str, Any] = {"sess": session} if session is not None else {}
     proto.write(control_frame(FrameType.HELLO, v=HANDSHAKE_VERSION, name=name, to=peer,
-                              ch=ch, auth=secret is not None))
+                              ch=ch, auth=secret is not None, **fields))
     ftype, body = await next_control(proto)
     if ftype == FrameType.REFUSE:
         raise HandshakeRefused(f"{name}: {where} refused the connection: "
@@ -115,14 +126,27 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                                    "(it has no shared secret); refusing it")
     else:
         raise HandshakeRefused(f"{name}: unexpected {ftype.name} frame from {where}")
+    resumed = (0, "")
+    if session is not None:
+        ack, inc = body.get("ack"), body.get("inc")
+        if not isinstance(ack, int) or isinstance(ack, bool) or ack < 0 \
+                or not isinstance(inc, str) or not inc:
+            raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
+                                   f"resumes (ack={ack!r}, inc={inc!r})")
+        resumed = (ack, inc)
     proto.open(peer, ch)
+    return resumed
 
 
 async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeout_s: float,
-                          rejects: RejectLog, on_refused: Callable[[], None]) -> None:
+                          rejects: RejectLog, on_refused: Callable[[], None],
+                          resume: Callable[[Conn, str, int, str], dict] | None = None) -> None:
     """Answer the handshake on the accepted connection ``conn`` as node ``name``.
 
-    Opens ``conn`` on success. A refusal is logged in ``rejects`` (by category),
+    Opens ``conn`` on success. A HELLO with a session id asks to resume a stream:
+    ``resume(conn, peer, channel, session)`` -- called only once the peer is
+    authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
+    is refused). A refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -145,6 +169,14 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
             if hello.get("to") != name:
                 raise Refuse(f"this node is {name!r}, not {hello.get('to')!r} (stale "
                              "address book?)", "misrouted")
+            session = hello.get("sess")
+            if session is not None:
+                if resume is None:
+                    raise Refuse("this node does not resume streams", "protocol")
+                try:
+                    hex_field(hello, "sess", SESSION_BYTES)
+                except HandshakeRefused as e:
+                    raise Refuse(str(e), "protocol") from None
             if secret is not None:
                 ns = security.new_nonce()
                 conn.write(control_frame(FrameType.CHALLENGE, name=name, nonce=ns.hex()))
@@ -162,9 +194,11 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                 if not security.verify(expected, mac):
                     raise Refuse("wrong shared secret", "auth", "authentication failed")
                 proof = security.server_proof(secret, ns, nc, claimed, name, ch)
-                conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex()))
+                extra = resume(conn, claimed, ch, session) if session is not None else {}
+                conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(), **extra))
             else:
-                conn.write(control_frame(FrameType.WELCOME, name=name))
+                extra = resume(conn, claimed, ch, session) if session is not None else {}
+                conn.write(control_frame(FrameType.WELCOME, name=name, **extra))
             conn.open(claimed, ch)
     except Refuse as r:
         on_refused()

@@ -11,7 +11,12 @@ keeps that shape and adds what ZeroMQ used to do for it. This module owns
   priority (FIFO among equals) with its byte limit and back-pressure, the writer task,
   the fast path that writes an idle connection's message at once, shaped pacing
   through the :class:`~geomx.runtime.shaper.DelayLine`, and what happens when the
-  connection breaks (queued messages dropped, counted and logged);
+  connection breaks: every message written carries the next number of the stream's
+  :class:`~geomx.runtime.tcp_resume.SendWindow` and stays there until acknowledged; a
+  connection that drops with messages unacknowledged or queued is dialled again (with
+  backoff, up to ``reconnect_timeout_s``), the handshake says where the receiver is, and
+  the rest is written again, in order and paced again, before anything new. Past the
+  bound (or refused) the messages are dropped, counted and logged, naming the peer;
 * :func:`batches` (unshaped messages written in ``WRITE_BATCH_BYTES`` slices, waiting
   for the socket in between) and :func:`pieces` (shaped traffic paced in
   ``SHAPED_PIECE_BYTES`` pieces), both zero-copy views of the frames.
@@ -33,6 +38,7 @@ from typing import Protocol
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner, PeerCounters
 from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
+from geomx.runtime.tcp_resume import SendWindow
 
 # the transport's logger: these messages have always been the TCP transport's
 log = logging.getLogger("geomx.runtime.tcp")
@@ -60,10 +66,13 @@ class OutgoingOwner(ConnOwner, Protocol):
     secret: bytes | None
     ssl_client: ssl.SSLContext | None
     send_queue_limit_bytes: int
+    retain_limit_bytes: int
     connect_timeout_s: float
+    reconnect_timeout_s: float
     handshake_timeout_s: float
     closed: bool
     _dropped: int
+    _resume_counts: dict[str, int]
 
     async def address_of(self, peer: str) -> tuple[str, int]: ...
 
@@ -103,7 +112,8 @@ def pieces(frames: list, size: int) -> Iterator[memoryview]:
 
 
 class Outgoing:
-    """The sending side of one (peer, channel): connection, priority queue, writer task."""
+    """The sending side of one (peer, channel): connection, priority queue, writer task,
+    and the stream's window of unacknowledged messages (resent after a reconnect)."""
 
     def __init__(self, tr: OutgoingOwner, peer: str, channel: int):
         self.tr = tr
@@ -111,6 +121,8 @@ class Outgoing:
         self.channel = channel
         self.proto: Conn | None = None
         self._connecting: asyncio.Task | None = None
+        #: the connection attempt running is a reconnect (senders queue meanwhile)
+        self.reconnecting = False
         self.heap: list[tuple[int, int, list, int]] = []
         self._seq = itertools.count()
         self.queued_bytes = 0
@@ -124,20 +136,27 @@ class Outgoing:
         self.link: ShapedLink | None = tr.shaper.link(peer) if tr.shaper is not None else None
         self._flow = self.link.flow_bucket() if self.link is not None else None
         self.generation = 0  # bumped by fail(): byte counts from before belong to no one
+        self.window = SendWindow(tr.retain_limit_bytes)
+        #: messages of the window to write again (after a reconnect), before the heap
+        self._resend: deque[tuple[int, list, int]] = deque()
+        self.connections = 0  # handshakes completed (more than one: reconnected)
 
     # -- connection -------------------------------------------------------------------
     @property
     def is_open(self) -> bool:
         return self.proto is not None and self.proto.state == OPEN
 
+    @property
+    def active(self) -> bool:
+        """Open, or dialling again with messages to deliver (a flush waits for either)."""
+        return self.is_open or self.reconnecting
+
     async def ready(self) -> None:
         if self.is_open:
             return
         task = self._connecting
         if task is None:
-            task = self._connecting = asyncio.get_running_loop().create_task(
-                self._connect(), name=f"{self.tr.name}->{self.peer}/ch{self.channel}:connect")
-            task.add_done_callback(self._connect_done)
+            task = self._start_connect(reconnect=False)
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -148,33 +167,51 @@ class Outgoing:
                                       f"{self.peer!r}") from None
             raise
 
+    def _start_connect(self, *, reconnect: bool) -> asyncio.Task:
+        tr = self.tr
+        self.reconnecting = reconnect
+        timeout_s = tr.reconnect_timeout_s if reconnect else tr.connect_timeout_s
+        task = self._connecting = asyncio.get_running_loop().create_task(
+            self._connect(timeout_s, reconnect),
+            name=f"{tr.name}->{self.peer}/ch{self.channel}:{'re' if reconnect else ''}connect")
+        task.add_done_callback(self._connect_done)
+        return task
+
     def _connect_done(self, task: asyncio.Task) -> None:
         self._connecting = None
-        if not task.cancelled():
-            task.exception()  # retrieved: the awaiting senders re-raise it
+        reconnect, self.reconnecting = self.reconnecting, False
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved: the awaiting senders re-raise it
+        if exc is not None and reconnect:
+            self._give_up(exc)
 
-    async def _connect(self) -> None:
+    async def _connect(self, timeout_s: float, reconnect: bool) -> None:
         tr = self.tr
         loop = asyncio.get_running_loop()
-        host, port = await tr.address_of(self.peer)
-        deadline = loop.time() + tr.connect_timeout_s
+        t0 = loop.time()
+        deadline = t0 + timeout_s
         backoff, max_backoff = CONNECT_BACKOFF_S
         attempts = 0
         hint = ""
+        host, port = "?", 0
         while True:
             attempts += 1
             last: BaseException | None = None
             proto: Conn | None = None
+            # the address is looked up each time: a peer that came back elsewhere is
+            # found there once the address book has it
+            host, port = await tr.address_of(self.peer)
             try:
                 _, proto = await asyncio.wait_for(loop.create_connection(
                     lambda: Conn(tr, incoming=False, label=f"{host}:{port}"), host, port,
                     ssl=tr.ssl_client, server_hostname=host if tr.ssl_client else None),
                     timeout=max(0.01, deadline - loop.time()))
-                await asyncio.wait_for(client_handshake(proto, name=tr.name, peer=self.peer,
-                                                        channel=self.channel, secret=tr.secret,
-                                                        host=host, port=port),
-                                       timeout=min(tr.handshake_timeout_s,
-                                                   max(0.01, deadline - loop.time())))
+                ack, inc = await asyncio.wait_for(
+                    client_handshake(proto, name=tr.name, peer=self.peer, channel=self.channel,
+                                     secret=tr.secret, host=host, port=port,
+                                     session=self.window.session),
+                    timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
             except HandshakeRefused:
                 if proto is not None:
                     proto.abort()
@@ -194,19 +231,71 @@ class Outgoing:
                             "other not?)")
                 last = e
             else:
-                proto.out = self
-                self.proto = proto
-                self._start_writer()
+                self._opened(proto, ack, inc, loop.time() - t0)
                 log.debug("%s: connected to %s at %s:%d, channel %d", tr.name, self.peer, host,
                           port, self.channel)
                 return
             if loop.time() + backoff > deadline or tr.closed:
+                what = "reconnect to" if reconnect else "reach"
                 raise ConnectionError(
-                    f"{tr.name}: cannot reach peer {self.peer!r} at {host}:{port} (channel "
-                    f"{self.channel}) after {attempts} attempt(s) in {tr.connect_timeout_s:g} s: "
+                    f"{tr.name}: cannot {what} peer {self.peer!r} at {host}:{port} (channel "
+                    f"{self.channel}) after {attempts} attempt(s) in {timeout_s:g} s: "
                     f"{type(last).__name__}: {last}{hint}")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)
+
+    def _opened(self, proto: Conn, ack: int, inc: str, took_s: float) -> None:
+        """The handshake is done: resume the stream where the receiver is, start writing."""
+        tr = self.tr
+        proto.out = self
+        self.proto = proto
+        again, dropped, why = self.window.resume(ack, inc)
+        counts = tr._resume_counts
+        if dropped:
+            tr._dropped += dropped
+            counts["unacked_dropped"] += dropped
+            log.warning("%s: %s (channel %d): %s; %d unacknowledged message(s) dropped",
+                        tr.name, self.peer, self.channel, why, dropped)
+        self.connections += 1
+        if self.connections > 1:  # eagerly (messages to deliver) or by the next send
+            counts["reconnects"] += 1
+            counts["resent_messages"] += len(again)
+            counts["resent_bytes"] += sum(n for _, _, n in again)
+            log.info("%s: reconnected to %s (channel %d) in %.3f s; %d message(s) to write "
+                     "again from #%d", tr.name, self.peer, self.channel, took_s, len(again),
+                     again[0][0] if again else self.window.next_seq)
+        if again:
+            self._resend.extend(again)
+            self._add_queued(sum(n for _, _, n in again))
+        self._start_writer()
+
+    def _give_up(self, exc: BaseException) -> None:
+        """A reconnect failed (or was refused): drop the stream's messages, as an
+        unreachable peer's always were, and start a new session for the next send."""
+        dropped = len(self.heap) + len(self.window.entries)
+        self.heap.clear()
+        self._resend.clear()
+        self.window.reset()
+        self.queued_bytes = 0
+        err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
+                              f"{self.channel}) lost and not re-established: {exc}")
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(err)
+        self._idle.set()
+        self.tr._dropped += dropped
+        self.tr._resume_counts["reconnect_failures"] += 1
+        if not self.tr.closed:
+            log.warning("%s: gave up reconnecting to %s (channel %d): %s; %d message(s) "
+                        "dropped", self.tr.name, self.peer, self.channel, exc, dropped)
+
+    def on_ack(self, proto: Conn, seq: int) -> None:
+        """An ACK frame on ``proto``: the receiver has the stream up to ``seq``."""
+        if proto is not self.proto:
+            return  # a connection given up on
+        self.tr._resume_counts["acks_received"] += 1
+        self.window.ack(seq)
 
     # -- queue and back-pressure --------------------------------------------------------
     async def reserve(self, nbytes: int) -> None:
@@ -252,16 +341,18 @@ class Outgoing:
         if self.queued_bytes == 0 and not self.heap:
             self._idle.set()
 
-    def idle_unshaped(self) -> bool:
-        """True when a message may be written at once: unshaped, open, nothing queued."""
+    def idle_unshaped(self, nbytes: int) -> bool:
+        """True when a message may be written at once: unshaped, open, nothing queued,
+        room in the window."""
         proto = self.proto
         return (self.link is None and self.queued_bytes == 0 and not self.heap
                 and not self._waiters and proto is not None and proto.state == OPEN
-                and not proto.write_paused)
+                and not proto.write_paused and self.window.has_room(nbytes))
 
     async def write_now(self, frames: list, nbytes: int) -> None:
         """Write directly (see :meth:`idle_unshaped`); wait for the socket if it fills up."""
         proto = self.proto
+        self.window.assign(frames, nbytes)
         if nbytes <= SMALL_MESSAGE_BYTES:  # one buffer: one immediate send() in the loop
             proto.transport.write(b"".join(frames))  # type: ignore[union-attr]
         else:
@@ -276,7 +367,7 @@ class Outgoing:
         try:
             await proto.drain()  # type: ignore[union-attr]
         except ConnectionError:
-            pass  # fail() has reset the queue and logged the loss
+            pass  # fail() has reset the queue; the window writes it again
         finally:
             if generation == self.generation:
                 self._release(nbytes)
@@ -284,9 +375,17 @@ class Outgoing:
     def push(self, priority: int, frames: list, nbytes: int) -> None:
         heapq.heappush(self.heap, (-priority, next(self._seq), frames, nbytes))
         self._wake.set()
+        if self.proto is None and self._connecting is None and not self.tr.closed:
+            # the connection dropped with nothing to deliver and now there is: dial again
+            self._start_connect(reconnect=True)
 
     async def flush(self) -> None:
-        await self._idle.wait()
+        """Wait until everything queued is written and acknowledged (or dropped)."""
+        while True:
+            await self._idle.wait()
+            if not self.window.entries or not self.active:
+                return
+            await self.window.wait_empty()
 
     # -- writing ----------------------------------------------------------------------
     def _start_writer(self) -> None:
@@ -315,18 +414,33 @@ class Outgoing:
         self.tr._counters(self.peer).bytes_sent += nbytes
         self._release(nbytes)
 
+    async def _next(self) -> tuple[list, int]:
+        """The next message to write: one to write again, else the queue's first once
+        the window has room for it (numbered as it leaves the queue)."""
+        while True:
+            if self._resend:
+                _, frames, nbytes = self._resend.popleft()
+                return frames, nbytes
+            while not self.heap:
+                self._wake.clear()
+                await self._wake.wait()
+            nbytes = self.heap[0][3]
+            if not self.window.has_room(nbytes):
+                await self.window.wait_room(nbytes)
+                continue  # a higher priority message may have been queued meanwhile
+            _, _, frames, nbytes = heapq.heappop(self.heap)
+            self.window.assign(frames, nbytes)
+            self.tr._counters(self.peer).msgs_sent += 1
+            return frames, nbytes
+
     async def _run(self) -> None:
         try:
             while True:
-                while not self.heap:
-                    self._wake.clear()
-                    await self._wake.wait()
-                _, _, frames, nbytes = heapq.heappop(self.heap)
+                frames, nbytes = await self._next()
                 proto = self.proto
                 if proto is None or proto.state != OPEN:
                     raise ConnectionError(f"connection to {self.peer!r} lost")
                 counters = self.tr._counters(self.peer)
-                counters.msgs_sent += 1
                 if self.link is None:
                     if nbytes <= WRITE_BATCH_BYTES:
                         proto.transport.writelines(frames)  # type: ignore[union-attr]
@@ -356,10 +470,11 @@ class Outgoing:
             self.fail(e)
 
     def fail(self, exc: BaseException) -> None:
-        """The connection broke: drop what is queued, wake blocked senders, reset."""
-        dropped = len(self.heap)
+        """The connection broke: stop writing; dial again if the stream has messages to
+        deliver (the window's unacknowledged ones, the queue), else just forget it."""
+        if self.proto is None:
+            return  # already handled (the writer and the socket both report a break)
         self.generation += 1
-        self.heap.clear()
         if self._line is not None:
             self._line.clear()
             self._line.close()
@@ -368,21 +483,36 @@ class Outgoing:
             self._writer.cancel()
         self._writer = None
         proto, self.proto = self.proto, None
-        if proto is not None:
-            proto.abort()
+        proto.abort()
+        self._resend.clear()  # the window has them; the next handshake says which
+        unacked, queued = len(self.window.entries), len(self.heap)
+        if self.tr.closed or not (unacked or queued):
+            self.tr._dropped += queued
+            self.heap.clear()
+            self.queued_bytes = 0
+            err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
+                                  f"{self.channel}) lost: {exc}")
+            while self._waiters:
+                _, fut = self._waiters.popleft()
+                if not fut.done():
+                    fut.set_exception(err)
+            self._idle.set()
+            if self.tr.closed:  # nobody will resend it: a flush waiting on it returns
+                self.tr._dropped += self.window.reset()
+            else:
+                log.info("%s: connection to %s (channel %d) lost: %s", self.tr.name,
+                         self.peer, self.channel, exc)
+            return
+        # what was being written is in the window; only the queue is still "queued"
         self.queued_bytes = 0
-        err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
-                              f"{self.channel}) lost: {exc}")
-        while self._waiters:
-            _, fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(err)
-        self._idle.set()
-        self.tr._dropped += dropped
-        if not self.tr.closed:
-            lvl = logging.WARNING if dropped else logging.INFO
-            log.log(lvl, "%s: connection to %s (channel %d) lost: %s; %d queued message(s) "
-                    "dropped", self.tr.name, self.peer, self.channel, exc, dropped)
+        for _, _, _, n in self.heap:
+            self._add_queued(n)
+        self._release(0)  # wakes senders that now fit, sets idle if nothing is queued
+        log.info("%s: connection to %s (channel %d) lost: %s; reconnecting (%d "
+                 "unacknowledged, %d queued message(s))", self.tr.name, self.peer, self.channel,
+                 exc, unacked, queued)
+        if self._connecting is None:
+            self._start_connect(reconnect=True)
 
     def shutdown(self, abort: bool = False) -> None:
         """Stop for good: fail blocked senders, stop the tasks, close (or abort) the socket."""
@@ -404,4 +534,3 @@ class Outgoing:
                 self.proto.abort()
             else:
                 self.proto.close()
-

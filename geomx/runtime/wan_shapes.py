@@ -11,8 +11,15 @@ Fidelity to the emulator (``geomx/sim/network.py``), which is the reference:
   give a pair's shape phases (:func:`dc_link_phases`): the route's lowest current rate;
   stalled, then the route around a failed link, then back;
 * **delay** -- the emulator's path from a node to a node in another DC crosses the
-  sender's NIC link, the WAN links and the receiver's NIC link, each with its delay; so
-  the shaped delay is ``lan_latency(src DC) + WAN route delay + lan_latency(dst DC)``;
+  sender's NIC link, the WAN links and the receiver's NIC link, each with its delay (a
+  NIC link carries half its DC's ``lan_latency``, so host to host inside a DC takes
+  ``lan_latency``); so the shaped delay is ``lan_latency(src DC) / 2 + WAN route delay +
+  lan_latency(dst DC) / 2``;
+* **shared links** -- every directed WAN link, and every NIC link whose DC's
+  ``lan_bandwidth`` is at most :data:`NIC_SHAPED_MAX_BPS`, is one entry of a
+  :class:`LinkTable`; a sender reserves each piece's bytes on every link of its route
+  in a budget all senders share (:mod:`geomx.runtime.link_budget`), as the emulator
+  shares a link between the flows crossing it;
 * **no burst credit** -- an emulated link delivers a message at the end of its
   transmission plus the delay, even when it was idle; the shaper's default credit
   (10 ms of traffic) let every message under ~125 KB (at 100 Mbit/s) through without
@@ -102,7 +109,7 @@ def dc_link_shapes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
     lan = {d.name: d.lan_latency_s for d in s.dcs}
 
     def one_way(a: str, b: str) -> float:
-        return lan[a] + routes[(a, b)]["delay_s"] + lan[b]
+        return lan[a] / 2 + routes[(a, b)]["delay_s"] + lan[b] / 2
 
     out = {}
     for (a, b), r in routes.items():
@@ -116,13 +123,78 @@ def dc_link_shapes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
     return out
 
 
-Phases = Iterator[tuple[float, "LinkShape | None"]]
+#: NIC links faster than this are not modelled over sockets: at 1 Gbit/s and above a
+#: node's NIC is not what limits a Python process on loopback (it moves a few Gbit/s at
+#: most), and shaping every message inside a DC would add a timer wake-up per message
+#: for a delay of microseconds. Slower NICs (``[[dc]] lan_bandwidth``) are shaped like
+#: WAN links, shared by every flow through them.
+NIC_SHAPED_MAX_BPS = 1e9
+
+#: A route's links as ``((src DC, dst DC), bandwidth_bps)`` per WAN hop.
+WanHops = tuple[tuple[tuple[str, str], float], ...]
+
+
+def route_hops(route: dict) -> WanHops:
+    """The WAN hops of one :func:`dc_routes` entry, in route order."""
+    return tuple((hop, float(bw)) for hop, bw in route["bw"].items())
+
+
+class LinkTable:
+    """Every directed link a sender may reserve bandwidth on, by index.
+
+    Every process of a job builds the same table from the scenario and the plan's node
+    list (so an index names the same link everywhere): first both directions of each
+    ``[[wan]]`` in file order, then the NIC up- and downlink of each node (plan order)
+    whose DC's ``lan_bandwidth`` is at most :data:`NIC_SHAPED_MAX_BPS`.
+    """
+
+    def __init__(self, s: Scenario, nodes: list[str], dc_of: dict[str, str]):
+        self.index: dict[tuple[str, ...], int] = {}
+        for w in s.wans:
+            for a, b in ((w.a, w.b), (w.b, w.a)):
+                self.index[("wan", a, b)] = len(self.index)
+        lan = {d.name: d.lan_bandwidth_bps for d in s.dcs}
+        self.nic_bps: dict[str, float] = {}
+        for node in nodes:
+            bw = lan[dc_of[node]]
+            if bw <= NIC_SHAPED_MAX_BPS:
+                self.nic_bps[node] = bw
+                self.index[("up", node)] = len(self.index)
+                self.index[("down", node)] = len(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def hops(self, src: str, dst: str, wan: WanHops) -> tuple[tuple[int, float], ...]:
+        """``(index, rate in bytes/s)`` of each modelled link from node ``src`` over the
+        WAN hops ``wan`` to node ``dst``."""
+        out = []
+        if src in self.nic_bps:
+            out.append((self.index[("up", src)], self.nic_bps[src] / 8.0))
+        out += [(self.index[("wan", a, b)], bw / 8.0) for (a, b), bw in wan]
+        if dst in self.nic_bps:
+            out.append((self.index[("down", dst)], self.nic_bps[dst] / 8.0))
+        return tuple(out)
+
+
+def lan_shape(s: Scenario, dc: str) -> LinkShape:
+    """The shape of a node-to-node path inside ``dc`` (for DCs whose NICs are modelled):
+    the emulator's ``lan_latency`` host to host, its window cap, no burst credit."""
+    d = next(d for d in s.dcs if d.name == dc)
+    return LinkShape(bandwidth_bps=d.lan_bandwidth_bps, delay_s=d.lan_latency_s,
+                     burst_bytes=s.network.mss_bytes, rtt_s=2 * d.lan_latency_s,
+                     tcp_window_bytes=s.network.tcp_window_bytes,
+                     mss_bytes=s.network.mss_bytes)
+
+
+Phases = Iterator[tuple[float, "LinkShape | None", WanHops]]
 
 
 def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
     """(src DC, dst DC) -> a fresh reading of the times (job seconds) its shape changes,
-    generated lazily: ``(t, shape)``, or ``(t, None)`` while it carries nothing. Only pairs
-    whose shape can change are listed; call the value once per shaped peer.
+    generated lazily: ``(t, shape, hops)`` (the route's WAN hops at their current rates),
+    or ``(t, None, ())`` while it carries nothing. Only pairs whose shape can change are
+    listed; call the value once per shaped peer.
 
     Two things change a pair's shape, as they change the emulator's links:
 
@@ -134,7 +206,7 @@ def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
       the route crosses a failed link routing has not converged around, then the route
       around it, then the original route when the link returns.
     """
-    timeline = link_timeline(link_faults(s.faults))
+    timeline = link_timeline(link_faults(s.faults, s.wans))
     traces = wan_traces(s.wans, s.run.seed)
     if not timeline and not traces:
         return {}
@@ -162,7 +234,7 @@ def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
 def _phases(pair: tuple[str, str], base: LinkShape, timeline: list, traces: dict,
             routing: Callable[[frozenset], tuple[dict, dict]]) -> Phases:
     fault_times = [st.t_s for st in timeline]
-    last: LinkShape | None = base
+    last: tuple = (base, route_hops(routing(frozenset())[0][pair]))  # what a peer starts with
     t = 0.0
     while True:
         i = bisect.bisect_right(fault_times, t) - 1
@@ -171,16 +243,20 @@ def _phases(pair: tuple[str, str], base: LinkShape, timeline: list, traces: dict
         route = routes.get(pair, {}).get("route")
         hops = list(zip(route, route[1:])) if route else []
         shape: LinkShape | None = None
+        wan: WanHops = ()
         if route and not (state and {frozenset(h) for h in hops} & state.down):
             shape = shapes[pair]
+            wan = tuple((h, traces[h].rate_at(t) if h in traces else float(routes[pair]["bw"][h]))
+                        for h in hops)
             if any(h in traces for h in hops):
-                bw = min(traces[h].rate_at(t) if h in traces else float(routes[pair]["bw"][h])
-                         for h in hops)
+                bw = min(rate for _, rate in wan)
                 # a trace at 0 bit/s carries nothing (a LinkShape of 0 means unlimited)
                 shape = dataclasses.replace(shape, bandwidth_bps=bw) if bw > 0 else None
-        if shape != last:
-            yield (t, shape)
-            last = shape
+            if shape is None:
+                wan = ()
+        if (shape, wan) != last:
+            yield (t, shape, wan)
+            last = (shape, wan)
         later = fault_times[i + 1:i + 2]  # the next fault state (bisect_right: strictly later)
         later += [traces[h].next_change_after(t) for h in hops if h in traces]
         t = min(later, default=math.inf)

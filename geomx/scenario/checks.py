@@ -196,6 +196,12 @@ def _check_faults(s: Scenario) -> None:
         if f.kind == "link_down":
             _check_link_fault(i, f, wans)
             continue
+        if f.kind == "partition":
+            _check_partition(i, f, s)
+            continue
+        if f.dcs:
+            raise ScenarioError(f"a {f.kind} fault names a node, not DCs; to cut DCs off write "
+                                "kind = 'partition'", path=f"fault[{i}].dcs", value=list(f.dcs))
         if f.link:
             raise ScenarioError(f"a {f.kind} fault names a node, not a link; for a WAN link failure "
                                 "write kind = 'link_down'", path=f"fault[{i}].link",
@@ -206,6 +212,30 @@ def _check_faults(s: Scenario) -> None:
             raise ScenarioError(f"unknown {what} {f.node!r}{did_you_mean(f.node, allowed)}; "
                                 f"allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
                                 value=f.node, allowed=quote_list(allowed))
+
+
+def _check_partition(i: int, f, s: Scenario) -> None:
+    names = [d.name for d in s.dcs]
+    if f.node or f.link:
+        field = "node" if f.node else "link"
+        raise ScenarioError("a partition fault names the DCs it cuts off (dcs = [...]), not a "
+                            f"{field}", path=f"fault[{i}].{field}",
+                            value=f.node or list(f.link))
+    unknown = [d for d in f.dcs if d not in names]
+    if not f.dcs or unknown:
+        bad = unknown[0] if unknown else ""
+        raise ScenarioError(f"partition DCs {list(f.dcs)!r}: "
+                            + (f"unknown DC {bad!r}{did_you_mean(bad, names)}; " if unknown
+                               else "name at least one DC; ")
+                            + f"allowed: some of {quote_list(names)}, not all",
+                            path=f"fault[{i}].dcs", value=list(f.dcs), allowed=quote_list(names))
+    if set(f.dcs) >= set(names):
+        raise ScenarioError("a partition must leave some DCs on the other side; allowed: a "
+                            f"proper subset of {quote_list(names)}", path=f"fault[{i}].dcs",
+                            value=list(f.dcs))
+    if not any((w.a in f.dcs) != (w.b in f.dcs) for w in s.wans):
+        raise ScenarioError(f"no [[wan]] link joins {list(f.dcs)!r} to the other DCs, so "
+                            "nothing would be cut", path=f"fault[{i}].dcs", value=list(f.dcs))
 
 
 def _check_link_fault(i: int, f, wans: dict[frozenset[str], str]) -> None:
@@ -377,3 +407,118 @@ def _check_real(s: Scenario) -> None:
                 "allowed: one scheduler per host and port", path=f"dc[{i}].scheduler_port",
                 value=d.scheduler_port)
         seen[key] = i
+
+
+#: Sync algorithms whose state at a global round boundary is the same on every node
+#: (geomx/node/checkpoint.py); MixedSync's global servers have no common round.
+CHECKPOINT_ALGORITHMS = ("fsa", "hfa")
+
+
+@scenario_check
+def _check_checkpoint(s: Scenario) -> None:
+    c = s.checkpoint
+    if not c.enabled and not c.resume_from:
+        return
+    algorithm = s.sync.resolved_algorithm
+    field = "checkpoint.every" if c.enabled else "checkpoint.resume_from"
+    value = (units_text(c.every.seconds) if c.every.seconds else c.every.rounds) \
+        if c.enabled else c.resume_from
+    problems = [
+        (algorithm not in CHECKPOINT_ALGORITHMS, "sync.algorithm", algorithm,
+         f"sync.algorithm = {algorithm!r} has no global round every node agrees on",
+         quote_list(CHECKPOINT_ALGORITHMS)),
+        (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
+         f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",
+         "'hips', 'flat'"),
+        (bool(s.training.program), "training.program", s.training.program,
+         "a user program's loop state is its own", '"" (the built-in trainer)'),
+        (bool(s.training.algorithm), "training.algorithm", s.training.algorithm,
+         "an algorithm's pass over its data is not saved", '"" (a model)'),
+        (s.training.model == "phantom", "training.model", "phantom",
+         "a phantom model has no values to save", "a real model"),
+        (s.training.layer_compute != "off", "training.layer_compute",
+         s.training.layer_compute, "the per-layer compute model overlaps rounds", "'off'"),
+        (s.sched.p3, "sched.p3", True, "P3 overlaps rounds", "false"),
+        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt,
+         "DGT keeps late blocks across rounds", "'off'"),
+        (s.sched.tsengine_inter or s.sched.tsengine_intra, "sched.tsengine_inter", True,
+         "TSEngine's overlay state is not saved", "false"),
+    ]
+    for bad, path, got, why, allowed in problems:
+        if bad:
+            raise ScenarioError(f"{field} = {value!r}: {why}; allowed with checkpoints: "
+                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+    if c.every.seconds > 0 and sum(d.global_servers for d in s.dcs if d.central) > 1:
+        raise ScenarioError(
+            "checkpoint.every as a duration needs one global server to pick the round; "
+            "allowed with several global servers: a number of rounds",
+            path="checkpoint.every", value=units_text(c.every.seconds), allowed="an integer")
+
+
+def units_text(seconds: float) -> str:
+    from geomx.units import format_seconds
+
+    return format_seconds(seconds)
+
+
+@scenario_check
+def _check_worker_loss(s: Scenario) -> None:
+    if s.membership.on_worker_loss != "continue":
+        return
+    problems = [
+        (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
+         "a loss is found by missed heartbeats", "a duration > 0"),
+        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
+         "the local server re-weights an FSA round", "'fsa'"),
+        (s.topology.kind != "hips", "topology.kind", s.topology.kind,
+         "a local server stands in for its DC", "'hips'"),
+        (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
+         "TSEngine's merge trees need every member", "false"),
+        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
+        (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
+         "per-layer pushes are not covered", "'off'"),
+    ]
+    for bad, path, got, why, allowed in problems:
+        if bad:
+            raise ScenarioError(f"membership.on_worker_loss = 'continue': {why}; allowed: "
+                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+
+
+@scenario_check
+def _check_restart(s: Scenario) -> None:
+    for i, f in enumerate(s.faults):
+        if f.kind != "crash" or f.duration_s <= 0:
+            continue
+        if s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
+            raise ScenarioError(
+                f"a crash with a duration restarts a lost worker, but {f.node!r} "
+                f"{'is not a worker' if not f.node.startswith('w:') else 'is not lost: membership.on_worker_loss is fail'}"
+                "; allowed: duration = 0s, or a worker with on_worker_loss = 'continue'",
+                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+        if s.run.runtime == "real":
+            raise ScenarioError(
+                "the real launcher does not restart crashed nodes; allowed: duration = 0s "
+                "(restart the worker yourself with geomx node --rejoin)",
+                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+
+
+@scenario_check
+def _check_algorithm(s: Scenario) -> None:
+    """``[training] algorithm``: a sync algorithm it supports, iterations not epochs."""
+    name = s.training.algorithm
+    if not name:
+        return
+    from geomx.algorithms.registry import info_of
+
+    info = info_of(name)
+    sync = s.sync.algorithm
+    if sync != "auto" and sync not in info.syncs:
+        raise ScenarioError(
+            f"training.algorithm = {name!r} runs under {quote_list(info.syncs)} only, not "
+            f"{sync!r}; allowed: {quote_list(('auto', *info.syncs))}",
+            path="sync.algorithm", value=sync, allowed=quote_list(("auto", *info.syncs)))
+    if s.run.epochs > 0:
+        raise ScenarioError(
+            f"run.epochs is for models; training.algorithm = {name!r} counts "
+            f"{info.iteration}s in run.iterations; allowed: epochs = 0",
+            path="run.epochs", value=s.run.epochs, allowed="0")

@@ -10,7 +10,10 @@ Units are converted at parse time into fields whose names carry the unit
 (``bandwidth_bps``, ``latency_s``, ``tcp_window_bytes``) while the TOML keys stay short
 (``bandwidth = "100Mbps"``); see :mod:`geomx.units`. Every numeric kind refuses
 non-finite values (``inf``, ``nan``, ``"1e999s"``): no setting means "infinite", and a
-NaN would slip through every range check.
+NaN would slip through every range check. Absurdly large ones are refused too, each kind
+with a ceiling no real job comes near (:data:`MAX_INTEGER`, :data:`MAX_SECONDS`,
+:data:`MAX_BPS`, :data:`MAX_BYTES`): a 10^30-worker DC or a 1e308-second delay is a typo,
+and finding out at run time (out of memory, an overflow deep in the emulator) loses work.
 """
 
 from __future__ import annotations
@@ -35,6 +38,13 @@ __all__ = [
 
 MISSING: Any = object()
 
+#: Ceilings of the numeric kinds (a field may set a lower ``max``): integers stay exact in
+#: a float64; durations under ~31 years; bandwidths under 1 Pbit/s; sizes under 1 PiB.
+MAX_INTEGER = 2**53
+MAX_SECONDS = 1e9
+MAX_BPS = 1e15
+MAX_BYTES = 2**50
+
 
 def toml_literal(value: Any) -> str:
     """``value`` as it is written in a TOML file, on one line (for docs and messages)."""
@@ -55,6 +65,9 @@ class Kind:
     type_name = "value"
     unit = ""
     textual = False  # an override value for this kind is kept as the raw text
+    #: beyond this magnitude a value is a typo, whatever the field (see the module doc);
+    #: not part of the described range, which stays what a person needs to know
+    ceiling: float | None = None
 
     def parse(self, value: Any, path: str) -> Any:
         raise NotImplementedError
@@ -82,6 +95,12 @@ class Kind:
             raise self.fail(path, value, f"{show_value(value)} is not a finite number")
         if not bounds.check(number):
             raise self.fail(path, value, f"{show_value(value)} is out of range")
+        if self.ceiling is not None and abs(number) > self.ceiling:
+            raise self.fail(path, value, f"{show_value(value)} is absurdly large (more than "
+                                         f"{self.format_ceiling()}, surely a typo)")
+
+    def format_ceiling(self) -> str:
+        return f"{self.ceiling:g}"
 
 
 def is_finite(number: float) -> bool:
@@ -184,6 +203,8 @@ class Flag(Kind):
 
 class Integer(Kind):
     """An integer; with ``counts=True`` also ``"25.6M"``/``"178k"`` (see :func:`units.parse_count`)."""
+
+    ceiling = MAX_INTEGER
 
     def __init__(self, min: int | None = None, max: int | None = None, counts: bool = False):
         self.range = Range(min, max)
@@ -301,8 +322,12 @@ class Quantity(Kind):
             return "auto" if self.auto else ""
         return self.formatter(value)
 
+    def format_ceiling(self) -> str:
+        return self.fmt_bound(self.ceiling)
+
 
 class Bandwidth(Quantity):
+    ceiling = MAX_BPS
     type_name = "bandwidth"
     unit = "bit/s"
     examples = "a bandwidth like '100Mbps', '1Gbps', '10 Gbit/s', '12.5MB/s' (bytes/s) or a number of bit/s"
@@ -313,6 +338,7 @@ class Bandwidth(Quantity):
 
 
 class Duration(Quantity):
+    ceiling = MAX_SECONDS
     type_name = "duration"
     unit = "s"
     examples = "a duration like '30ms', '250us', '2s', '5min' or a number of seconds"
@@ -333,13 +359,14 @@ class Fraction(Quantity):
 
 
 class Size(Quantity):
+    ceiling = MAX_BYTES
     type_name = "size"
     unit = "bytes"
     examples = "a size like '4MiB', '1MB', '64KiB' or a number of bytes"
 
-    def __init__(self, positive: bool = True):
+    def __init__(self, positive: bool = True, max: int | None = None):
         super().__init__(units.parse_size, units.format_size, units.format_size,
-                         Range(0, None, min_open=positive))
+                         Range(0, max, min_open=positive))
 
     def emit(self, value: int) -> Any:
         text = units.format_size(value)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from geomx.scenario.kinds import Choice, Duration, Flag, ListOf, Real, Section, Text, setting
 from geomx.topology.link_faults import LinkFault
@@ -32,6 +32,12 @@ class MembershipConfig(Section):
         "scenario's slowest round (compute, local steps and the model's transfer over the "
         "slowest link), at least 30 s; 0 = wait forever. Active where heartbeats are.",
         key="request_timeout")
+    on_worker_loss: str = setting(Choice("fail", "continue"), "fail",
+                                  "A worker declared dead (missed heartbeats): `fail` stops the "
+                                  "job naming it; `continue` (HiPS + FSA) lets its DC go on "
+                                  "without it: the round it held up completes once the loss is "
+                                  "declared (bounded by heartbeat_timeout), and the DC's sum is "
+                                  "scaled by workers / contributors.")
     in_emulator: bool = setting(Flag(), False,
                                 "Run heartbeats in the emulator too (off by default: they "
                                 "add traffic and hide deadlocks behind endless timers).")
@@ -41,9 +47,11 @@ class MembershipConfig(Section):
 class FaultConfig(Section):
     """A fault to inject, the same way in both runtimes (testing failure handling).
 
-    `crash` kills a node; `slow` makes a worker a straggler for a while; `link_down` takes a WAN link down (both directions) and lets the
-    network reroute around it after `converge`, as link-state routing does
-    (geomx/topology/link_faults.py). Times count from the job's start, which over real
+    `crash` kills a node; `slow` makes a worker a straggler for a while; `link_down` takes a
+    WAN link down (both directions) and lets the network reroute around it after
+    `converge`, as link-state routing does (geomx/topology/link_faults.py); `partition`
+    cuts a set of DCs off from the rest (every WAN link between them and the others goes
+    down) for `duration`. Times count from the job's start, which over real
     sockets includes the processes' start-up (seconds); `--set fault.0.kind=link_down`
     adds a fault from the command line.
     """
@@ -53,18 +61,25 @@ class FaultConfig(Section):
     link: tuple[str, ...] = setting(ListOf(Text(non_empty=True)), [],
                                     '`link_down`: the `[[wan]]` link, as its two DC names, '
                                     'e.g. `["b", "c"]`.')
+    dcs: tuple[str, ...] = setting(ListOf(Text(non_empty=True)), [],
+                                   '`partition`: the DCs cut off from the others, e.g. `["party-a"]`.')
     at_s: float = setting(Duration(), "1s", "When, from the job's start (emulated or wall seconds).",
                           key="at")
-    kind: str = setting(Choice("crash", "link_down", "slow"), "crash",
+    kind: str = setting(Choice("crash", "link_down", "slow", "partition"), "crash",
                         "`crash`: the node stops dead (its process is killed with SIGKILL in the "
                         "real runtime; its task is cancelled and its messages dropped in the "
                         "emulator). `link_down`: the WAN link carries nothing from `at`; traffic "
                         "that crossed it stalls, then is rerouted over the other WAN links "
                         "`converge` later (in the real runtime, by each sender's shaper). "
                         "`slow`: the worker `node` computes `factor` times slower from `at` "
-                        "for `duration` (a straggler).")
-    duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`: how long the fault "
-                                "lasts (0 = to the end of the run).", key="duration")
+                        "for `duration` (a straggler). `partition`: every WAN link between the "
+                        "DCs `dcs` and the others carries nothing from `at` for `duration`; no "
+                        "route is left, so traffic across the cut stalls until it heals.")
+    duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`, `partition`: how long "
+                                "the fault lasts (0 = to the end of the run). `crash` of a worker "
+                                "with membership.on_worker_loss = 'continue': restart it that "
+                                "much later, as `geomx node --rejoin` (emulator; 0 = never).",
+                                key="duration")
     factor: float = setting(Real(min=1.0), 4.0, "`slow`: how many times longer the node's "
                             "compute takes.")
     converge_s: float = setting(Duration(), "1s", "`link_down`: routing convergence, from the "
@@ -72,7 +87,16 @@ class FaultConfig(Section):
                                 key="converge")
 
 
-def link_faults(faults: Iterable[FaultConfig]) -> list[LinkFault]:
-    """The ``link_down`` faults, as the runtimes' shared timeline takes them."""
-    return [LinkFault(f.link[0], f.link[1], f.at_s, f.duration_s, f.converge_s)
-            for f in faults if f.kind == "link_down"]
+def link_faults(faults: Iterable[FaultConfig], wans: Iterable[Any] = ()) -> list[LinkFault]:
+    """The ``link_down`` faults, and each ``partition`` as the failure of every ``[[wan]]``
+    link (of ``wans``) that crosses its cut, as the runtimes' shared timeline takes them."""
+    wans = list(wans)
+    out = []
+    for f in faults:
+        if f.kind == "link_down":
+            out.append(LinkFault(f.link[0], f.link[1], f.at_s, f.duration_s, f.converge_s))
+        elif f.kind == "partition":
+            cut = set(f.dcs)
+            out += [LinkFault(w.a, w.b, f.at_s, f.duration_s, f.converge_s)
+                    for w in wans if (w.a in cut) != (w.b in cut)]
+    return out

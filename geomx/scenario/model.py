@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from geomx.scenario.checkpoint import CheckpointConfig
 from geomx.scenario.codec import CodecConfig
 from geomx.scenario.errors import quote_list
 from geomx.scenario.kinds import settings_of
@@ -66,6 +67,7 @@ class Scenario:
     metrics: MetricsConfig = _section("metrics", MetricsConfig)
     membership: MembershipConfig = _section("membership", MembershipConfig)
     faults: tuple[FaultConfig, ...] = _section("fault", FaultConfig, array=True, default=())
+    checkpoint: CheckpointConfig = _section("checkpoint", CheckpointConfig)
     real: RealConfig = _section("real", RealConfig)
     security: SecurityConfig = _section("security", SecurityConfig)
     source: str = dataclasses.field(default="<defaults>", compare=False)

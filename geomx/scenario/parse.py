@@ -54,7 +54,10 @@ def _resolve_relative(path_text: str, base_dir: Path | None) -> str:
     if not path_text or base_dir is None or os.path.isabs(path_text):
         return path_text
     candidate = base_dir / path_text
-    return str(candidate.resolve()) if candidate.exists() else path_text
+    try:
+        return str(candidate.resolve()) if candidate.exists() else path_text
+    except OSError:  # a name no file system takes (too long, ...): the checks say "not found"
+        return path_text
 
 
 def parse_scenario(raw: Mapping[str, Any], source: str = "<string>") -> Scenario:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geomx.scenario.kinds import Duration, Flag, Integer, Section, Text, setting
+from geomx.scenario.kinds import Choice, Duration, Flag, Integer, Section, Text, setting
 
 
 #: A host:port address (host: a name, an IPv4 address, or an IPv6 address in brackets).
@@ -36,9 +36,26 @@ class RealConfig(Section):
     shape: bool = setting(Flag(), True,
                           "Reproduce the scenario's WAN links with the transport's own shaper (turn "
                           "off when the DCs really are far apart).")
+    shaper: str = setting(Choice("userspace", "kernel"), "userspace",
+                          "How `shape` reproduces the WAN: \"userspace\" = each node's transport "
+                          "paces its own traffic; \"kernel\" = (root, one host) each DC's nodes "
+                          "run in their own network namespace joined by veth pairs shaped "
+                          "with `tc` (delay, jitter and loss stay in userspace where the kernel "
+                          "has no netem).")
+    shared_links: bool = setting(Flag(), True,
+                                 "Every sender on this host draws on one bandwidth budget per scenario "
+                                 "link (a file in the run folder), so flows crossing a link from "
+                                 "different nodes share it as in the emulator; false = each node "
+                                 "shares links only among its own flows.")
     connect_timeout_s: float = setting(Duration(positive=True), "30s",
                                        "How long a node retries reaching a peer that is not up yet.",
                                        key="connect_timeout")
+    reconnect_timeout_s: float = setting(Duration(positive=True), "30s",
+                                         "How long a node keeps dialling again a peer whose "
+                                         "connection dropped with messages still to deliver "
+                                         "(they are then written again, in order, once); past it "
+                                         "they are dropped and the peer counts as unreachable.",
+                                         key="reconnect_timeout")
 
 
 @dataclass(frozen=True)

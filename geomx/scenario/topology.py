@@ -20,9 +20,10 @@ from geomx.topology import KINDS as TOPOLOGY_KINDS
 class NetworkConfig(Section):
     """Transport-level constants shared by every link."""
 
-    tcp_window_bytes: int = setting(Size(), "4MiB",
-                                    "Per-flow cap = window / RTT on reliable channels.", key="tcp_window")
-    mss_bytes: int = setting(Size(), 1460,
+    tcp_window_bytes: int = setting(Size(max=2**30), "4MiB",
+                                    "Per-flow cap = window / RTT on reliable channels (at most "
+                                    "1 GiB, TCP's largest scaled window).", key="tcp_window")
+    mss_bytes: int = setting(Size(max=65535), 1460,
                              "Maximum segment size; used by the loss -> throughput model (Mathis et al.).",
                              key="mss")
 
@@ -39,14 +40,14 @@ class DCConfig(Section):
     name: str = setting(Text(r"[A-Za-z0-9_-]+", "letters, digits, '_', '-'"), doc="Unique DC name.")
     central: bool = setting(Flag(), False,
                             "The central DC hosts the global scheduler, global servers and master worker.")
-    global_servers: int = setting(Integer(min=1), 1,
+    global_servers: int = setting(Integer(min=1, max=4096), 1,
                                   "Global servers (central DC only); MultiGPS key sharding when > 1.")
-    workers: int = setting(Integer(min=0), AUTO,
+    workers: int = setting(Integer(min=0, max=100_000), AUTO,
                            "Training workers. The central DC must have 0 (central workers are not supported yet).",
                            default_doc="2 (0 on the central DC)")
     lan_bandwidth_bps: float = setting(Bandwidth(), "10Gbps", "Host NIC capacity inside the DC.",
                                        key="lan_bandwidth")
-    lan_latency_s: float = setting(Duration(), "50us", "One-way host <-> switch delay.", key="lan_latency")
+    lan_latency_s: float = setting(Duration(), "50us", "One-way host-to-host delay inside the DC (half of it on each NIC link).", key="lan_latency")
     compute_s_per_iter: float = setting(Duration(), "10ms",
                                         "Emulated compute time per training iteration per worker.",
                                         key="compute_per_iter")

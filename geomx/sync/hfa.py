@@ -46,6 +46,15 @@ class HierarchicalAveraging:
         self.milestone[key] = copy_of(slot.store)
         self.local_syncs[key] = 0
 
+    def checkpoint_state(self, key: int) -> dict[str, Any]:
+        """What a checkpoint keeps of ``key`` (geomx/node/checkpoint.py): the milestone
+        and the local-sync count (taken after a global sync: no stop is pending)."""
+        return {"milestone": self.milestone[key], "local_syncs": self.local_syncs[key]}
+
+    def restore_state(self, key: int, state: dict[str, Any]) -> None:
+        self.milestone[key] = state["milestone"]
+        self.local_syncs[key] = int(state["local_syncs"])
+
     def is_global(self, local_sync: int) -> bool:
         return local_sync % self.k2 == 0
 
