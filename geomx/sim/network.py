@@ -123,7 +123,7 @@ class Link:
     __slots__ = (
         "name", "src", "dst", "capacity_bps", "delay_s", "loss", "jitter_s", "is_wan",
         "trace", "n_active", "busy_s", "_busy_since", "_trace_timer",
-        "_rmark", "_cmark", "_resid", "_n", "down", "_up_bps",
+        "_rmark", "_cmark", "_resid", "_n", "down", "_up_bps", "_flows", "_bseq", "_vmark",
     )
 
     def __init__(self, name: str, src: str, dst: str, *, capacity_bps: float, delay_s: float,
@@ -148,6 +148,9 @@ class Link:
         self._n = 0
         self.down = False      # a failed link: capacity 0 until it comes back
         self._up_bps = self.capacity_bps
+        self._flows: dict[_Connection, None] = {}  # the flows on it now
+        self._bseq = 0         # when it last became busy (orders busy links)
+        self._vmark = -1
 
     def __repr__(self) -> str:
         return (f"Link({self.name!r}, {self.capacity_bps:g} bps, {self.delay_s:g} s"
@@ -178,13 +181,23 @@ class _Path:
         self.messages = 0
 
 
+def _deliver_next(conn: _Connection) -> None:
+    """An arrival timer of ``conn`` fired: deliver its oldest message in flight.
+
+    Arrival timers of one connection are non-decreasing, and each one delivers the
+    oldest message in flight, so order holds even when timers tie."""
+    msg, deliver = conn.in_flight.popleft()
+    conn._network.messages_delivered += 1
+    deliver(msg)
+
+
 class _Connection:
     """One (src, dst, channel) stream: a flow while it has backlog."""
 
     __slots__ = (
         "src", "dst", "channel", "cls", "reliable", "path", "links", "cap_bps", "loopback",
         "queue", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
-        "in_flight", "last_arrival", "deliver_next", "_new", "_fz", "_network",
+        "in_flight", "last_arrival", "_new", "_fz", "_network", "_aseq", "_vmark",
     )
 
     def __init__(self, network: Network, src: str, dst: str, channel: int, path: _Path | None) -> None:
@@ -210,16 +223,10 @@ class _Connection:
         self.packet = False    # current message sent as a single packet (not a flow)
         self.in_flight: deque[tuple[Any, Callable[[Any], None]]] = deque()
         self.last_arrival = -_INF
-        self.deliver_next = self._deliver_next
         self._new = 0.0
         self._fz = -1
-
-    def _deliver_next(self) -> None:
-        # Arrival timers of one connection are non-decreasing, and each one delivers the
-        # oldest message in flight, so order holds even when timers tie.
-        msg, deliver = self.in_flight.popleft()
-        self._network.messages_delivered += 1
-        deliver(msg)
+        self._aseq = 0         # when it last became a flow (orders the active flows)
+        self._vmark = -1
 
     def __repr__(self) -> str:
         return f"Connection({self.src}->{self.dst} ch{self.channel}, {self.rate:g} bps)"
@@ -317,9 +324,13 @@ class Network:
         self._seq = 0
         self._epoch = 0
         self._dirty = False
+        self._seeds: list[Link] = []  # links whose flows or capacity changed since the last recompute
+        self._full = False            # recompute every flow (after a reroute)
+        self._order = 0               # activation / busy-link order stamps
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when = _INF
         self._schedule_idle: Callable[..., Any] | None = None
+        self._call_at_plain: Callable[[float, Callable[[Any], Any], Any], Any] | None = None
         # counters
         self.messages_sent = 0
         self.messages_delivered = 0
@@ -568,6 +579,7 @@ class Network:
                                    "build one Network per emulated run")
         self._loop = loop
         self._schedule_idle = getattr(loop, "call_when_idle", None) or loop.call_soon
+        self._call_at_plain = getattr(loop, "call_at_plain", None) or loop.call_at
         self._timer = None
         self._timer_when = _INF
         self._dirty = False
@@ -614,32 +626,39 @@ class Network:
 
     def _activate(self, conn: _Connection, now: float) -> None:
         self._active[conn] = None
+        self._order += 1
+        conn._aseq = self._order
         group = self._active_by_class.get(conn.cls)
         if group is None:
             self._active_by_class[conn.cls] = {conn: None}
         else:
             group[conn] = None
-        self._occupy(conn.links, now)
+        self._occupy(conn, now)
+        self._seeds.extend(conn.links)
         if not self._dirty:
             self._dirty = True
             self._schedule_idle(self._recompute)
 
-    def _occupy(self, links: tuple[Link, ...], now: float) -> None:
-        """One more flow on each of ``links``: an idle link becomes busy (and reads its trace)."""
-        for link in links:
+    def _occupy(self, conn: _Connection, now: float) -> None:
+        """``conn`` becomes a flow on its links: an idle link becomes busy (and reads its trace)."""
+        for link in conn.links:
             if link.n_active == 0:
                 self._busy_links[link] = None
+                self._order += 1
+                link._bseq = self._order
                 link._busy_since = now
                 trace = link.trace
                 if trace is not None and not link.down:
                     link.capacity_bps = trace.rate_at(now)
                     self._arm_trace(link, now)
             link.n_active += 1
+            link._flows[conn] = None
 
-    def _vacate(self, links: tuple[Link, ...], now: float) -> None:
-        """One flow fewer on each of ``links``: a link left idle books its busy time."""
-        for link in links:
+    def _vacate(self, conn: _Connection, now: float) -> None:
+        """``conn`` leaves its links: a link left idle books its busy time."""
+        for link in conn.links:
             link.n_active -= 1
+            del link._flows[conn]
             if link.n_active == 0:
                 del self._busy_links[link]
                 link.busy_s += now - link._busy_since
@@ -656,7 +675,8 @@ class Network:
         conn.rate = 0.0
         conn.finish = _INF
         conn.gen += 1
-        self._vacate(conn.links, now)
+        self._vacate(conn, now)
+        self._seeds.extend(conn.links)
         if not self._dirty:
             self._dirty = True
             self._schedule_idle(self._recompute)
@@ -676,6 +696,7 @@ class Network:
         rate = 0.0 if link.down else link.trace.rate_at(now)
         if rate != link.capacity_bps:
             link.capacity_bps = rate
+            self._seeds.append(link)
             if not self._dirty:
                 self._dirty = True
                 self._schedule_idle(self._recompute)
@@ -721,45 +742,102 @@ class Network:
                     self._move(conn, self._path(self.host_of(conn.src), self.host_of(conn.dst)),
                                now)
             changed = True
-        if changed and self._active and self._loop is not None and not self._dirty:
-            self._dirty = True
-            self._schedule_idle(self._recompute)
+        if changed and self._active and self._loop is not None:
+            self._full = True
+            if not self._dirty:
+                self._dirty = True
+                self._schedule_idle(self._recompute)
 
     def _move(self, conn: _Connection, path: _Path, now: float) -> None:
         """Put ``conn`` on ``path`` (a reroute), keeping the links' flow counts right."""
         active = conn in self._active
         if active:
-            self._vacate(conn.links, now)
+            self._vacate(conn, now)
         conn.path = path
         conn.links = path.links
         conn.cap_bps = path.reliable_cap_bps if conn.reliable else _INF
         if active:
-            self._occupy(conn.links, now)
+            self._occupy(conn, now)
 
     # -- rate allocation --------------------------------------------------------------
 
+    def _affected(self) -> tuple[list[_Connection], list[Link]]:
+        """The flows whose rates may change, and their links: the connected components
+        (flows joined by shared links) of the links changed since the last recompute.
+
+        Max-min fair shares of one component do not depend on any other (progressive
+        filling touches only the links of the flows it freezes), so the rest keep their
+        rates exactly. Flows are listed in activation order and links in the order they
+        became busy, the order a recompute over everything visits them in, so every
+        floating-point operation, tie and heap sequence number is the same as there:
+        the cost of a recompute follows the traffic that changed, not the network's size.
+        """
+        seeds = self._seeds
+        self._seeds = []
+        active = self._active
+        if self._full:
+            self._full = False
+            return list(active), list(self._busy_links)
+        self._epoch += 1
+        stamp = self._epoch
+        flows: list[_Connection] = []
+        links: list[Link] = []
+        stack = []
+        for link in seeds:
+            if link._vmark != stamp and link.n_active:
+                link._vmark = stamp
+                links.append(link)
+                stack.append(link)
+        while stack:
+            for conn in stack.pop()._flows:
+                if conn._vmark != stamp:
+                    conn._vmark = stamp
+                    flows.append(conn)
+                    for link in conn.links:
+                        if link._vmark != stamp:
+                            link._vmark = stamp
+                            links.append(link)
+                            stack.append(link)
+        if len(flows) == len(active):
+            return list(active), list(self._busy_links)
+        flows.sort(key=_aseq_key)
+        links.sort(key=_bseq_key)
+        return flows, links
+
     def _recompute(self) -> None:
-        """Max-min fair rates with strict priority classes, then re-time the flows whose
-        rate changed (lazily: ``remaining -= old_rate * elapsed``)."""
+        """Max-min fair rates with strict priority classes over the flows a change can
+        affect (:meth:`_affected`), then re-time the flows whose rate changed (lazily:
+        ``remaining -= old_rate * elapsed``)."""
         self._dirty = False
         active = self._active
         if not active:
+            self._seeds = []
+            self._full = False
             return
         self.rate_recomputations += 1
         now = self._loop.time()
-        busy = list(self._busy_links)
+        flows_all, busy = self._affected()
+        if not flows_all:
+            self._arm_timer()
+            return
         for link in busy:
             link._resid = link.capacity_bps
-        classes = self._active_by_class
-        if len(classes) == 1:
+        if len(self._active_by_class) == 1:
             # One class: every busy link's flow count is its n_active.
             for link in busy:
                 link._n = link.n_active
-            self._fill(list(active), busy, True)
+            self._fill(flows_all, busy, True)
         else:
+            classes: dict[int, list[_Connection]] = {}
+            for conn in flows_all:
+                group = classes.get(conn.cls)
+                if group is None:
+                    classes[conn.cls] = [conn]
+                else:
+                    group.append(conn)
             order = sorted(classes)
             for i, cls in enumerate(order):
-                flows = list(classes[cls])
+                flows = classes[cls]
                 self._epoch += 1
                 stamp = self._epoch
                 touched: list[Link] = []
@@ -774,7 +852,7 @@ class Network:
                 self._fill(flows, touched, i == len(order) - 1)
 
         changed = []
-        for conn in active:
+        for conn in flows_all:
             new = conn._new
             old = conn.rate
             if new == old:
@@ -905,6 +983,7 @@ class Network:
         heappop = heapq.heappop
         heappush = heapq.heappush
         hook = self.on_transfer
+        call_at_plain = self._call_at_plain
         while heap and heap[0][0] <= limit:
             finish, _, conn, gen = heappop(heap)
             if gen != conn.gen:
@@ -926,7 +1005,7 @@ class Network:
                     arrival = conn.last_arrival
                 conn.last_arrival = arrival
                 conn.in_flight.append((msg, deliver))
-                loop.call_at(arrival, conn.deliver_next)
+                call_at_plain(arrival, _deliver_next, conn)
             if hook is not None:
                 hook(msg, t_start, arrival, path.link_names, dropped)
             queue = conn.queue
@@ -1000,6 +1079,14 @@ class Network:
 
 def _cap_key(conn: _Connection) -> float:
     return conn.cap_bps
+
+
+def _aseq_key(conn: _Connection) -> int:
+    return conn._aseq
+
+
+def _bseq_key(link: Link) -> int:
+    return link._bseq
 
 
 def _check_positive(value: float, what: str) -> None:

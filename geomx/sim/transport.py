@@ -17,6 +17,7 @@ import asyncio
 import logging
 import weakref
 from collections import Counter, deque
+from collections.abc import Coroutine
 from typing import Any
 
 from geomx.sim.network import Network
@@ -172,9 +173,10 @@ class SimTransport:
         self._fabric.send(msg)
         return True
 
-    async def recv(self) -> Any:
-        """The next message delivered to this node, in arrival order."""
-        return await self._inbox.get(self.name)
+    def recv(self) -> Coroutine[Any, Any, Any]:
+        """The next message delivered to this node, in arrival order (awaitable: the
+        inbox's own coroutine, one frame fewer per message than wrapping it)."""
+        return self._inbox.get(self.name)
 
     def pending(self) -> int:
         """Messages delivered but not yet received."""
