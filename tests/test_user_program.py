@@ -3,6 +3,7 @@ on every worker and the master, in the emulator and over real sockets, and leave
 folder as complete as the built-in trainer's."""
 
 import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -284,3 +285,18 @@ def test_geomx_environment_switches_map_to_scenario_fields_or_are_refused(tmp_pa
     assert main(["run", scenario, "--quiet", "--out", str(tmp_path / "runs"), "--set",
                  "run.iterations=1", "--program", str(p)]) == 0
     assert "final accuracy 1.0000" in capsys.readouterr().out
+
+
+def test_a_module_program_is_found_in_the_working_directory_as_python_m_finds_it(
+        tmp_path, monkeypatch):
+    """`program = "mine:main"` resolves from the working directory in the emulator too (the
+    `geomx` command does not put it on sys.path; `python -m geomx node` does)."""
+    from geomx.node.program import ProgramError, load_program
+
+    (tmp_path / "mine_cwd_prog.py").write_text("async def main(kv, ctx):\n    return 7\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    fn = load_program("mine_cwd_prog:main")
+    assert fn.__name__ == "main" and str(tmp_path) in sys.path
+    with pytest.raises(ProgramError, match="no_such_prog"):
+        load_program("no_such_prog:main")

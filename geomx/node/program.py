@@ -48,6 +48,21 @@ def _split_spec(spec: str) -> tuple[str, str]:
     return where, fn
 
 
+def _import_module(name: str) -> Any:
+    """Import ``name`` as ``python -m`` would find it: from ``sys.path``, else from the
+    working directory. A real node is started with ``python -m geomx``, which puts the
+    working directory on the path, and the ``geomx`` command does not; without the
+    fallback, ``program = "train:main"`` ran over sockets but not in the emulator."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name != name.partition(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(name)
+
+
 @functools.lru_cache(maxsize=16)
 def load_program(spec: str) -> Callable[..., Any]:
     """The coroutine function named by ``spec`` (a ``.py`` file or an importable module,
@@ -74,7 +89,7 @@ def load_program(spec: str) -> Callable[..., Any]:
                                f"{type(e).__name__}: {e}") from e
     else:
         try:
-            module = importlib.import_module(where)
+            module = _import_module(where)
         except Exception as e:
             raise ProgramError(f"training program {spec!r}: cannot import module {where!r}: "
                                f"{type(e).__name__}: {e}") from e
