@@ -33,10 +33,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def check_options(opts: argparse.Namespace) -> None:
-    if not 1 <= opts.depth <= 12:
-        raise AlgorithmError(f"--depth {opts.depth}: allowed: 1..12")
-    if not 2 <= opts.max_bins <= trees.FINE_BINS:
-        raise AlgorithmError(f"--max-bins {opts.max_bins}: allowed: 2..{trees.FINE_BINS}")
+    trees.check_tree_options(opts)
     if not opts.learning_rate > 0:
         raise AlgorithmError(f"--learning-rate {opts.learning_rate}: allowed: a number > 0")
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from geomx.algorithms import linear, naive_bayes, trees
-from geomx.algorithms.job import AlgorithmError, AlgorithmJob
+from geomx.algorithms.job import AlgorithmJob
 
 DEFAULT_ITERATIONS = 200
 
@@ -30,10 +30,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def check_options(opts: argparse.Namespace) -> None:
     linear.check_sgd_options(opts)
-    if not 1 <= opts.depth <= 12:
-        raise AlgorithmError(f"--depth {opts.depth}: allowed: 1..12")
-    if not 2 <= opts.max_bins <= trees.FINE_BINS:
-        raise AlgorithmError(f"--max-bins {opts.max_bins}: allowed: 2..{trees.FINE_BINS}")
+    trees.check_tree_options(opts)
 
 
 def state_bytes(table: Any, opts: argparse.Namespace, workers: int) -> int:

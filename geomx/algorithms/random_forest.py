@@ -34,10 +34,7 @@ def add_options(p: argparse.ArgumentParser, *, depth: int = 6, features: bool = 
 
 
 def check_options(opts: argparse.Namespace) -> None:
-    if not 1 <= opts.depth <= 12:
-        raise AlgorithmError(f"--depth {opts.depth}: allowed: 1..12")
-    if not 2 <= opts.max_bins <= trees.FINE_BINS:
-        raise AlgorithmError(f"--max-bins {opts.max_bins}: allowed: 2..{trees.FINE_BINS}")
+    trees.check_tree_options(opts)
     if getattr(opts, "max_features", 0) < 0:
         raise AlgorithmError(f"--max-features {opts.max_features}: allowed: an integer >= 0")
 

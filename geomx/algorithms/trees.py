@@ -28,12 +28,20 @@ from typing import Any, Callable
 
 import numpy as np
 
-from geomx.algorithms.job import AlgorithmJob
+from geomx.algorithms.job import AlgorithmError, AlgorithmJob
 
-__all__ = ["FINE_BINS", "bin_keys", "compute_bins", "binned", "level_keys", "Forest", "grow",
+__all__ = ["FINE_BINS", "check_tree_options", "bin_keys", "compute_bins", "binned", "level_keys", "Forest", "grow",
            "gini_gain", "newton_gain", "class_values", "newton_values"]
 
 FINE_BINS = 256
+
+
+def check_tree_options(opts: Any) -> None:
+    """``--depth`` and ``--max-bins``, shared by every algorithm that grows these trees."""
+    if not 1 <= opts.depth <= 12:
+        raise AlgorithmError(f"--depth {opts.depth}: allowed: 1..12")
+    if not 2 <= opts.max_bins <= FINE_BINS:
+        raise AlgorithmError(f"--max-bins {opts.max_bins}: allowed: 2..{FINE_BINS}")
 
 
 # ---------------------------------------------------------------- bins
