@@ -281,8 +281,7 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     if train.algorithm:
         model_bytes = algorithm_state_bytes(train, job.num_all_workers)
     else:
-        model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
-            sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
+        model_bytes = _model_bytes(train)
     fan_in = max([len(job.party_dcs), job.num_all_workers if job.mode == "flat_ps" else 0,
                   *(len(v) for v in job.workers_of.values())])
     rate_bps, rtt_s = _slowest_link_bps(s)
@@ -308,9 +307,14 @@ def max_message_bytes(plan: JobPlan) -> int:
     train = plan.train
     if train.program:
         return PROGRAM_MAX_MESSAGE_BYTES
-    model_bytes = 4 * sum(train.phantom_sizes) if train.phantom else \
-        sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
-    return 2 * model_bytes + 16 * 2**20
+    return 2 * _model_bytes(train) + 16 * 2**20
+
+
+def _model_bytes(train: TrainSpec) -> int:
+    """Bytes of the whole model (a phantom model's float32 tensors without building them)."""
+    if train.phantom:
+        return 4 * sum(train.phantom_sizes)
+    return sum(int(getattr(p, "nbytes", 0)) for p in initial_params(train))
 
 
 def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
