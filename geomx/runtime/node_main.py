@@ -61,9 +61,9 @@ def build_shaper(s: Scenario, plan: Any, name: str, start_epoch: float | None = 
     from geomx.runtime.shaper import Shaper, now_s
     from geomx.runtime.wan_shapes import LinkTable, dc_routes, lan_shape, route_hops
 
-    shapes_by_dc = dc_link_shapes(s)
-    phases_by_dc = dc_link_phases(s)
     routes = dc_routes(s)
+    shapes_by_dc = dc_link_shapes(s, routes=routes)
+    phases_by_dc = dc_link_phases(s)
     dc_of = plan.job.dc_of
     table = LinkTable(s, list(plan.nodes), dc_of)
     zero = now_s() - (0.0 if start_epoch is None else time.time() - start_epoch)  # job start

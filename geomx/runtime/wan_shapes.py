@@ -101,11 +101,13 @@ def dc_routes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
     return out
 
 
-def dc_link_shapes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
-                   ) -> dict[tuple[str, str], LinkShape]:
+def dc_link_shapes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset(),
+                   routes: dict | None = None) -> dict[tuple[str, str], LinkShape]:
     """(src DC, dst DC) -> the :class:`LinkShape` a sender in src uses for a peer in dst
-    (with the ``avoid`` links failed and routed around)."""
-    routes = dc_routes(s, avoid)
+    (with the ``avoid`` links failed and routed around; ``routes``: :func:`dc_routes`'s
+    answer for them, when the caller has it already)."""
+    if routes is None:
+        routes = dc_routes(s, avoid)
     lan = {d.name: d.lan_latency_s for d in s.dcs}
 
     def one_way(a: str, b: str) -> float:
@@ -214,7 +216,8 @@ def dc_link_phases(s: Scenario) -> dict[tuple[str, str], Callable[[], Phases]]:
 
     def routing(rerouted: frozenset) -> tuple[dict, dict]:
         if rerouted not in cache:
-            cache[rerouted] = (dc_routes(s, rerouted), dc_link_shapes(s, rerouted))
+            routes = dc_routes(s, rerouted)
+            cache[rerouted] = (routes, dc_link_shapes(s, rerouted, routes))
         return cache[rerouted]
 
     base_routes, base = routing(frozenset())
