@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from proc_tools import descendants
 
 from geomx.experiment import resume_scenario, run_scenario
 from geomx.node import checkpoint as ckpt
@@ -308,21 +309,6 @@ def test_resume_without_checkpoint_is_one_line(tmp_path: Path, capsys) -> None:
 
 
 # --------------------------------------------------------------------------- real sockets
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 @pytest.mark.slow
@@ -350,7 +336,7 @@ def test_real_job_killed_and_resumed(tmp_path: Path) -> None:
                 break
             time.sleep(0.05)
         assert run_dir is not None, (tmp_path / "launch.log").read_text()[-3000:]
-        victims = [*_descendants(p.pid), p.pid]
+        victims = [*descendants(p.pid), p.pid]
         for pid in victims:
             try:
                 os.kill(pid, signal.SIGKILL)

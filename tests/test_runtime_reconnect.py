@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from proc_tools import descendants
 
 from geomx.runtime import eventloop, security
 from geomx.runtime.framing import (PREAMBLE, SEQ, FrameType, control_frame,
@@ -471,22 +472,6 @@ def test_reconnect_over_tls_with_a_secret(tls_files):
 
 # -- a real job whose connections are killed (not its processes) ---------------------------------
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
-    return out
-
 
 def ss_kill_works() -> bool:
     """Can this host destroy a TCP socket from outside its process (``ss -K``: root and a
@@ -524,7 +509,7 @@ class ConnectionKiller(threading.Thread):
         self.halt = threading.Event()
 
     def node_ports(self) -> set[int]:
-        pids = _descendants(self.root_pid)
+        pids = descendants(self.root_pid)
         out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
         ports = set()
         for line in out.splitlines():
