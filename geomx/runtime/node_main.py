@@ -261,6 +261,7 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
                              reconnect_timeout_s=s.real.reconnect_timeout_s,
+                             dead_after_s=s.real.dead_connection_timeout_s,
                              **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,

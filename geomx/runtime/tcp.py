@@ -67,7 +67,10 @@ in order; the receiver drops what it already delivered. Only past that bound (or
 the peer refuses the handshake, or turns out to be a new process) are the messages
 dropped, logged naming the peer, and counted (``stats()["dropped_messages"]``); the
 next ``send()`` dials again. ``stats()["streams"]`` counts reconnects, resent messages
-and bytes, duplicates dropped and acknowledgements.
+and bytes, duplicates dropped and acknowledgements. A connection that dies without a
+word (a NAT forgets it) is noticed within about ``dead_after_s`` by keepalive probes
+and a TCP user timeout (:mod:`geomx.runtime.tcp_liveness`), and then handled as any
+other that drops.
 
 Shaping
 -------
@@ -93,6 +96,7 @@ from geomx.runtime.shaper import Shaper
 from geomx.runtime.tcp_conn import CLOSED, HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
                                          MAX_NAME_BYTES, HandshakeRefused, serve_handshake)
+from geomx.runtime.tcp_liveness import DEFAULT_DEAD_AFTER_S
 from geomx.runtime.tcp_outgoing import (CONNECT_BACKOFF_S, DEFAULT_CONNECT_TIMEOUT_S,
                                         DEFAULT_SEND_QUEUE_LIMIT_BYTES, SHAPED_PIECE_BYTES,
                                         SMALL_MESSAGE_BYTES, WRITE_BATCH_BYTES, Outgoing)
@@ -129,7 +133,8 @@ class TcpTransport:
     """A node's real-socket transport (implements :class:`geomx.transport.Transport`).
 
     ``TcpTransport(name, host=, port=, secret=, ssl_server=, ssl_client=, shaper=,
-    max_frame_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=, retain_limit_bytes=)``;
+    max_frame_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=, dead_after_s=,
+    retain_limit_bytes=)``;
     then ``await start()``,
     ``set_address_book({...})``, ``send``/``recv``, ``await close()``. See the module
     docstring for the model.
@@ -145,6 +150,7 @@ class TcpTransport:
                  recv_queue_limit_bytes: int = DEFAULT_RECV_QUEUE_LIMIT_BYTES,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                  reconnect_timeout_s: float = DEFAULT_RECONNECT_TIMEOUT_S,
+                 dead_after_s: float = DEFAULT_DEAD_AFTER_S,
                  retain_limit_bytes: int = DEFAULT_RETAIN_LIMIT_BYTES,
                  address_wait_s: float = DEFAULT_ADDRESS_WAIT_S,
                  handshake_timeout_s: float = DEFAULT_HANDSHAKE_TIMEOUT_S,
@@ -174,6 +180,9 @@ class TcpTransport:
                          ("max_pending_handshakes", max_pending_handshakes)):
             if not v > 0:
                 raise ValueError(f"{label} must be > 0, got {v!r}")
+        if not 0 <= dead_after_s < float("inf"):
+            raise ValueError(f"dead_after_s must be >= 0 seconds (0 = the kernel's defaults), "
+                             f"got {dead_after_s!r}")
         self.name = name
         self.host = host
         self.port = port
@@ -187,6 +196,7 @@ class TcpTransport:
         self.recv_queue_limit_bytes = recv_queue_limit_bytes
         self.connect_timeout_s = connect_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
+        self.dead_after_s = dead_after_s
         self.retain_limit_bytes = retain_limit_bytes
         self._streams = InStreams()
         self._resume_counts = {"reconnects": 0, "reconnect_failures": 0, "resent_messages": 0,

@@ -4,8 +4,8 @@ ps-lite's van leaves the socket work to a concrete van (``ZMQVan::SendMsg`` /
 ``RecvMsg`` in ``zmq_van.h``) and keeps the rest of the van above it; geomx draws the
 same line. This module owns what happens on *one* socket, in either direction:
 
-* :class:`Conn`, the ``asyncio.BufferedProtocol``: TCP_NODELAY and the write-buffer
-  limits, frames read straight into :class:`~geomx.runtime.framing.FrameDecoder`'s
+* :class:`Conn`, the ``asyncio.BufferedProtocol``: TCP_NODELAY, the dead-peer bound
+  (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight into :class:`~geomx.runtime.framing.FrameDecoder`'s
   buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
   frames queued for :mod:`geomx.runtime.tcp_handshake`, message frames handed to the
   transport only once the connection is open (and only on incoming connections),
@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
                                    SEQ, SEQ_BYTES, Body, FrameDecoder, FrameType,
                                    FramingError, RejectLog)
+from geomx.runtime.tcp_liveness import apply_dead_after
 
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
 WRITE_HIGH_WATER_BYTES = 1024 * 1024
@@ -47,6 +48,7 @@ class ConnOwner(Protocol):
     """What a :class:`Conn` needs from the transport that owns it."""
 
     max_frame_bytes: int
+    dead_after_s: float
     _rejects: RejectLog
 
     def _reserve_frame(self, nbytes: int) -> bool: ...
@@ -115,6 +117,8 @@ class Conn(asyncio.BufferedProtocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except (OSError, AttributeError):  # pragma: no cover
                 pass
+            # a connection that dies silently (a NAT forgets it) is noticed in bounded time
+            apply_dead_after(sock, self.tr.dead_after_s)
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)  # type: ignore[attr-defined]
         peername = transport.get_extra_info("peername")
         if peername and self.incoming:

@@ -393,6 +393,12 @@ def _check_real(s: Scenario) -> None:
     if r.global_scheduler and not 0 < int(r.global_scheduler.rpartition(":")[2]) < 65536:
         raise ScenarioError("port out of range; allowed: 'host:port' with a port in 1..65535",
                             path="real.global_scheduler", value=r.global_scheduler)
+    if 0 < r.dead_connection_timeout_s < 1.0:
+        # the kernel's user timeout would fire on a healthy path's round trip and queues
+        raise ScenarioError("too short to tell a dead connection from a slow one; allowed: "
+                            "0 (the kernel's defaults) or at least 1s",
+                            path="real.dead_connection_timeout",
+                            value=r.dead_connection_timeout_s)
     if r.port_base and r.port_base + len(s.dcs) > 65535:
         raise ScenarioError(f"port_base + {len(s.dcs)} DCs passes 65535; allowed: a lower port_base",
                             path="real.port_base", value=r.port_base)

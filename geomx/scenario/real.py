@@ -56,6 +56,13 @@ class RealConfig(Section):
                                          "(they are then written again, in order, once); past it "
                                          "they are dropped and the peer counts as unreachable.",
                                          key="reconnect_timeout")
+    dead_connection_timeout_s: float = setting(
+        Duration(), "20s",
+        "How long a connection that died silently (a NAT or firewall on the path forgot it, "
+        "the far host lost power) may go unnoticed: keepalive probes after half of it idle "
+        "and a TCP user timeout on unacknowledged data; a dead one is then dialled again "
+        "and its messages resent. 0 = the kernel's defaults (about 15 minutes with data "
+        "outstanding, never when idle).", key="dead_connection_timeout")
 
 
 @dataclass(frozen=True)
