@@ -351,8 +351,15 @@ def test_the_shaper_follows_the_emulators_traces_on_every_hop_of_a_route():
 
 # -- faults x sync algorithms (issue 12's matrix, in the emulator) -----------------------------
 
+#: DC-ASGD is MixedSync's asynchronous global tier with the delay-compensating optimizer
+#: (scenarios/mixed_dcasgd.toml)
+SYNC_SETTINGS = {"dcasgd": ("sync.algorithm=mixed", "training.optimizer=dcasgd",
+                            "training.lr=0.5")}
+
+
 def _hetero(scenario_of, alg, *fault):
-    s = scenario_of("heterogeneous.toml", f"sync.algorithm={alg}", "run.target_accuracy=0",
+    s = scenario_of("heterogeneous.toml",
+                    *SYNC_SETTINGS.get(alg, (f"sync.algorithm={alg}",)), "run.target_accuracy=0",
                     "run.max_emulated_time=0s", "run.iterations=100", "run.eval_every=50",
                     "metrics.plot=false", "metrics.trace=false", *fault)
     return run_scenario(s).summary
@@ -366,7 +373,7 @@ CUT_CENTRAL_2S = ("fault.0.kind=partition", 'fault.0.dcs=["central"]', "fault.0.
                   "fault.0.duration=2s")
 
 
-@pytest.mark.parametrize("alg", ["fsa", "mixed", "hfa", "esync"])
+@pytest.mark.parametrize("alg", ["fsa", "mixed", "dcasgd", "hfa", "esync"])
 def test_every_sync_algorithm_rides_out_a_link_outage_and_a_straggler(scenario_of, alg):
     clean = _hetero(scenario_of, alg)
     link = _hetero(scenario_of, alg, *LINK_2S)
@@ -382,12 +389,12 @@ def test_every_sync_algorithm_rides_out_a_link_outage_and_a_straggler(scenario_o
     # in those 2 s waits for the partition to heal, then carries on (never more than the
     # outage lost; HFA's global syncs fall outside it)
     assert 0.0 <= lost_cut <= 2.0 + 1e-9
-    if alg in ("fsa", "mixed", "esync"):
+    if alg in ("fsa", "mixed", "dcasgd", "esync"):
         assert lost_cut > 1.0
     if alg == "fsa":  # every round waits for party-a: it loses the outage, less its slack
         assert 1.0 < lost_link <= 2.0 + 1e-9 and lost_slow > 1.0
         assert link.final_accuracy == clean.final_accuracy  # the same rounds, later
-    if alg == "mixed":  # party-b (the evaluator's DC) trains on while party-a is cut off
+    if alg in ("mixed", "dcasgd"):  # party-b (the evaluator's DC) trains on while party-a is cut off
         assert lost_link == pytest.approx(0.0, abs=1e-9)
 
 
