@@ -118,6 +118,12 @@ class GlobalServer(Node):
         self._ckpt_reached: dict[int, int] = {}
         self._restored_opt: dict[str, Any] = {}
         self._restore()
+        #: [membership] on_server_loss = "wait": a local server's successor pushes the round
+        #: its predecessor may have pushed already; pushes taken per pusher, and those
+        #: dropped as such duplicates
+        self._dedupe_rounds = job.on_server_loss == "wait" and job.mode == "hips"
+        self.applied: dict[str, int] = {p: 0 for p in self.pushers}
+        self.deduped: dict[str, int] = {p: 0 for p in self.pushers}
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -250,7 +256,28 @@ class GlobalServer(Node):
             return
         if msg.meta.get("stop"):
             self.stop_requested = True
+        if self._dedupe_rounds and self._duplicate_round(msg, slot):
+            return
+        self.applied[msg.src] = self.applied.get(msg.src, 0) + 1
         self.policy.on_push(self, msg, slot, value)
+
+    def _duplicate_round(self, msg: Message, slot: Slot) -> bool:
+        """FSA, ``on_server_loss = "wait"``: a local server's push of round ``version``
+        that this server already has. Applied already (the round is done): answered now.
+        Parked (its dead predecessor's push waits for the other DCs): the new request
+        takes the old one's place, so the answer reaches the process that waits for it."""
+        if msg.version <= slot.version:
+            why = "applied"
+            self.reply_push(msg, slot)
+        elif msg.src in slot.contributors:
+            why = "parked"
+            slot.waiting_pushes = [msg if m.src == msg.src else m for m in slot.waiting_pushes]
+        else:
+            return False
+        self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+        self.record("dedupe", src=msg.src, key=msg.key, part=msg.part, round=msg.version,
+                    why=why)
+        return True
 
     def _ts_receive(self, msg: Message, value: Value, count: int, senders: list[str]) -> None:
         """TSEngine: a merged push of ``count`` local servers' sums (§4.5 step 5: the
@@ -415,5 +442,8 @@ class GlobalServer(Node):
             await self.ts.drain()
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", versions=sum(s.version for s in self.slots.values()))
+        self.record("server_done", versions=sum(s.version for s in self.slots.values()),
+                    **({"applied": dict(sorted(self.applied.items())),
+                        "deduped": dict(sorted(self.deduped.items()))}
+                       if self._dedupe_rounds else {}))
         leave(self, self.job.global_scheduler)

@@ -59,6 +59,8 @@ class LocalSlot:
     priority: int = 0          # P3: the workers' priority, carried on to the global tier
     key: int = -1
     ckpt_round: int = 0        # the global round just finished is a checkpoint round
+    answered: int = 0          # the last round whose workers were answered
+    global_version: int = 0    # the lowest version of the key's parts in the last pull
 
 
 class LocalServer(Node):
@@ -88,6 +90,12 @@ class LocalServer(Node):
         self._joining: list[str] = []
         self._join_pulls: list[Message] = []
         self._rounds_running = 0
+        #: [membership] on_server_loss = "wait": this process took over the server's name
+        #: (set before it runs); worker pushes being handled, by (sender, request id), and
+        #: pushes that arrived twice (resent after a takeover) and were answered, not applied
+        self.taking_over = False
+        self._open_pushes: set[tuple[str, int]] = set()
+        self.deduped: dict[str, int] = {w: 0 for w in self.workers}
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -170,6 +178,9 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ init
     def _on_init(self, msg: Message) -> None:
+        if msg.meta.get("takeover") and msg.src in self.workers and not msg.payloads:
+            self._on_takeover_init(msg)
+            return
         if msg.src not in self.workers or len(msg.payloads) != 1:
             self.reply_error(msg, "INIT must come from a worker of this DC with one payload")
             return
@@ -182,6 +193,43 @@ class LocalServer(Node):
         self.slots[msg.key] = slot
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
         self.spawn(self._initialise(msg.key, slot))
+
+    def _on_takeover_init(self, msg: Message) -> None:
+        """A worker declares a key to the process that took over this server (its shape
+        and dtype, no value): the key's value and round come from the global tier."""
+        if msg.key not in self.slots:
+            shape = tuple(int(d) for d in msg.meta.get("shape", ()))
+            dtype = str(msg.meta.get("dtype", "<f4"))
+            phantom = bool(msg.meta.get("phantom"))
+            slot = LocalSlot(shape=shape, dtype=dtype, phantom=phantom, key=msg.key)
+            slot.store = zeros_like_spec(shape, dtype, phantom)
+            self.slots[msg.key] = slot
+            self.spawn(self._initialise(msg.key, slot))
+        if msg.request_id:
+            self.post(msg.reply(Kind.INIT_ACK))
+
+    def _duplicate_push(self, msg: Message, slot: LocalSlot) -> bool:
+        """``on_server_loss = "wait"``: whether ``msg`` is a push this server already has
+        (the same request twice: the original and the resend after a takeover) or one of
+        a round already applied (its predecessor pushed the DC's sum before it died);
+        the latter is answered now. Workers number their pushes by round
+        (``meta["round"]``, the round after the last one they were answered)."""
+        rnd = msg.meta.get("round")
+        if rnd is None:
+            return False
+        ident = (msg.src, msg.request_id)
+        if ident in self._open_pushes:
+            self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+            self.record("dedupe", src=msg.src, key=msg.key, round=int(rnd), why="resent")
+            return True
+        if int(rnd) <= slot.answered:
+            self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+            self.record("dedupe", src=msg.src, key=msg.key, round=int(rnd), why="applied")
+            self.post(msg.reply(Kind.PUSH_ACK, version=slot.answered,
+                                meta={"stop": True} if self.global_stop else {}))
+            return True
+        self._open_pushes.add(ident)
+        return False
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
@@ -205,6 +253,8 @@ class LocalServer(Node):
             return
         if msg.src not in self.live:
             self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
+            return
+        if self._duplicate_push(msg, slot):
             return
         if msg.src in slot.contributors:
             self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
@@ -373,6 +423,9 @@ class LocalServer(Node):
         """Acknowledge the parked worker pushes of a finished round."""
         reply_meta: dict[str, Any] = {"stop": True} if self.global_stop else {}
         round_, slot.ckpt_round = slot.ckpt_round, 0
+        slot.answered = slot.round
+        for req in waiting:
+            self._open_pushes.discard((req.src, req.request_id))
         if round_:
             reply_meta["ckpt"] = round_
         if self.ts_intra is not None:
@@ -438,6 +491,7 @@ class LocalServer(Node):
 
         results = ([await pull_part(parts[0])] if len(parts) == 1
                    else await asyncio.gather(*(pull_part(p) for p in parts)))
+        slot.global_version = min(reply.version for _, reply in results)
         return self._assemble(slot, results)
 
     def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:
@@ -465,6 +519,12 @@ class LocalServer(Node):
         self.policy.on_initialized(self, key, slot)
         if self._restored:
             self._restore_slot(key, slot)
+        if self.taking_over:
+            # FSA: the global tier has applied ``global_version`` rounds of this key (of
+            # every part, at least); this DC's next round is the one after
+            slot.round = slot.answered = slot.global_version
+            slot.ckpt_round = 0
+            self.record("takeover_init", key=key, round=slot.round)
         if self.ts_intra is not None:
             self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
         self.record("init", key=key)
@@ -511,6 +571,8 @@ class LocalServer(Node):
             self._done.set()
 
     async def main(self) -> None:
+        if self.taking_over:
+            self._restored = {}  # the job's state is the global tier's, not a checkpoint's
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
         await self._done.wait()
@@ -521,9 +583,14 @@ class LocalServer(Node):
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", rounds=sum(s.round for s in self.slots.values()),
-                    **({"applied": dict(sorted(self.applied.items())),
-                        "lost": sorted(set(self.workers) - set(self.live))}
-                       if self.job.on_worker_loss == "continue" else {}))
+        counts: dict[str, Any] = {}
+        if self.job.on_worker_loss == "continue":
+            counts.update(applied=dict(sorted(self.applied.items())),
+                          lost=sorted(set(self.workers) - set(self.live)))
+        if self.job.on_server_loss == "wait":
+            counts.update(applied=dict(sorted(self.applied.items())),
+                          deduped=dict(sorted(self.deduped.items())),
+                          took_over=self.taking_over)
+        self.record("server_done", rounds=sum(s.round for s in self.slots.values()), **counts)
         leave(self, self.job.global_scheduler)
         leave(self, self.job.local_scheduler_of[self.dc])

@@ -58,6 +58,10 @@ class JobSpec:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     #: [membership] on_worker_loss: "fail" (stop the job) | "continue" (the DC goes on)
     on_worker_loss: str = "fail"
+    #: [membership] on_server_loss: "fail" | "wait" (a local server may be taken over),
+    #: and how long the others wait for it (server_loss_timeout)
+    on_server_loss: str = "fail"
+    server_loss_timeout_s: float = 0.0
 
     @property
     def num_all_workers(self) -> int:
