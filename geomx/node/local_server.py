@@ -95,6 +95,9 @@ class LocalServer(Node):
         #: pushes that arrived twice (resent after a takeover) and were answered, not applied
         self.taking_over = False
         self._open_pushes: set[tuple[str, int]] = set()
+        #: a taken-over server: requests for keys no worker has declared to it yet (they
+        #: can overtake the declarations: sent before the sender heard of the takeover)
+        self._undeclared: list[Message] = []
         self.deduped: dict[str, int] = {w: 0 for w in self.workers}
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -205,8 +208,21 @@ class LocalServer(Node):
             slot.store = zeros_like_spec(shape, dtype, phantom)
             self.slots[msg.key] = slot
             self.spawn(self._initialise(msg.key, slot))
+            early = [m for m in self._undeclared if m.key == msg.key]
+            self._undeclared = [m for m in self._undeclared if m.key != msg.key]
+            for m in early:
+                self.dispatch(m)
         if msg.request_id:
             self.post(msg.reply(Kind.INIT_ACK))
+
+    def _park_undeclared(self, msg: Message) -> bool:
+        """A taken-over server: a worker's push or pull of a key not declared yet waits
+        for the declaration (bounded by the workers' keys: a stranger is refused first)."""
+        if not self.taking_over or msg.src not in self.workers \
+                or len(self._undeclared) >= 64 * len(self.workers) + 1024:
+            return False
+        self._undeclared.append(msg)
+        return True
 
     def _duplicate_push(self, msg: Message, slot: LocalSlot) -> bool:
         """``on_server_loss = "wait"``: whether ``msg`` is a push this server already has
@@ -246,6 +262,8 @@ class LocalServer(Node):
         if slot is not None and not slot.initialized and msg.src in self.workers:
             # GeoMX: init then push without a pull; the push waits for the global value
             slot.early_pushes.append(msg)
+            return
+        if slot is None and self._park_undeclared(msg):
             return
         if slot is None or not slot.initialized:
             # (kv.init's barrier keeps honest workers from getting here)
@@ -538,6 +556,8 @@ class LocalServer(Node):
     # ------------------------------------------------------------------ pull
     def _on_pull(self, msg: Message) -> None:
         slot = self.slots.get(msg.key)
+        if slot is None and self._park_undeclared(msg):
+            return
         if slot is None:
             # a pull that beats the rank-0 INIT: park it on a placeholder slot
             self.reply_error(msg, f"key {msg.key} is not initialised")
@@ -575,6 +595,13 @@ class LocalServer(Node):
             self._restored = {}  # the job's state is the global tier's, not a checkpoint's
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
+        done = set(getattr(self, "members_left", ())) & set(self.workers)
+        if self.taking_over and done:
+            # the predecessor died after the DC finished: the workers that said so (the
+            # rank-0 worker, or every live one) have left; nothing is left to serve
+            self._stopped_workers |= done
+            if self.workers[0] in done or set(self.live) <= done:
+                self._done.set()
         await self._done.wait()
         for peer in (self.ts_inter, self.ts_intra):
             if peer is not None:

@@ -303,7 +303,10 @@ class Scheduler(Node):
         log.warning("%s: %s taken over by a new process", self.name, node)
         book = dict(self.addresses)
         book[self.name] = self.transport.local_address()
-        self.post(msg.reply(Kind.REGISTER_ACK, meta={"book": book}))
+        # members that finished already cannot resend anything: the successor must not
+        # wait for them
+        self.post(msg.reply(Kind.REGISTER_ACK, meta={"book": book,
+                                                     "left": sorted(self._left)}))
         for m in self.members:
             if m != node and m not in self._left and m in self.addresses:
                 self.post(Message(Kind.NODE_REJOINED, self.name, m,
@@ -370,6 +373,8 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
                           f"{timeout_s:g} s") from None
     book = dict(reply.meta.get("book", {}))
     node.learn_addresses(book)
+    if "left" in reply.meta:  # a takeover: members done before this process started
+        node.members_left = {str(m) for m in reply.meta["left"]}
     return book
 
 

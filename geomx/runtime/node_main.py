@@ -384,9 +384,18 @@ def _watch_parent() -> None:
 
 
 def _mark_rejoining(node: Any) -> None:
-    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py)."""
+    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py),
+    or a new process takes over a local server's name ([membership] on_server_loss =
+    "wait", geomx/node/local_server.py)."""
+    if getattr(node, "role", "") == "local_server":
+        if node.job.on_server_loss != "wait":
+            raise ConfigError(f"--rejoin of {node.name}: the job does not wait for a lost "
+                              "server (membership.on_server_loss is 'fail')")
+        node.taking_over = True
+        return
     if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):
-        raise ConfigError(f"--rejoin is for a training worker, not {node.name}")
+        raise ConfigError(f"--rejoin is for a training worker or a local server, "
+                          f"not {node.name}")
     node.rejoining = True
 
 

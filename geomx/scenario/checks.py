@@ -533,10 +533,10 @@ def _check_restart(s: Scenario) -> None:
                 "; allowed: duration = 0s, a worker with on_worker_loss = 'continue', or a "
                 "local server with on_server_loss = 'wait'",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
-        if s.run.runtime == "real":
+        if s.run.runtime == "real" and not f.node.startswith("ls:"):
             raise ScenarioError(
-                "the real launcher does not restart crashed nodes; allowed: duration = 0s "
-                "(restart the worker yourself with geomx node --rejoin)",
+                "the real launcher restarts crashed local servers only; allowed: duration "
+                "= 0s (restart the worker yourself with geomx node --rejoin)",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
 
 
