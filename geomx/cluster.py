@@ -336,6 +336,8 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     node.slow_periods = plan.slow_periods.get(name, ())
     if job.on_server_loss == "wait" and role == "worker":
         node.replaceable_peers = {job.local_server_of[job.dc_of[name]]}
+    elif role in ("local_server", "master_worker"):
+        node.replaceable_peers = job.replaceable_servers() & set(job.global_servers)
     return node
 
 
@@ -352,8 +354,7 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
                         register_timeout_s=job.register_timeout_s,
                         losable=(set(job.all_workers) if job.on_worker_loss == "continue"
                                  else set()),
-                        replaceable=(set(job.local_server_of.values())
-                                     if job.on_server_loss == "wait" else set()),
+                        replaceable=job.replaceable_servers(),
                         replace_timeout_s=job.server_loss_timeout_s)
         install_coordinators(sch, job)  # TSEngine's overlays, when on
         return sch

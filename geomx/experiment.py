@@ -316,7 +316,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
         """A crashed worker started again, as ``geomx node --rejoin`` does (a local server:
         a new process taking over its name, [membership] on_server_loss = "wait")."""
         node = make_node(plan, name, fabric.transport(name), services)
-        if plan.roles.get(name) == "local_server":
+        if plan.roles.get(name) in ("local_server", "global_server"):
             node.taking_over = True
         else:
             node.rejoining = True

@@ -83,13 +83,44 @@ def test_push_parked_at_the_global_server_is_taken_over(tmp_path: Path) -> None:
     assert r.summary.final_accuracy == clean.summary.final_accuracy
 
 
-def test_server_that_never_returns_fails_by_name(tmp_path: Path) -> None:
-    with pytest.raises(JobFailed, match=r"ls:party-a.*server_loss_timeout = 5 s"):
-        _run(tmp_path, [*WAIT, "fault.0.at=3s", "membership.server_loss_timeout=5s"])
+def test_global_server_restart_from_its_snapshot(tmp_path: Path) -> None:
+    """``gs:0`` dies after taking round 12 and answering the pushes, before the local
+    servers' pulls: its successor reads its snapshot of round 11 (optimizer config and
+    Adam state), the local servers hand in their last pulled values, find the pull of
+    round 12 answered with round 11 and push the round's sum again."""
+    sets = ["run.iterations=20", "checkpoint.every=1"]
+    clean, _, _ = _run(tmp_path / "clean", sets)
+    r, nodes, events = _run(tmp_path / "crash", [*sets, "membership.on_server_loss=wait",
+                                                 "fault.0.node=gs:0", "fault.0.at=1.63s",
+                                                 "fault.0.duration=1s"])
+    gs = nodes["gs:0"]
+    keys = len(gs.slots)
+    assert gs.taking_over and r.summary.iterations == 20
+    (restore,) = [e for e in events if e["ev"] == "takeover_restore"]
+    assert restore["snapshot"] == 11 and restore["versions"] == [11]
+    assert restore["optimizer"] == "adam" and restore["stale_steps"] == {}
+    assert [e for e in events if e["ev"] == "repush"]
+    # the successor applied rounds 12..20 once per DC and key, nothing more
+    assert gs.applied == {"ls:party-a": keys * 9, "ls:party-b": keys * 9}
+    assert all(s.version == 20 for s in gs.slots.values())
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+    lost_s = r.summary.emulated_seconds - clean.summary.emulated_seconds
+    assert 1.0 <= lost_s < 1.3
+    print(f"clean {clean.summary.emulated_seconds:.2f} s, restarted "
+          f"{r.summary.emulated_seconds:.2f} s, accuracy {r.summary.final_accuracy:.4f}")
+
+
+@pytest.mark.parametrize("node,schedulers", [("ls:party-a", {"gh", "lh:party-a"}),
+                                             ("gs:0", {"gh"})])
+def test_server_that_never_returns_fails_by_name(tmp_path: Path, node, schedulers) -> None:
+    with pytest.raises(JobFailed, match=rf"{node}.*server_loss_timeout = 5 s"):
+        _run(tmp_path, ["membership.on_server_loss=wait", f"fault.0.node={node}",
+                        "fault.0.at=3s", "membership.server_loss_timeout=5s",
+                        "checkpoint.every=10"])
     events = [json.loads(line) for f in tmp_path.glob("*/events.jsonl") for line in f.open()]
     lost = [e for e in events if e["ev"] == "server_lost"]
-    failed = [e for e in events if e["ev"] == "node_failed" and e.get("failed") == "ls:party-a"]
-    assert {e["node"] for e in lost} == {"gh", "lh:party-a"}
+    failed = [e for e in events if e["ev"] == "node_failed" and e.get("failed") == node]
+    assert {e["node"] for e in lost} == schedulers
     # found by heartbeats (3 s), then waited for exactly server_loss_timeout (emulated)
     assert all(3.0 < e["t"] <= 3.0 + 3.0 + 1.0 for e in lost)
     assert {round(e["t"] - lost[0]["t"], 6) for e in failed} == {5.0}
@@ -121,7 +152,7 @@ def test_wait_refuses_what_it_cannot_rebuild(sets, field) -> None:
 
 @pytest.mark.parametrize("sets", [
     ["fault.0.node=ls:party-a", "fault.0.duration=2s"],          # nobody waits for it
-    [*WAIT[:1], "fault.0.node=gs:0", "fault.0.duration=2s"],      # global: not yet
+    [*WAIT[:1], "fault.0.node=gs:0", "fault.0.duration=2s"],      # no snapshot to restart from
 ])
 def test_restart_needs_a_server_the_job_waits_for(sets) -> None:
     with pytest.raises(ScenarioError, match="fault\\[0\\].duration|allowed"):

@@ -227,4 +227,4 @@ def test_restart_needs_a_lost_worker() -> None:
                                    "fault.0.node=ls:party-a", "fault.0.duration=5s"])
     with pytest.raises(ScenarioError, match="is neither"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
-                                   "fault.0.node=gs:0", "fault.0.duration=5s"])
+                                   "fault.0.node=lh:party-a", "fault.0.duration=5s"])

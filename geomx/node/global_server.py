@@ -124,6 +124,12 @@ class GlobalServer(Node):
         self._dedupe_rounds = job.on_server_loss == "wait" and job.mode == "hips"
         self.applied: dict[str, int] = {p: 0 for p in self.pushers}
         self.deduped: dict[str, int] = {p: 0 for p in self.pushers}
+        #: this process took over the server's name (set before it runs): it waits for
+        #: every local server's values (``_awaiting``), parking other requests meanwhile
+        self.taking_over = False
+        self._awaiting: set[str] = set()
+        self._parked: list[Message] = []
+        self._snapshot_state: dict[str, Any] | None = None
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -132,6 +138,8 @@ class GlobalServer(Node):
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         if msg.src != self.job.master_worker:
             self.reply_error(msg, f"only the master worker ({self.job.master_worker}) may "
                                   f"configure the global servers, not {msg.src}")
@@ -198,6 +206,11 @@ class GlobalServer(Node):
     def _on_init(self, msg: Message) -> None:
         # the master worker publishes the initial model; flat-PS workers may INIT too
         # (GeoMX: the first value wins, later ones are acknowledged and ignored)
+        if msg.meta.get("takeover") and self._awaiting and msg.src in self._awaiting:
+            self._on_takeover_value(msg)
+            return
+        if self._park(msg):
+            return
         if msg.src != self.job.master_worker and not (self.job.mode == "flat_ps"
                                                       and msg.src in self.pushers):
             self.reply_error(msg, f"{msg.src} may not initialise keys on {self.name}")
@@ -233,6 +246,8 @@ class GlobalServer(Node):
         return slot
 
     def _on_push(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         slot = self._check_push(msg)
         if slot is None:
             return
@@ -345,6 +360,8 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
 
     def _on_pull(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         if msg.src not in self._pullers:
             self.reply_error(msg, f"{msg.src} may not pull from {self.name}")
             return
@@ -403,6 +420,8 @@ class GlobalServer(Node):
         slots = [[k, p, s.store, s.version, s.opt_state]
                  for (k, p), s in sorted(self.slots.items()) if s.store is not None]
         state = {"slots": slots, "optimizer": ckpt.optimizer_private(self.optimizer),
+                 "optimizer_config": (self.optimizer.to_config()
+                                      if self.optimizer is not None else None),
                  "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
@@ -433,10 +452,97 @@ class GlobalServer(Node):
                                                                            name, None)))
         self._restored_opt = {}
 
+    # ------------------------------------------------------------------ takeover
+    def _park(self, msg: Message) -> bool:
+        """While a successor gathers its state, requests wait (bounded: the job's
+        members only, a few per key)."""
+        if not self._awaiting or msg.src not in self._pullers:
+            return False
+        if len(self._parked) >= 64 * (len(self._pullers) + len(self.slots)) + 1024:
+            return False
+        self._parked.append(msg)
+        return True
+
+    def _load_own_snapshot(self) -> None:
+        """A successor reads its predecessor's newest checkpoint file (complete checkpoint
+        or not: each file is written atomically): the optimizer's configuration and
+        per-key states, and the values, which the local servers' newer ones replace."""
+        if self.ckpt.dir is None or not self.ckpt.dir.is_dir():
+            return
+        rounds = sorted((int(d.name) for d in self.ckpt.dir.iterdir() if d.name.isdigit()),
+                        reverse=True)
+        for r in rounds:
+            path = self.ckpt.dir / str(r) / ckpt.file_name(self.name)
+            try:
+                meta, arrays = ckpt.read_node_file(path)
+            except (OSError, ValueError):
+                continue
+            state = ckpt.unpack(meta.pop("state"), arrays)
+            self._snapshot_state = {"round": r, **state}
+            for key, part, store, version, opt_state in state["slots"]:
+                self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
+                                                         opt_state=opt_state)
+            return
+
+    def _on_takeover_value(self, msg: Message) -> None:
+        """A local server's last pulled value of a (key, part), at its version: the newest
+        one of all local servers is the global model (FSA: none can be ahead of it)."""
+        if msg.key >= 0 and len(msg.payloads) == 1:
+            slot = self.slots.setdefault((msg.key, msg.part), Slot())
+            if slot.store is None or msg.version > slot.version:
+                slot.store = from_payload(msg.payloads[0])
+                slot.version = msg.version
+        if msg.meta.get("last"):
+            self._awaiting.discard(msg.src)
+            if not self._awaiting:
+                self._finish_takeover()
+
+    def _finish_takeover(self) -> None:
+        """Every local server has handed in its values: install the optimizer of the last
+        snapshot with its per-key states (stale by ``version - snapshot round`` steps for
+        keys the dead process updated after it), then serve what waited."""
+        snap = self._snapshot_state or {}
+        config = snap.get("optimizer_config")
+        stale: dict[str, int] = {}
+        if config and self.policy.uses_optimizer:
+            from geomx.optim import optimizer_from_config
+
+            self.optimizer = optimizer_from_config(dict(config))
+            for name, value in dict(snap.get("optimizer", {})).items():
+                setattr(self.optimizer, name, ckpt.restore_into(
+                    value, getattr(self.optimizer, name, None)))
+            for (key, part), slot in self.slots.items():
+                if slot.store is None or is_phantom(slot.store):
+                    continue
+                fresh = self.optimizer.create_state(key, slot.store)
+                slot.opt_state = (ckpt.restore_into(slot.opt_state, fresh)
+                                  if slot.opt_state is not None else fresh)
+                behind = slot.version - int(snap.get("round", 0))
+                if behind:
+                    stale[f"{key}.{part}"] = behind
+        self.record("takeover_restore", snapshot=snap.get("round"),
+                    versions=sorted({s.version for s in self.slots.values()}),
+                    optimizer=(config or {}).get("name"), stale_steps=stale)
+        parked, self._parked = self._parked, []
+        for m in parked:
+            self.dispatch(m)
+
     # ------------------------------------------------------------------ lifecycle
     async def main(self) -> None:
         self.ckpt.last_t = self.now()  # a checkpoint period counts from the (re)start
+        if self.taking_over:
+            self._load_own_snapshot()
+            self._awaiting = set(self.pushers)
         await register(self, self.job.global_scheduler)
+        if self.taking_over:
+            # local servers that finished before this process started hand nothing in
+            done = set(getattr(self, "members_left", ())) & set(self.pushers)
+            self._stopped_by |= done
+            self._awaiting -= done
+            if not self._awaiting:
+                self._finish_takeover()
+            if set(self.pushers) <= self._stopped_by:
+                self._done.set()
         await self._done.wait()
         if self.ts is not None:
             await self.ts.drain()

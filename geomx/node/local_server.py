@@ -61,6 +61,7 @@ class LocalSlot:
     ckpt_round: int = 0        # the global round just finished is a checkpoint round
     answered: int = 0          # the last round whose workers were answered
     global_version: int = 0    # the lowest version of the key's parts in the last pull
+    part_versions: dict[int, int] = field(default_factory=dict)  # part -> that version
 
 
 class LocalServer(Node):
@@ -196,6 +197,30 @@ class LocalServer(Node):
         self.slots[msg.key] = slot
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
         self.spawn(self._initialise(msg.key, slot))
+
+    def before_resend(self, server: str) -> None:
+        """A global server was taken over: before this server's unanswered requests go to
+        it again, hand it the value and version of each (key, part) it owns, as last
+        pulled (``on_server_loss = "wait"``; geomx/node/global_server.py)."""
+        if server not in self.job.global_servers:
+            return
+        rank = self.job.global_servers.index(server)
+        sent = 0
+        for key, slot in sorted(self.slots.items()):
+            if not slot.initialized or slot.store is None:
+                continue
+            parts = [p for p in self._parts(key, slot) if p.server == rank]
+            for part in parts:
+                v = flat_slice(slot.store, part.lo, part.hi) if len(slot.parts or ()) > 1 \
+                    else slot.store
+                payloads, _ = self.codec.encode_pull(key, _snapshot(v), tier="wan",
+                                                     weights=True)
+                sent += 1
+                self.post(Message(Kind.INIT, self.name, server, key=key, part=part.index,
+                                  version=slot.part_versions.get(part.index, slot.answered),
+                                  meta={"takeover": True}, payloads=payloads))
+        self.post(Message(Kind.INIT, self.name, server, key=-1,
+                          meta={"takeover": True, "last": True, "values": sent}))
 
     def _on_takeover_init(self, msg: Message) -> None:
         """A worker declares a key to the process that took over this server (its shape
@@ -428,14 +453,21 @@ class LocalServer(Node):
                                               part=part.index, version=slot.round, meta=meta,
                                               priority=slot.priority, payloads=payloads))
 
-        acks = ([await push_part(parts[0])] if len(parts) == 1
-                else await asyncio.gather(*(push_part(p) for p in parts)))
-        if any(a.meta.get("stop") for a in acks):
-            self.global_stop = True
-        slot.ckpt_round = max([slot.ckpt_round, *(int(a.meta.get("ckpt", 0)) for a in acks)])
-        if self.p3.enabled and all(a.payloads for a in acks):
-            return self._assemble(slot, list(zip(parts, acks)))
-        return await self.pull_global(key, slot)
+        while True:
+            acks = ([await push_part(parts[0])] if len(parts) == 1
+                    else await asyncio.gather(*(push_part(p) for p in parts)))
+            if any(a.meta.get("stop") for a in acks):
+                self.global_stop = True
+            slot.ckpt_round = max([slot.ckpt_round,
+                                   *(int(a.meta.get("ckpt", 0)) for a in acks)])
+            if self.p3.enabled and all(a.payloads for a in acks):
+                return self._assemble(slot, list(zip(parts, acks)))
+            new = await self.pull_global(key, slot)
+            if slot.global_version >= slot.round or not self.replaceable_peers:
+                return new
+            # a global server died after taking this round and before anybody pulled its
+            # result: its successor restarted from the round before; push the sum again
+            self.record("repush", key=key, round=slot.round, version=slot.global_version)
 
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
@@ -510,6 +542,7 @@ class LocalServer(Node):
         results = ([await pull_part(parts[0])] if len(parts) == 1
                    else await asyncio.gather(*(pull_part(p) for p in parts)))
         slot.global_version = min(reply.version for _, reply in results)
+        slot.part_versions = {part.index: reply.version for part, reply in results}
         return self._assemble(slot, results)
 
     def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:

@@ -77,6 +77,17 @@ class JobSpec:
             return list(self.global_servers)
         return [self.local_server_of[self.dc_of[worker]]]
 
+    def replaceable_servers(self) -> set[str]:
+        """Servers a new process may take over ([membership] on_server_loss = "wait"):
+        the local servers, and the global servers when checkpoints are on (a successor
+        takes its optimizer's configuration and state from its own last snapshot)."""
+        if self.on_server_loss != "wait" or self.mode != "hips":
+            return set()
+        out = set(self.local_server_of.values())
+        if self.checkpoint.get("every_rounds") or self.checkpoint.get("every_s"):
+            out |= set(self.global_servers)
+        return out
+
     def scheduler_members(self, scheduler: str) -> list[str]:
         """Nodes that register with ``scheduler`` (excluding itself)."""
         if scheduler == self.global_scheduler:

@@ -324,10 +324,10 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     drain_deadline: float | None = None
     exit_seen: dict[str, float] = {}
     survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
-    if plan.job.on_server_loss == "wait":
-        # the job waits for them (bounded by membership.server_loss_timeout: then the
-        # schedulers fail it by name)
-        survivable |= set(plan.job.local_server_of.values())
+    # servers the job waits for (bounded by membership.server_loss_timeout: then the
+    # schedulers fail it by name)
+    replaceable = plan.job.replaceable_servers()
+    survivable |= replaceable
     lost: list[str] = []
     #: (when, node): crashed local servers to start again (a crash fault's duration)
     restarts: list[tuple[float, str]] = []
@@ -340,8 +340,7 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 if p.poll() is None:
                     note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
                     os.killpg(p.pid, signal.SIGKILL)
-                    if f.duration_s > 0 and relaunch is not None and \
-                            plan.roles.get(f.node) == "local_server":
+                    if f.duration_s > 0 and relaunch is not None and f.node in replaceable:
                         restarts.append((f.at_s + f.duration_s, f.node))
                         restarts.sort()
             while restarts and now - wall0 >= restarts[0][0]:
@@ -360,7 +359,7 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
             for n in [n for n in bad if n in survivable]:
                 # [membership] on_worker_loss = "continue": its DC goes on without it
                 bad.remove(n)
-                if n not in lost and n in plan.job.local_server_of.values():
+                if n not in lost and n in replaceable:
                     lost.append(n)
                     print(f"geomx: server {n} died (code {procs[n].returncode}); the job "
                           f"waits for it up to membership.server_loss_timeout (to bring it "

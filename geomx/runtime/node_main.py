@@ -387,10 +387,11 @@ def _mark_rejoining(node: Any) -> None:
     """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py),
     or a new process takes over a local server's name ([membership] on_server_loss =
     "wait", geomx/node/local_server.py)."""
-    if getattr(node, "role", "") == "local_server":
-        if node.job.on_server_loss != "wait":
-            raise ConfigError(f"--rejoin of {node.name}: the job does not wait for a lost "
-                              "server (membership.on_server_loss is 'fail')")
+    if getattr(node, "role", "") in ("local_server", "global_server"):
+        if node.name not in node.job.replaceable_servers():
+            raise ConfigError(f"--rejoin of {node.name}: the job does not wait for it "
+                              "(membership.on_server_loss = 'wait' is needed, and for a "
+                              "global server checkpoint.every)")
         node.taking_over = True
         return
     if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):

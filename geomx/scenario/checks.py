@@ -518,13 +518,19 @@ def _check_restart(s: Scenario) -> None:
     for i, f in enumerate(s.faults):
         if f.kind != "crash" or f.duration_s <= 0:
             continue
-        if f.node.startswith("ls:"):
+        if f.node.startswith(("ls:", "gs:")):
             if s.membership.on_server_loss != "wait":
                 raise ScenarioError(
                     f"a crash with a duration restarts {f.node!r}, but the job does not wait "
                     "for it: membership.on_server_loss is fail; allowed: duration = 0s, or "
                     "on_server_loss = 'wait'",
                     path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+            if f.node.startswith("gs:") and not s.checkpoint.enabled:
+                raise ScenarioError(
+                    f"a crash with a duration restarts {f.node!r}, but a global server's "
+                    "successor takes its optimizer from its last checkpoint, and checkpoints "
+                    "are off; allowed: checkpoint.every = a number of rounds or a duration",
+                    path="checkpoint.every", value="0", allowed="> 0")
         elif s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
             raise ScenarioError(
                 f"a crash with a duration restarts a lost worker or local server, but "
@@ -533,9 +539,9 @@ def _check_restart(s: Scenario) -> None:
                 "; allowed: duration = 0s, a worker with on_worker_loss = 'continue', or a "
                 "local server with on_server_loss = 'wait'",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
-        if s.run.runtime == "real" and not f.node.startswith("ls:"):
+        if s.run.runtime == "real" and not f.node.startswith(("ls:", "gs:")):
             raise ScenarioError(
-                "the real launcher restarts crashed local servers only; allowed: duration "
+                "the real launcher restarts crashed servers only; allowed: duration "
                 "= 0s (restart the worker yourself with geomx node --rejoin)",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
 
