@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from geomx.node.base import Node
+from geomx.node.base import Node, NodeFailure
 from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
@@ -534,6 +534,18 @@ class GlobalServer(Node):
             self._load_own_snapshot()
             self._awaiting = set(self.pushers)
         await register(self, self.job.global_scheduler)
+        if self.taking_over and not hasattr(self, "members_left"):
+            # its predecessor died before the job began: an ordinary start
+            self.taking_over = False
+            self._awaiting = set()
+            parked, self._parked = self._parked, []
+            for m in parked:
+                self.dispatch(m)
+        if self.taking_over and self._snapshot_state is None:
+            raise NodeFailure(f"{self.name}: a new process took over its name, but its "
+                              f"predecessor left no snapshot in {self.ckpt.dir} (it died "
+                              f"before the first checkpoint: checkpoint.every); the job "
+                              f"cannot go on")
         if self.taking_over:
             # local servers that finished before this process started hand nothing in
             done = set(getattr(self, "members_left", ())) & set(self.pushers)

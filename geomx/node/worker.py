@@ -52,7 +52,10 @@ class Worker(Node):
             self.on(Kind.RELAY, self.ts.on_relay)
 
     def before_resend(self, server: str) -> None:
-        """Its local server was taken over: declare the keys to the new process first."""
+        """Its local server was taken over: declare the keys to the new process first (the
+        master worker's global servers take theirs from the local servers)."""
+        if self.is_master:
+            return
         for kv in getattr(self, "kv_stores", ()):
             kv.declare_keys(server)
 
