@@ -73,6 +73,9 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     if TsSettings.from_sched(node.job.sched).mode != "off":
         return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
                 "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
+    if getattr(node.job, "on_server_loss", "fail") == "wait":
+        return ("set_sync: a dist_async store runs MixedSync, but membership.on_server_loss "
+                "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
                 f"{node.job.sync.get('algorithm')!r} explicitly")
