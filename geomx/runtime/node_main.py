@@ -260,7 +260,7 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
                                                   cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
-                             reconnect_timeout_s=s.real.reconnect_timeout_s,
+                             reconnect_timeout_s=_reconnect_timeout_s(s),
                              **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
                              address_wait_s=max(cfg.connect_timeout_s,
@@ -381,6 +381,17 @@ def _watch_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=wait, name="parent-watch", daemon=True).start()
+
+
+def _reconnect_timeout_s(s: Any) -> float:
+    """How long to keep dialling a peer whose connection broke: ``[real]
+    reconnect_timeout``, or -- when the job waits for lost servers -- at least until the
+    server's successor must be there (noticing the loss, then server_loss_timeout): the
+    messages queued for the dead process go to its successor, at its new address."""
+    m = s.membership
+    if m.on_server_loss == "wait":
+        return max(s.real.reconnect_timeout_s, m.heartbeat_timeout_s + m.server_loss_timeout_s)
+    return s.real.reconnect_timeout_s
 
 
 def _mark_rejoining(node: Any) -> None:
