@@ -356,7 +356,10 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 if p.returncode is not None and n not in exit_seen:
                     exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-            for n in [n for n in bad if n in survivable]:
+            # a server the job waits for: only a process that was killed (one that exits
+            # by itself has told its schedulers why, and they decide)
+            for n in [n for n in bad if n in survivable
+                      and (n not in replaceable or procs[n].returncode < 0)]:
                 # [membership] on_worker_loss = "continue": its DC goes on without it
                 bad.remove(n)
                 if n not in lost and n in replaceable:
