@@ -198,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument("--rejoin", action="store_true",
                       help="restart a worker the job lost ([membership] on_worker_loss = "
                            "'continue'): it registers again, pulls the current model at the "
-                           "next round boundary and trains from there")
+                           "next round boundary and trains from there); or take over a "
+                           "local server's name ([membership] on_server_loss = 'wait')")
     node.add_argument("--print-config", action="store_true",
                       help="print the resolved settings and where each came from, then exit")
     node.add_argument("--watch-stdin", dest="parent_watch", action="store_true", default=None,

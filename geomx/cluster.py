@@ -140,6 +140,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     runtime = runtime or s.run.runtime
     m = s.membership
     job.on_worker_loss = m.on_worker_loss
+    job.on_server_loss = m.on_server_loss
+    job.server_loss_timeout_s = m.server_loss_timeout_s
     if runtime == "real" or m.in_emulator:
         job.heartbeat_interval_s = m.heartbeat_interval_s
         job.heartbeat_timeout_s = m.heartbeat_timeout_s if m.heartbeat_interval_s > 0 else 0.0
@@ -187,6 +189,10 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if runtime == "real" or m.in_emulator:
         job.request_timeout_s = (m.request_timeout_s if m.request_timeout_s is not None
                                  else auto_request_timeout_s(s, job, train, compute_s))
+        if job.on_server_loss == "wait" and job.request_timeout_s > 0:
+            # a request to a lost server is answered by its successor: the wait for it
+            # (noticing the loss, then server_loss_timeout) must not fail the request first
+            job.request_timeout_s += m.heartbeat_timeout_s + m.server_loss_timeout_s
     slow: dict[str, list[tuple[float, float, float]]] = {}
     for f in s.faults:
         if f.kind == "slow":
@@ -328,6 +334,10 @@ def make_node(plan: JobPlan, name: str, transport: Any, services: Any) -> Any:
     node.register_timeout_s = job.register_timeout_s
     node.request_timeout_s = job.request_timeout_s
     node.slow_periods = plan.slow_periods.get(name, ())
+    if job.on_server_loss == "wait" and role == "worker":
+        node.replaceable_peers = {job.local_server_of[job.dc_of[name]]}
+    elif role in ("local_server", "master_worker"):
+        node.replaceable_peers = job.replaceable_servers() & set(job.global_servers)
     return node
 
 
@@ -343,7 +353,9 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
                         heartbeat_timeout_s=job.heartbeat_timeout_s,
                         register_timeout_s=job.register_timeout_s,
                         losable=(set(job.all_workers) if job.on_worker_loss == "continue"
-                                 else set()))
+                                 else set()),
+                        replaceable=job.replaceable_servers(),
+                        replace_timeout_s=job.server_loss_timeout_s)
         install_coordinators(sch, job)  # TSEngine's overlays, when on
         return sch
     if role == "mesh_server":

@@ -313,9 +313,13 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
 
     def restart(name: str) -> Any:
-        """A crashed worker started again, as ``geomx node --rejoin`` does."""
+        """A crashed worker started again, as ``geomx node --rejoin`` does (a local server:
+        a new process taking over its name, [membership] on_server_loss = "wait")."""
         node = make_node(plan, name, fabric.transport(name), services)
-        node.rejoining = True
+        if plan.roles.get(name) in ("local_server", "global_server"):
+            node.taking_over = True
+        else:
+            node.rejoining = True
         return node
     asyncio.set_event_loop(loop)
     for state in link_timeline(link_faults(s.faults, s.wans)):

@@ -107,6 +107,11 @@ class Node:
         #: ``(start_s, end_s, factor)``: compute started in [start, end) takes factor x as
         #: long (``[[fault]] kind = "slow"``: a straggler for a while, in both runtimes)
         self.slow_periods: tuple[tuple[float, float, float], ...] = ()
+        #: servers another process may take over ([membership] on_server_loss = "wait"):
+        #: requests to them are kept until answered and sent again to the successor
+        #: (ps-lite's resender, across a process's death rather than a connection's)
+        self.replaceable_peers: set[str] = set()
+        self._resendable: dict[int, Message] = {}
         self.on(Kind.NODE_FAILED, self._on_node_failed)
         self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
 
@@ -174,6 +179,8 @@ class Node:
         msg.request_id = rid
         fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
+        if msg.dst in self.replaceable_peers:
+            self._resendable[rid] = msg
         self.post(msg)
         bound = timeout_s
         if bound is None and self.request_timeout_s > 0:
@@ -192,6 +199,7 @@ class Node:
                                       f"{bound:g} s (membership.request_timeout)") from None
         finally:
             self._pending.pop(rid, None)
+            self._resendable.pop(rid, None)
         if reply.kind == Kind.ERROR:
             raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
                               f"{reply.meta.get('reason', '?')}")
@@ -216,6 +224,8 @@ class Node:
             self._next_request_id += 1
             fut = loop.create_future()
             self._pending[m.request_id] = fut
+            if m.dst in self.replaceable_peers:
+                self._resendable[m.request_id] = m
             futs.append(fut)
         for dst, group in by_dst.items():
             self.post(group[0] if len(group) == 1 else
@@ -236,6 +246,7 @@ class Node:
         finally:
             for m in msgs:
                 self._pending.pop(m.request_id, None)
+                self._resendable.pop(m.request_id, None)
         for m, reply in zip(msgs, replies):
             if reply.kind == Kind.ERROR:
                 raise RemoteError(f"{reply.src} refused {m.kind.name} key={m.key}: "
@@ -366,6 +377,9 @@ class Node:
     def _on_node_rejoined(self, msg: Message) -> None:
         """A scheduler says a lost node is back (at a new address, perhaps)."""
         node = str(msg.meta.get("node", ""))
+        if msg.meta.get("takeover") and msg.src in self.schedulers:
+            self._on_server_replaced(node, str(msg.meta.get("address", "")))
+            return
         if msg.src not in self.schedulers or node not in self.lost_members:
             return
         address = str(msg.meta.get("address", ""))
@@ -378,6 +392,26 @@ class Node:
 
     def on_member_rejoined(self, node: str) -> None:
         """A lost node is back; nothing to do by default."""
+
+    def _on_server_replaced(self, node: str, address: str) -> None:
+        """A new process took over server ``node`` ([membership] on_server_loss = "wait"):
+        whatever this node asked of its predecessor and got no answer for is sent again,
+        in the order first sent, with the same request ids (the successor drops what it
+        already has, by FSA round; an answer to either copy settles the request)."""
+        if address:
+            self.learn_addresses({node: address})
+        self.gone.discard(node)
+        again = [m for _, m in sorted(self._resendable.items()) if m.dst == node]
+        self.record("server_replaced", server=node, resent=len(again))
+        if node not in self.replaceable_peers:
+            return
+        self.before_resend(node)
+        for m in again:
+            self.post(m)
+
+    def before_resend(self, server: str) -> None:
+        """Called when ``server`` was taken over, before the unanswered requests go to it
+        again (a worker declares its keys first); nothing by default."""
 
     def on_member_lost(self, node: str) -> None:
         """A node this one may wait for is gone for good and the job goes on (a local

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from geomx.node.base import Node
+from geomx.node.base import Node, NodeFailure
 from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
@@ -73,6 +73,9 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     if TsSettings.from_sched(node.job.sched).mode != "off":
         return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
                 "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
+    if getattr(node.job, "on_server_loss", "fail") == "wait":
+        return ("set_sync: a dist_async store runs MixedSync, but membership.on_server_loss "
+                "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
                 f"{node.job.sync.get('algorithm')!r} explicitly")
@@ -118,6 +121,18 @@ class GlobalServer(Node):
         self._ckpt_reached: dict[int, int] = {}
         self._restored_opt: dict[str, Any] = {}
         self._restore()
+        #: [membership] on_server_loss = "wait": a local server's successor pushes the round
+        #: its predecessor may have pushed already; pushes taken per pusher, and those
+        #: dropped as such duplicates
+        self._dedupe_rounds = job.on_server_loss == "wait" and job.mode == "hips"
+        self.applied: dict[str, int] = {p: 0 for p in self.pushers}
+        self.deduped: dict[str, int] = {p: 0 for p in self.pushers}
+        #: this process took over the server's name (set before it runs): it waits for
+        #: every local server's values (``_awaiting``), parking other requests meanwhile
+        self.taking_over = False
+        self._awaiting: set[str] = set()
+        self._parked: list[Message] = []
+        self._snapshot_state: dict[str, Any] | None = None
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
@@ -126,6 +141,8 @@ class GlobalServer(Node):
 
     # ------------------------------------------------------------------ commands
     def _on_command(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         if msg.src != self.job.master_worker:
             self.reply_error(msg, f"only the master worker ({self.job.master_worker}) may "
                                   f"configure the global servers, not {msg.src}")
@@ -192,6 +209,11 @@ class GlobalServer(Node):
     def _on_init(self, msg: Message) -> None:
         # the master worker publishes the initial model; flat-PS workers may INIT too
         # (GeoMX: the first value wins, later ones are acknowledged and ignored)
+        if msg.meta.get("takeover") and self._awaiting and msg.src in self._awaiting:
+            self._on_takeover_value(msg)
+            return
+        if self._park(msg):
+            return
         if msg.src != self.job.master_worker and not (self.job.mode == "flat_ps"
                                                       and msg.src in self.pushers):
             self.reply_error(msg, f"{msg.src} may not initialise keys on {self.name}")
@@ -227,6 +249,8 @@ class GlobalServer(Node):
         return slot
 
     def _on_push(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         slot = self._check_push(msg)
         if slot is None:
             return
@@ -250,7 +274,28 @@ class GlobalServer(Node):
             return
         if msg.meta.get("stop"):
             self.stop_requested = True
+        if self._dedupe_rounds and self._duplicate_round(msg, slot):
+            return
+        self.applied[msg.src] = self.applied.get(msg.src, 0) + 1
         self.policy.on_push(self, msg, slot, value)
+
+    def _duplicate_round(self, msg: Message, slot: Slot) -> bool:
+        """FSA, ``on_server_loss = "wait"``: a local server's push of round ``version``
+        that this server already has. Applied already (the round is done): answered now.
+        Parked (its dead predecessor's push waits for the other DCs): the new request
+        takes the old one's place, so the answer reaches the process that waits for it."""
+        if msg.version <= slot.version:
+            why = "applied"
+            self.reply_push(msg, slot)
+        elif msg.src in slot.contributors:
+            why = "parked"
+            slot.waiting_pushes = [msg if m.src == msg.src else m for m in slot.waiting_pushes]
+        else:
+            return False
+        self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+        self.record("dedupe", src=msg.src, key=msg.key, part=msg.part, round=msg.version,
+                    why=why)
+        return True
 
     def _ts_receive(self, msg: Message, value: Value, count: int, senders: list[str]) -> None:
         """TSEngine: a merged push of ``count`` local servers' sums (§4.5 step 5: the
@@ -318,6 +363,8 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.PUSH_ACK, version=slot.version, meta=meta))
 
     def _on_pull(self, msg: Message) -> None:
+        if self._park(msg):
+            return
         if msg.src not in self._pullers:
             self.reply_error(msg, f"{msg.src} may not pull from {self.name}")
             return
@@ -376,6 +423,8 @@ class GlobalServer(Node):
         slots = [[k, p, s.store, s.version, s.opt_state]
                  for (k, p), s in sorted(self.slots.items()) if s.store is not None]
         state = {"slots": slots, "optimizer": ckpt.optimizer_private(self.optimizer),
+                 "optimizer_config": (self.optimizer.to_config()
+                                      if self.optimizer is not None else None),
                  "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
@@ -406,14 +455,116 @@ class GlobalServer(Node):
                                                                            name, None)))
         self._restored_opt = {}
 
+    # ------------------------------------------------------------------ takeover
+    def _park(self, msg: Message) -> bool:
+        """While a successor gathers its state, requests wait (bounded: the job's
+        members only, a few per key)."""
+        if not self._awaiting or msg.src not in self._pullers:
+            return False
+        if len(self._parked) >= 64 * (len(self._pullers) + len(self.slots)) + 1024:
+            return False
+        self._parked.append(msg)
+        return True
+
+    def _load_own_snapshot(self) -> None:
+        """A successor reads its predecessor's newest checkpoint file (complete checkpoint
+        or not: each file is written atomically): the optimizer's configuration and
+        per-key states, and the values, which the local servers' newer ones replace."""
+        if self.ckpt.dir is None or not self.ckpt.dir.is_dir():
+            return
+        rounds = sorted((int(d.name) for d in self.ckpt.dir.iterdir() if d.name.isdigit()),
+                        reverse=True)
+        for r in rounds:
+            path = self.ckpt.dir / str(r) / ckpt.file_name(self.name)
+            try:
+                meta, arrays = ckpt.read_node_file(path)
+            except (OSError, ValueError):
+                continue
+            state = ckpt.unpack(meta.pop("state"), arrays)
+            self._snapshot_state = {"round": r, **state}
+            for key, part, store, version, opt_state in state["slots"]:
+                self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
+                                                         opt_state=opt_state)
+            return
+
+    def _on_takeover_value(self, msg: Message) -> None:
+        """A local server's last pulled value of a (key, part), at its version: the newest
+        one of all local servers is the global model (FSA: none can be ahead of it)."""
+        if msg.key >= 0 and len(msg.payloads) == 1:
+            slot = self.slots.setdefault((msg.key, msg.part), Slot())
+            if slot.store is None or msg.version > slot.version:
+                slot.store = from_payload(msg.payloads[0])
+                slot.version = msg.version
+        if msg.meta.get("last"):
+            self._awaiting.discard(msg.src)
+            if not self._awaiting:
+                self._finish_takeover()
+
+    def _finish_takeover(self) -> None:
+        """Every local server has handed in its values: install the optimizer of the last
+        snapshot with its per-key states (stale by ``version - snapshot round`` steps for
+        keys the dead process updated after it), then serve what waited."""
+        snap = self._snapshot_state or {}
+        config = snap.get("optimizer_config")
+        stale: dict[str, int] = {}
+        if config and self.policy.uses_optimizer:
+            from geomx.optim import optimizer_from_config
+
+            self.optimizer = optimizer_from_config(dict(config))
+            for name, value in dict(snap.get("optimizer", {})).items():
+                setattr(self.optimizer, name, ckpt.restore_into(
+                    value, getattr(self.optimizer, name, None)))
+            for (key, part), slot in self.slots.items():
+                if slot.store is None or is_phantom(slot.store):
+                    continue
+                fresh = self.optimizer.create_state(key, slot.store)
+                slot.opt_state = (ckpt.restore_into(slot.opt_state, fresh)
+                                  if slot.opt_state is not None else fresh)
+                behind = slot.version - int(snap.get("round", 0))
+                if behind:
+                    stale[f"{key}.{part}"] = behind
+        self.record("takeover_restore", snapshot=snap.get("round"),
+                    versions=sorted({s.version for s in self.slots.values()}),
+                    optimizer=(config or {}).get("name"), stale_steps=stale)
+        parked, self._parked = self._parked, []
+        for m in parked:
+            self.dispatch(m)
+
     # ------------------------------------------------------------------ lifecycle
     async def main(self) -> None:
         self.ckpt.last_t = self.now()  # a checkpoint period counts from the (re)start
+        if self.taking_over:
+            self._load_own_snapshot()
+            self._awaiting = set(self.pushers)
         await register(self, self.job.global_scheduler)
+        if self.taking_over and not hasattr(self, "members_left"):
+            # its predecessor died before the job began: an ordinary start
+            self.taking_over = False
+            self._awaiting = set()
+            parked, self._parked = self._parked, []
+            for m in parked:
+                self.dispatch(m)
+        if self.taking_over and self._snapshot_state is None:
+            raise NodeFailure(f"{self.name}: a new process took over its name, but its "
+                              f"predecessor left no snapshot in {self.ckpt.dir} (it died "
+                              f"before the first checkpoint: checkpoint.every); the job "
+                              f"cannot go on")
+        if self.taking_over:
+            # local servers that finished before this process started hand nothing in
+            done = set(getattr(self, "members_left", ())) & set(self.pushers)
+            self._stopped_by |= done
+            self._awaiting -= done
+            if not self._awaiting:
+                self._finish_takeover()
+            if set(self.pushers) <= self._stopped_by:
+                self._done.set()
         await self._done.wait()
         if self.ts is not None:
             await self.ts.drain()
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", versions=sum(s.version for s in self.slots.values()))
+        self.record("server_done", versions=sum(s.version for s in self.slots.values()),
+                    **({"applied": dict(sorted(self.applied.items())),
+                        "deduped": dict(sorted(self.deduped.items()))}
+                       if self._dedupe_rounds else {}))
         leave(self, self.job.global_scheduler)

@@ -95,6 +95,12 @@ class KVStore:
         self._fence: asyncio.Task[Any] | None = None
         self._string_keys: dict[int, str] = {}
         self._barrier_count = 0
+        #: [membership] on_server_loss = "wait": wire key -> the last round its server
+        #: answered (pushes carry the next one, so a server that took over can tell a
+        #: round already applied from a new one), and the wire keys of phantom values
+        self._number_rounds = getattr(job, "on_server_loss", "fail") == "wait"
+        self._rounds: dict[int, int] = {}
+        self._phantom: set[int] = set()
         if check_kvstore_type(type_, job.sync) and node.is_master:
             # GeoMX sends the sync mode when the store is created: before any init
             self._fenced(functools.partial(self._command, {"cmd": "set_sync",
@@ -268,6 +274,8 @@ class KVStore:
                 self._fused.pop(wk, None)
                 self._wire_shapes[wk] = ((tuple(arr.shape), dtype) if len(wire) == 1
                                          else ((hi - lo,), dtype))
+                if is_phantom(arr):
+                    self._phantom.add(wk)
                 items.append((wk, arr if len(wire) == 1 else flat_slice(arr, lo, hi)))
 
         async def run() -> None:
@@ -345,6 +353,8 @@ class KVStore:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
             payloads, m = node.lan_codec.encode_push(key, v, tier=node.push_tier, part=p.index)
             m.update(meta)
+            if self._number_rounds:
+                m["round"] = self._rounds.get(key, 0) + 1
             msg = Message(Kind.PUSH, node.name, self._servers[p.server], key=key, part=p.index,
                           priority=wire_priority, version=node.iteration, meta=m,
                           payloads=payloads)
@@ -487,6 +497,8 @@ class KVStore:
             p = self._parts(k)[0]
             payloads, m = node.lan_codec.encode_push(k, v, tier=node.push_tier, part=p.index)
             m.update(meta)
+            if self._number_rounds:
+                m["round"] = self._rounds.get(k, 0) + 1
             msgs.append(Message(Kind.PUSH, node.name, self._servers[p.server], key=k,
                                 part=p.index, version=node.iteration, meta=m,
                                 payloads=payloads))
@@ -516,6 +528,8 @@ class KVStore:
         for r in replies:
             if r.meta.get("stop"):
                 node.stop_seen = True
+            if self._number_rounds and r.kind in (Kind.PUSH_ACK, Kind.PULL_REPLY):
+                self._rounds[r.key] = max(self._rounds.get(r.key, 0), r.version)
             node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
             if r.meta.get("ckpt"):
                 # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it
@@ -525,6 +539,18 @@ class KVStore:
                 from geomx.node.link_codec import LinkCodec
 
                 node.lan_codec = LinkCodec(dict(cfg), num_dcs=len(self._job.party_dcs))
+
+    def declare_keys(self, server: str) -> None:
+        """A new process took over ``server`` (``on_server_loss = "wait"``): tell it this
+        store's keys (shape and dtype; it pulls their values from the global tier) before
+        the unanswered requests go to it again. Not requests: nothing waits for them."""
+        node = self._node
+        for wk, (shape, dtype) in sorted(self._wire_shapes.items()):
+            servers = {self._servers[p.server] for p in self._parts(wk)}
+            if server in servers:
+                node.post(Message(Kind.INIT, node.name, server, key=wk,
+                                  meta={"takeover": True, "shape": list(shape), "dtype": dtype,
+                                        "phantom": wk in self._phantom}))
 
     async def waitall(self) -> None:
         """Wait for every call started so far (MXNet's ``nd.waitall``)."""

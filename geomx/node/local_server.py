@@ -59,6 +59,9 @@ class LocalSlot:
     priority: int = 0          # P3: the workers' priority, carried on to the global tier
     key: int = -1
     ckpt_round: int = 0        # the global round just finished is a checkpoint round
+    answered: int = 0          # the last round whose workers were answered
+    global_version: int = 0    # the lowest version of the key's parts in the last pull
+    part_versions: dict[int, int] = field(default_factory=dict)  # part -> that version
 
 
 class LocalServer(Node):
@@ -88,6 +91,15 @@ class LocalServer(Node):
         self._joining: list[str] = []
         self._join_pulls: list[Message] = []
         self._rounds_running = 0
+        #: [membership] on_server_loss = "wait": this process took over the server's name
+        #: (set before it runs); worker pushes being handled, by (sender, request id), and
+        #: pushes that arrived twice (resent after a takeover) and were answered, not applied
+        self.taking_over = False
+        self._open_pushes: set[tuple[str, int]] = set()
+        #: a taken-over server: requests for keys no worker has declared to it yet (they
+        #: can overtake the declarations: sent before the sender heard of the takeover)
+        self._undeclared: list[Message] = []
+        self.deduped: dict[str, int] = {w: 0 for w in self.workers}
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -170,6 +182,9 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ init
     def _on_init(self, msg: Message) -> None:
+        if msg.meta.get("takeover") and msg.src in self.workers and not msg.payloads:
+            self._on_takeover_init(msg)
+            return
         if msg.src not in self.workers or len(msg.payloads) != 1:
             self.reply_error(msg, "INIT must come from a worker of this DC with one payload")
             return
@@ -182,6 +197,80 @@ class LocalServer(Node):
         self.slots[msg.key] = slot
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
         self.spawn(self._initialise(msg.key, slot))
+
+    def before_resend(self, server: str) -> None:
+        """A global server was taken over: before this server's unanswered requests go to
+        it again, hand it the value and version of each (key, part) it owns, as last
+        pulled (``on_server_loss = "wait"``; geomx/node/global_server.py)."""
+        if server not in self.job.global_servers:
+            return
+        rank = self.job.global_servers.index(server)
+        sent = 0
+        for key, slot in sorted(self.slots.items()):
+            if not slot.initialized or slot.store is None:
+                continue
+            parts = [p for p in self._parts(key, slot) if p.server == rank]
+            for part in parts:
+                v = flat_slice(slot.store, part.lo, part.hi) if len(slot.parts or ()) > 1 \
+                    else slot.store
+                payloads, _ = self.codec.encode_pull(key, _snapshot(v), tier="wan",
+                                                     weights=True)
+                sent += 1
+                self.post(Message(Kind.INIT, self.name, server, key=key, part=part.index,
+                                  version=slot.part_versions.get(part.index, slot.answered),
+                                  meta={"takeover": True}, payloads=payloads))
+        self.post(Message(Kind.INIT, self.name, server, key=-1,
+                          meta={"takeover": True, "last": True, "values": sent}))
+
+    def _on_takeover_init(self, msg: Message) -> None:
+        """A worker declares a key to the process that took over this server (its shape
+        and dtype, no value): the key's value and round come from the global tier."""
+        if msg.key not in self.slots:
+            shape = tuple(int(d) for d in msg.meta.get("shape", ()))
+            dtype = str(msg.meta.get("dtype", "<f4"))
+            phantom = bool(msg.meta.get("phantom"))
+            slot = LocalSlot(shape=shape, dtype=dtype, phantom=phantom, key=msg.key)
+            slot.store = zeros_like_spec(shape, dtype, phantom)
+            self.slots[msg.key] = slot
+            self.spawn(self._initialise(msg.key, slot))
+            early = [m for m in self._undeclared if m.key == msg.key]
+            self._undeclared = [m for m in self._undeclared if m.key != msg.key]
+            for m in early:
+                self.dispatch(m)
+        if msg.request_id:
+            self.post(msg.reply(Kind.INIT_ACK))
+
+    def _park_undeclared(self, msg: Message) -> bool:
+        """A taken-over server: a worker's push or pull of a key not declared yet waits
+        for the declaration (bounded by the workers' keys: a stranger is refused first)."""
+        if not self.taking_over or msg.src not in self.workers \
+                or len(self._undeclared) >= 64 * len(self.workers) + 1024:
+            return False
+        self._undeclared.append(msg)
+        return True
+
+    def _duplicate_push(self, msg: Message, slot: LocalSlot) -> bool:
+        """``on_server_loss = "wait"``: whether ``msg`` is a push this server already has
+        (the same request twice: the original and the resend after a takeover) or one of
+        a round already applied (its predecessor pushed the DC's sum before it died);
+        the latter is answered now. Workers number their pushes by round
+        (``meta["round"]``, the round after the last one they were answered)."""
+        rnd = msg.meta.get("round")
+        if rnd is None:
+            return False
+        ident = (msg.src, msg.request_id)
+        if ident in self._open_pushes:
+            self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+            self.record("dedupe", src=msg.src, key=msg.key, round=int(rnd), why="resent")
+            return True
+        if int(rnd) <= slot.answered:
+            self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
+            self.record("dedupe", src=msg.src, key=msg.key, round=int(rnd), why="applied")
+            self.post(msg.reply(Kind.PUSH_ACK, version=slot.answered,
+                                meta={"stop": True} if self.global_stop else {}))
+            return True
+        self._open_pushes.add(ident)
+        return False
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
@@ -199,12 +288,16 @@ class LocalServer(Node):
             # GeoMX: init then push without a pull; the push waits for the global value
             slot.early_pushes.append(msg)
             return
+        if slot is None and self._park_undeclared(msg):
+            return
         if slot is None or not slot.initialized:
             # (kv.init's barrier keeps honest workers from getting here)
             self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
         if msg.src not in self.live:
             self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
+            return
+        if self._duplicate_push(msg, slot):
             return
         if msg.src in slot.contributors:
             self.reply_error(msg, f"{msg.src} pushed key {msg.key} twice in one round")
@@ -360,19 +453,29 @@ class LocalServer(Node):
                                               part=part.index, version=slot.round, meta=meta,
                                               priority=slot.priority, payloads=payloads))
 
-        acks = ([await push_part(parts[0])] if len(parts) == 1
-                else await asyncio.gather(*(push_part(p) for p in parts)))
-        if any(a.meta.get("stop") for a in acks):
-            self.global_stop = True
-        slot.ckpt_round = max([slot.ckpt_round, *(int(a.meta.get("ckpt", 0)) for a in acks)])
-        if self.p3.enabled and all(a.payloads for a in acks):
-            return self._assemble(slot, list(zip(parts, acks)))
-        return await self.pull_global(key, slot)
+        while True:
+            acks = ([await push_part(parts[0])] if len(parts) == 1
+                    else await asyncio.gather(*(push_part(p) for p in parts)))
+            if any(a.meta.get("stop") for a in acks):
+                self.global_stop = True
+            slot.ckpt_round = max([slot.ckpt_round,
+                                   *(int(a.meta.get("ckpt", 0)) for a in acks)])
+            if self.p3.enabled and all(a.payloads for a in acks):
+                return self._assemble(slot, list(zip(parts, acks)))
+            new = await self.pull_global(key, slot)
+            if slot.global_version >= slot.round or not self.replaceable_peers:
+                return new
+            # a global server died after taking this round and before anybody pulled its
+            # result: its successor restarted from the round before; push the sum again
+            self.record("repush", key=key, round=slot.round, version=slot.global_version)
 
     def answer_workers(self, slot: LocalSlot, waiting: list[Message]) -> None:
         """Acknowledge the parked worker pushes of a finished round."""
         reply_meta: dict[str, Any] = {"stop": True} if self.global_stop else {}
         round_, slot.ckpt_round = slot.ckpt_round, 0
+        slot.answered = slot.round
+        for req in waiting:
+            self._open_pushes.discard((req.src, req.request_id))
         if round_:
             reply_meta["ckpt"] = round_
         if self.ts_intra is not None:
@@ -438,6 +541,8 @@ class LocalServer(Node):
 
         results = ([await pull_part(parts[0])] if len(parts) == 1
                    else await asyncio.gather(*(pull_part(p) for p in parts)))
+        slot.global_version = min(reply.version for _, reply in results)
+        slot.part_versions = {part.index: reply.version for part, reply in results}
         return self._assemble(slot, results)
 
     def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:
@@ -465,6 +570,12 @@ class LocalServer(Node):
         self.policy.on_initialized(self, key, slot)
         if self._restored:
             self._restore_slot(key, slot)
+        if self.taking_over:
+            # FSA: the global tier has applied ``global_version`` rounds of this key (of
+            # every part, at least); this DC's next round is the one after
+            slot.round = slot.answered = slot.global_version
+            slot.ckpt_round = 0
+            self.record("takeover_init", key=key, round=slot.round)
         if self.ts_intra is not None:
             self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
         self.record("init", key=key)
@@ -478,6 +589,8 @@ class LocalServer(Node):
     # ------------------------------------------------------------------ pull
     def _on_pull(self, msg: Message) -> None:
         slot = self.slots.get(msg.key)
+        if slot is None and self._park_undeclared(msg):
+            return
         if slot is None:
             # a pull that beats the rank-0 INIT: park it on a placeholder slot
             self.reply_error(msg, f"key {msg.key} is not initialised")
@@ -511,8 +624,17 @@ class LocalServer(Node):
             self._done.set()
 
     async def main(self) -> None:
+        if self.taking_over:
+            self._restored = {}  # the job's state is the global tier's, not a checkpoint's
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
+        done = set(getattr(self, "members_left", ())) & set(self.workers)
+        if self.taking_over and done:
+            # the predecessor died after the DC finished: the workers that said so (the
+            # rank-0 worker, or every live one) have left; nothing is left to serve
+            self._stopped_workers |= done
+            if self.workers[0] in done or set(self.live) <= done:
+                self._done.set()
         await self._done.wait()
         for peer in (self.ts_inter, self.ts_intra):
             if peer is not None:
@@ -521,9 +643,14 @@ class LocalServer(Node):
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if self.dgt is not None:
             self.dgt.record_totals(self)
-        self.record("server_done", rounds=sum(s.round for s in self.slots.values()),
-                    **({"applied": dict(sorted(self.applied.items())),
-                        "lost": sorted(set(self.workers) - set(self.live))}
-                       if self.job.on_worker_loss == "continue" else {}))
+        counts: dict[str, Any] = {}
+        if self.job.on_worker_loss == "continue":
+            counts.update(applied=dict(sorted(self.applied.items())),
+                          lost=sorted(set(self.workers) - set(self.live)))
+        if self.job.on_server_loss == "wait":
+            counts.update(applied=dict(sorted(self.applied.items())),
+                          deduped=dict(sorted(self.deduped.items())),
+                          took_over=self.taking_over)
+        self.record("server_done", rounds=sum(s.round for s in self.slots.values()), **counts)
         leave(self, self.job.global_scheduler)
         leave(self, self.job.local_scheduler_of[self.dc])

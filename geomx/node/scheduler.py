@@ -31,9 +31,15 @@ class Scheduler(Node):
 
     def __init__(self, name: str, dc: str, transport: Any, services: Any, members: list[str],
                  *, heartbeat_timeout_s: float = 0.0, register_timeout_s: float = 0.0,
-                 losable: set[str] | None = None):
+                 losable: set[str] | None = None, replaceable: set[str] | None = None,
+                 replace_timeout_s: float = 0.0):
         super().__init__(name, dc, transport, services)
         self.members = list(members)
+        #: servers another process may take over ([membership] on_server_loss = "wait"),
+        #: those lost now (name -> when), and how long the job waits for each
+        self.replaceable = set(replaceable or ()) & set(self.members)
+        self.down: dict[str, float] = {}
+        self.replace_timeout_s = replace_timeout_s
         #: members whose death the job survives ([membership] on_worker_loss = "continue"),
         #: and those lost so far
         self.losable = set(losable or ()) & set(self.members)
@@ -79,6 +85,9 @@ class Scheduler(Node):
             self.lose(msg.src, "it registered again (restarted)")
         if msg.src in self.lost and self.registered:
             self._rejoin(msg)
+            return
+        if msg.src in self.replaceable and self.registered and msg.src not in self._left:
+            self._take_over(msg)
             return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
@@ -195,11 +204,16 @@ class Scheduler(Node):
         reason = str(msg.meta.get("reason", "no reason given"))[:2000]
         self.declare_dead(node, reason, reported_by=msg.src)
 
-    def declare_dead(self, node: str, reason: str, *, reported_by: str = "") -> None:
+    def declare_dead(self, node: str, reason: str, *, reported_by: str = "",
+                     wait: bool = True) -> None:
         """Tell every live member that ``node`` died, then stop with that error (or, for a
         worker the job survives, go on without it: :meth:`lose`)."""
         if node in self.losable and not reported_by and self.registered:
             self.lose(node, reason)  # (one that never registered still fails the job)
+            return
+        if node in self.replaceable and wait and not reported_by and self.registered \
+                and node not in self.down:
+            self._server_down(node, reason)
             return
         if self.dead is not None:
             return
@@ -255,6 +269,50 @@ class Scheduler(Node):
                 self.post(Message(Kind.NODE_REJOINED, self.name, m,
                                   meta={"node": node, "address": self.addresses[node]}))
 
+    def _server_down(self, node: str, reason: str) -> None:
+        """A server the job can wait for is lost: hold (its peers' requests stay parked
+        with them) until a new process takes over its name, or fail naming it after
+        ``replace_timeout_s``."""
+        self.down[node] = self.now()
+        self.record("server_lost", lost=node, reason=reason,
+                    timeout_s=self.replace_timeout_s)
+        log.warning("%s: server %s lost (%s); waiting up to %g s for it to come back",
+                    self.name, node, reason, self.replace_timeout_s)
+        self.spawn(self._server_deadline(node, self.down[node]))
+
+    async def _server_deadline(self, node: str, since: float) -> None:
+        await asyncio.sleep(self.replace_timeout_s)
+        if self.down.get(node) == since:
+            del self.down[node]
+            self.declare_dead(node, f"lost at {since:.2f} s and not taken over within "
+                                    f"membership.server_loss_timeout = "
+                                    f"{self.replace_timeout_s:g} s", wait=False)
+
+    def _take_over(self, msg: Message) -> None:
+        """A new process registers under a server's name (ps-lite's id takeover): it gets
+        the book, and the members learn where it listens and resend what its predecessor
+        left unanswered (base.Node._on_server_replaced)."""
+        node = msg.src
+        lost_since = self.down.pop(node, None)
+        self.addresses[node] = str(msg.meta.get("address", ""))
+        if self.addresses[node]:
+            self.learn_addresses({node: self.addresses[node]})
+        self.last_seen[node] = self.now()
+        self.record("server_takeover", member=node,
+                    down_s=(self.now() - lost_since) if lost_since is not None else None)
+        log.warning("%s: %s taken over by a new process", self.name, node)
+        book = dict(self.addresses)
+        book[self.name] = self.transport.local_address()
+        # members that finished already cannot resend anything: the successor must not
+        # wait for them
+        self.post(msg.reply(Kind.REGISTER_ACK, meta={"book": book,
+                                                     "left": sorted(self._left)}))
+        for m in self.members:
+            if m != node and m not in self._left and m in self.addresses:
+                self.post(Message(Kind.NODE_REJOINED, self.name, m,
+                                  meta={"node": node, "address": self.addresses[node],
+                                        "takeover": True}))
+
     async def _watch(self) -> None:
         """Declare a member dead when it misses heartbeats or never registers."""
         t0 = self.now()
@@ -275,11 +333,13 @@ class Scheduler(Node):
                 watched = self.members if self.registered else list(self._register_requests)
                 for m in watched:
                     seen = self.last_seen.get(m)
-                    if seen is not None and m not in self._left and \
-                            now - seen > self.heartbeat_timeout_s:
+                    if seen is not None and m not in self._left and m not in self.down \
+                            and now - seen > self.heartbeat_timeout_s:
                         self.declare_dead(m, f"no heartbeat for {now - seen:.1f} s "
                                              f"(timeout {self.heartbeat_timeout_s:g} s)")
-                        return
+                        if m not in self.down:
+                            return
+                        # a server the job waits for: keep watching the others
 
     async def main(self) -> None:
         if self.heartbeat_timeout_s > 0 or self.register_timeout_s > 0:
@@ -313,6 +373,8 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
                           f"{timeout_s:g} s") from None
     book = dict(reply.meta.get("book", {}))
     node.learn_addresses(book)
+    if "left" in reply.meta:  # a takeover: members done before this process started
+        node.members_left = {str(m) for m in reply.meta["left"]}
     return book
 
 

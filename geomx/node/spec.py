@@ -58,6 +58,10 @@ class JobSpec:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     #: [membership] on_worker_loss: "fail" (stop the job) | "continue" (the DC goes on)
     on_worker_loss: str = "fail"
+    #: [membership] on_server_loss: "fail" | "wait" (a local server may be taken over),
+    #: and how long the others wait for it (server_loss_timeout)
+    on_server_loss: str = "fail"
+    server_loss_timeout_s: float = 0.0
 
     @property
     def num_all_workers(self) -> int:
@@ -72,6 +76,17 @@ class JobSpec:
         if self.mode == "flat_ps":
             return list(self.global_servers)
         return [self.local_server_of[self.dc_of[worker]]]
+
+    def replaceable_servers(self) -> set[str]:
+        """Servers a new process may take over ([membership] on_server_loss = "wait"):
+        the local servers, and the global servers when checkpoints are on (a successor
+        takes its optimizer's configuration and state from its own last snapshot)."""
+        if self.on_server_loss != "wait" or self.mode != "hips":
+            return set()
+        out = set(self.local_server_of.values())
+        if self.checkpoint.get("every_rounds") or self.checkpoint.get("every_s"):
+            out |= set(self.global_servers)
+        return out
 
     def scheduler_members(self, scheduler: str) -> list[str]:
         """Nodes that register with ``scheduler`` (excluding itself)."""

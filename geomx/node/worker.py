@@ -51,6 +51,14 @@ class Worker(Node):
             self.on(Kind.PUSH, self.ts.on_merge)
             self.on(Kind.RELAY, self.ts.on_relay)
 
+    def before_resend(self, server: str) -> None:
+        """Its local server was taken over: declare the keys to the new process first (the
+        master worker's global servers take theirs from the local servers)."""
+        if self.is_master:
+            return
+        for kv in getattr(self, "kv_stores", ()):
+            kv.declare_keys(server)
+
     def _barrier_scheduler(self) -> str:
         if self.job.mode == "hips" and not self.is_master:
             return self.job.local_scheduler_of[self.dc]

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, IO
+from typing import Any, Callable, IO
 
 from geomx.cluster import plan_job
 from geomx.errors import JobFailed
@@ -282,8 +282,18 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     for name in _start_order(plan):
         cmd, doc = commands[name]
         children[name] = _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc)
+    def relaunch(name: str) -> subprocess.Popen:
+        """A crash fault with a duration: the node's command again, with ``--rejoin`` (a
+        new process takes over its name)."""
+        cmd, doc = commands[name]
+        children[name].log.close()
+        children[name] = _start([*cmd, "--rejoin"], logs / f"{safe_name(name)}.rejoined.log",
+                                env, name, doc)
+        return children[name].proc
+
     try:
-        failure = _supervise(s, plan, children, run_dir, wall0, progress, timeout_s)
+        failure = _supervise(s, plan, children, run_dir, wall0, progress, timeout_s,
+                             relaunch)
     finally:
         for c in children.values():
             c.log.close()
@@ -294,7 +304,8 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
 
 
 def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Path,
-               wall0: float, progress: bool, timeout_s: float | None) -> str | None:
+               wall0: float, progress: bool, timeout_s: float | None,
+               relaunch: Callable[[str], subprocess.Popen] | None = None) -> str | None:
     """Follow the job until every process has exited; the failure text, or None."""
     procs = {n: c.proc for n, c in children.items()}
     logs = run_dir / "logs"
@@ -313,7 +324,13 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     drain_deadline: float | None = None
     exit_seen: dict[str, float] = {}
     survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
+    # servers the job waits for (bounded by membership.server_loss_timeout: then the
+    # schedulers fail it by name)
+    replaceable = plan.job.replaceable_servers()
+    survivable |= replaceable
     lost: list[str] = []
+    #: (when, node): crashed local servers to start again (a crash fault's duration)
+    restarts: list[tuple[float, str]] = []
     try:
         while True:
             now = time.perf_counter()
@@ -323,15 +340,35 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 if p.poll() is None:
                     note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
                     os.killpg(p.pid, signal.SIGKILL)
+                    if f.duration_s > 0 and relaunch is not None and f.node in replaceable:
+                        restarts.append((f.at_s + f.duration_s, f.node))
+                        restarts.sort()
+            while restarts and now - wall0 >= restarts[0][0]:
+                _, name = restarts.pop(0)
+                procs[name].wait()
+                assert relaunch is not None
+                procs[name] = relaunch(name)
+                exit_seen.pop(name, None)
+                print(f"geomx: {name} restarted (takes over its name)", file=sys.stderr,
+                      flush=True)
             running = {n: p for n, p in procs.items() if p.poll() is None}
             for n, p in procs.items():
                 if p.returncode is not None and n not in exit_seen:
                     exit_seen[n] = now
             bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-            for n in [n for n in bad if n in survivable]:
+            # a server the job waits for: only a process that was killed (one that exits
+            # by itself has told its schedulers why, and they decide)
+            for n in [n for n in bad if n in survivable
+                      and (n not in replaceable or procs[n].returncode < 0)]:
                 # [membership] on_worker_loss = "continue": its DC goes on without it
                 bad.remove(n)
-                if n not in lost:
+                if n not in lost and n in replaceable:
+                    lost.append(n)
+                    print(f"geomx: server {n} died (code {procs[n].returncode}); the job "
+                          f"waits for it up to membership.server_loss_timeout (to bring it "
+                          f"back: its command in {run_dir / 'launch.json'} plus --rejoin)",
+                          file=sys.stderr, flush=True)
+                elif n not in lost:
                     lost.append(n)
                     print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
                           f"continues without it (to bring it back: its command in "

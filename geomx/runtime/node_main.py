@@ -260,7 +260,7 @@ async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool
                                                   cfg.link_budget, cfg.kernel_shapes)
                                      if cfg.shape and shape else None),
                              connect_timeout_s=cfg.connect_timeout_s,
-                             reconnect_timeout_s=s.real.reconnect_timeout_s,
+                             reconnect_timeout_s=_reconnect_timeout_s(s),
                              dead_after_s=s.real.dead_connection_timeout_s,
                              **transport_limits(s, plan),
                              # a peer's address arrives with registration at the latest
@@ -384,10 +384,31 @@ def _watch_parent() -> None:
     threading.Thread(target=wait, name="parent-watch", daemon=True).start()
 
 
+def _reconnect_timeout_s(s: Any) -> float:
+    """How long to keep dialling a peer whose connection broke: ``[real]
+    reconnect_timeout``, or -- when the job waits for lost servers -- at least until the
+    server's successor must be there (noticing the loss, then server_loss_timeout): the
+    messages queued for the dead process go to its successor, at its new address."""
+    m = s.membership
+    if m.on_server_loss == "wait":
+        return max(s.real.reconnect_timeout_s, m.heartbeat_timeout_s + m.server_loss_timeout_s)
+    return s.real.reconnect_timeout_s
+
+
 def _mark_rejoining(node: Any) -> None:
-    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py)."""
+    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py),
+    or a new process takes over a local server's name ([membership] on_server_loss =
+    "wait", geomx/node/local_server.py)."""
+    if getattr(node, "role", "") in ("local_server", "global_server"):
+        if node.name not in node.job.replaceable_servers():
+            raise ConfigError(f"--rejoin of {node.name}: the job does not wait for it "
+                              "(membership.on_server_loss = 'wait' is needed, and for a "
+                              "global server checkpoint.every)")
+        node.taking_over = True
+        return
     if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):
-        raise ConfigError(f"--rejoin is for a training worker, not {node.name}")
+        raise ConfigError(f"--rejoin is for a training worker or a local server, "
+                          f"not {node.name}")
     node.rejoining = True
 
 

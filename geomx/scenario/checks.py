@@ -491,20 +491,64 @@ def _check_worker_loss(s: Scenario) -> None:
 
 
 @scenario_check
+def _check_server_loss(s: Scenario) -> None:
+    """``on_server_loss = "wait"``: a restarted local server re-pulls the model and drops
+    resent pushes by FSA round (geomx/node/local_server.py); what it cannot rebuild is
+    refused here, naming the field."""
+    if s.membership.on_server_loss != "wait":
+        return
+    problems = [
+        (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
+         "a lost server is found by missed heartbeats", "a duration > 0"),
+        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
+         "only FSA has a round every tier agrees on (the dedupe key)", "'fsa'"),
+        (s.topology.kind != "hips", "topology.kind", s.topology.kind,
+         "a local server takes over its DC", "'hips'"),
+        (s.codec.type != "none", "codec.type", s.codec.type,
+         "a codec's residuals die with the server", "'none'"),
+        (s.sched.p3, "sched.p3", True, "P3's slices are not covered", "false"),
+        (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
+         "TSEngine's merge trees need every member", "false"),
+        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
+        (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
+         "per-layer pushes are not covered", "'off'"),
+    ]
+    for bad, path, got, why, allowed in problems:
+        if bad:
+            raise ScenarioError(f"membership.on_server_loss = 'wait': {why}; allowed: "
+                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+
+
+@scenario_check
 def _check_restart(s: Scenario) -> None:
     for i, f in enumerate(s.faults):
         if f.kind != "crash" or f.duration_s <= 0:
             continue
-        if s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
+        if f.node.startswith(("ls:", "gs:")):
+            if s.membership.on_server_loss != "wait":
+                raise ScenarioError(
+                    f"a crash with a duration restarts {f.node!r}, but the job does not wait "
+                    "for it: membership.on_server_loss is fail; allowed: duration = 0s, or "
+                    "on_server_loss = 'wait'",
+                    path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
+            if f.node.startswith("gs:") and not s.checkpoint.enabled:
+                raise ScenarioError(
+                    f"a crash with a duration restarts {f.node!r}, but a global server's "
+                    "successor takes its optimizer from its last checkpoint, and checkpoints "
+                    "are off; allowed: checkpoint.every = a number of rounds or a duration",
+                    path="checkpoint.every", value="0", allowed="> 0")
+        elif s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
             raise ScenarioError(
-                f"a crash with a duration restarts a lost worker, but {f.node!r} "
-                f"{'is not a worker' if not f.node.startswith('w:') else 'is not lost: membership.on_worker_loss is fail'}"
-                "; allowed: duration = 0s, or a worker with on_worker_loss = 'continue'",
+                f"a crash with a duration restarts a lost worker or local server, but "
+                f"{f.node!r} "
+                f"{'is neither' if not f.node.startswith('w:') else 'is not lost: membership.on_worker_loss is fail'}"
+                "; allowed: duration = 0s, a worker with on_worker_loss = 'continue', or a "
+                "local server with on_server_loss = 'wait'",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
-        if s.run.runtime == "real":
+        if s.run.runtime == "real" and not f.node.startswith(("ls:", "gs:")):
             raise ScenarioError(
-                "the real launcher does not restart crashed nodes; allowed: duration = 0s "
-                "(restart the worker yourself with geomx node --rejoin)",
+                "the real launcher restarts crashed servers only; allowed: duration "
+                "= 0s (restart the worker yourself with geomx node --rejoin)",
                 path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
 
 

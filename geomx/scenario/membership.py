@@ -38,6 +38,22 @@ class MembershipConfig(Section):
                                   "without it: the round it held up completes once the loss is "
                                   "declared (bounded by heartbeat_timeout), and the DC's sum is "
                                   "scaled by workers / contributors.")
+    on_server_loss: str = setting(Choice("fail", "wait"), "fail",
+                                  "A server declared dead (missed heartbeats): `fail` "
+                                  "stops the job naming it; `wait` (HiPS + FSA) holds the job "
+                                  "for a local server (and a global one, with checkpoints): "
+                                  "its peers keep their unanswered requests and send them "
+                                  "again when a process takes over its name (`geomx node "
+                                  "--rejoin`, or a `crash` fault with a duration); a local "
+                                  "server re-pulls the model from the global tier, a global "
+                                  "one takes its optimizer from its last snapshot and the "
+                                  "model from the local servers; duplicates are dropped by "
+                                  "round. Needs heartbeats (in the emulator: in_emulator = "
+                                  "true).")
+    server_loss_timeout_s: float = setting(Duration(positive=True), "60s",
+                                           "With on_server_loss = 'wait': how long the job "
+                                           "waits for a lost server to come back before it "
+                                           "fails naming it.", key="server_loss_timeout")
     in_emulator: bool = setting(Flag(), False,
                                 "Run heartbeats in the emulator too (off by default: they "
                                 "add traffic and hide deadlocks behind endless timers).")
@@ -77,8 +93,9 @@ class FaultConfig(Section):
                         "route is left, so traffic across the cut stalls until it heals.")
     duration_s: float = setting(Duration(), "0s", "`link_down`, `slow`, `partition`: how long "
                                 "the fault lasts (0 = to the end of the run). `crash` of a worker "
-                                "with membership.on_worker_loss = 'continue': restart it that "
-                                "much later, as `geomx node --rejoin` (emulator; 0 = never).",
+                                "with membership.on_worker_loss = 'continue' (emulator), or of a "
+                                "server with on_server_loss = 'wait' (both runtimes): restart "
+                                "it that much later, as `geomx node --rejoin` (0 = never).",
                                 key="duration")
     factor: float = setting(Real(min=1.0), 4.0, "`slow`: how many times longer the node's "
                             "compute takes.")

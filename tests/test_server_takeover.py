@@ -1,0 +1,229 @@
+"""Server loss and takeover (``[membership] on_server_loss = "wait"``; issue 12).
+
+A local server that dies is waited for (bounded by ``server_loss_timeout``); a new
+process under its name re-pulls its keys and their rounds from the global tier, its
+workers send again every request it left unanswered, and pushes carry their FSA round so
+that nothing is applied twice: counters of applied pushes at the global server show each
+round of each DC exactly once, and the model is the clean run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from geomx.experiment import JobFailed, run_scenario
+from geomx.scenario import ScenarioError, load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
+BASE = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
+        "metrics.trace=false", "run.iterations=60", "membership.in_emulator=true",
+        "membership.heartbeat_timeout=3s"]
+WAIT = ["membership.on_server_loss=wait", "fault.0.node=ls:party-a"]
+
+
+def _run(tmp_path: Path, sets: list[str]):
+    nodes = {}
+    r = run_scenario(load_scenario(QUICKSTART, [*BASE, *sets]), out_dir=tmp_path,
+                     inspect=lambda ns: nodes.update({n.name: n for n in ns}))
+    events = [json.loads(line) for line in (r.run_dir / "events.jsonl").open()]
+    return r, nodes, events
+
+
+def test_local_server_restart_applies_every_round_once(tmp_path: Path) -> None:
+    clean, _, _ = _run(tmp_path / "clean", [])
+    # dies at 3 s after its DC's round was applied globally but before its workers heard
+    r, nodes, events = _run(tmp_path / "crash", [*WAIT, "fault.0.at=3s", "fault.0.duration=2s"])
+    gs, ls = nodes["gs:0"], nodes["ls:party-a"]
+    keys = len(gs.slots)
+    assert ls.taking_over and r.summary.iterations == 60
+    # one global step per round and key, each DC's push taken once per round
+    assert all(s.version == 60 for s in gs.slots.values())
+    assert gs.applied == {"ls:party-a": keys * 60, "ls:party-b": keys * 60}
+    (start,) = {e["round"] for e in events if e["ev"] == "takeover_init"}
+    assert 0 < start < 60
+    # the resent pushes of the round its predecessor had pushed: answered, not applied
+    assert ls.deduped == {"w:party-a:0": keys, "w:party-a:1": keys}
+    assert ls.applied == {w: keys * (60 - start) for w in ls.workers}
+    assert all(s.round == 60 for s in ls.slots.values())
+    replaced = [e for e in events if e["ev"] == "server_replaced" and e["node"].startswith("w:")]
+    assert sorted((e["node"], e["resent"]) for e in replaced) == [
+        ("w:party-a:0", keys), ("w:party-a:1", keys)]
+    # FSA with two workers per DC sums in any order to the same bits: the clean model
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+    lost_s = r.summary.emulated_seconds - clean.summary.emulated_seconds
+    assert 2.0 <= lost_s < 2.3  # the 2 s it was down, plus re-registering and re-pulling
+    print(f"clean {clean.summary.emulated_seconds:.2f} s acc {clean.summary.final_accuracy:.4f}; "
+          f"restarted {r.summary.emulated_seconds:.2f} s acc {r.summary.final_accuracy:.4f}")
+
+
+def test_push_parked_at_the_global_server_is_taken_over(tmp_path: Path) -> None:
+    """party-b is slow: party-a's DC sum waits at the global server when its local server
+    dies; the successor's push of the same round replaces it there (not added twice)."""
+    slow = ["run.iterations=12", "dc.2.compute_per_iter=1s"]
+    clean, _, _ = _run(tmp_path / "clean", slow)
+    r, nodes, events = _run(tmp_path / "crash", [*slow, *WAIT, "fault.0.at=2.4s",
+                                                 "fault.0.duration=0.3s"])
+    gs = nodes["gs:0"]
+    keys = len(gs.slots)
+    parked = [e for e in events if e["ev"] == "dedupe" and e["node"] == "gs:0"]
+    assert len(parked) == keys and {e["why"] for e in parked} == {"parked"}
+    assert gs.applied == {"ls:party-a": keys * 12, "ls:party-b": keys * 12}
+    assert gs.deduped == {"ls:party-a": keys, "ls:party-b": 0}
+    assert all(s.version == 12 for s in gs.slots.values())
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+
+
+def test_global_server_restart_from_its_snapshot(tmp_path: Path) -> None:
+    """``gs:0`` dies after taking round 12 and answering the pushes, before the local
+    servers' pulls: its successor reads its snapshot of round 11 (optimizer config and
+    Adam state), the local servers hand in their last pulled values, find the pull of
+    round 12 answered with round 11 and push the round's sum again."""
+    sets = ["run.iterations=20", "checkpoint.every=1"]
+    clean, _, _ = _run(tmp_path / "clean", sets)
+    r, nodes, events = _run(tmp_path / "crash", [*sets, "membership.on_server_loss=wait",
+                                                 "fault.0.node=gs:0", "fault.0.at=1.63s",
+                                                 "fault.0.duration=1s"])
+    gs = nodes["gs:0"]
+    keys = len(gs.slots)
+    assert gs.taking_over and r.summary.iterations == 20
+    (restore,) = [e for e in events if e["ev"] == "takeover_restore"]
+    assert restore["snapshot"] == 11 and restore["versions"] == [11]
+    assert restore["optimizer"] == "adam" and restore["stale_steps"] == {}
+    assert [e for e in events if e["ev"] == "repush"]
+    # the successor applied rounds 12..20 once per DC and key, nothing more
+    assert gs.applied == {"ls:party-a": keys * 9, "ls:party-b": keys * 9}
+    assert all(s.version == 20 for s in gs.slots.values())
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+    lost_s = r.summary.emulated_seconds - clean.summary.emulated_seconds
+    assert 1.0 <= lost_s < 1.3
+    print(f"clean {clean.summary.emulated_seconds:.2f} s, restarted "
+          f"{r.summary.emulated_seconds:.2f} s, accuracy {r.summary.final_accuracy:.4f}")
+
+
+@pytest.mark.parametrize("node,schedulers", [("ls:party-a", {"gh", "lh:party-a"}),
+                                             ("gs:0", {"gh"})])
+def test_server_that_never_returns_fails_by_name(tmp_path: Path, node, schedulers) -> None:
+    with pytest.raises(JobFailed, match=rf"{node}.*server_loss_timeout = 5 s"):
+        _run(tmp_path, ["membership.on_server_loss=wait", f"fault.0.node={node}",
+                        "fault.0.at=3s", "membership.server_loss_timeout=5s",
+                        "checkpoint.every=10"])
+    events = [json.loads(line) for f in tmp_path.glob("*/events.jsonl") for line in f.open()]
+    lost = [e for e in events if e["ev"] == "server_lost"]
+    failed = [e for e in events if e["ev"] == "node_failed" and e.get("failed") == node]
+    assert {e["node"] for e in lost} == schedulers
+    # found by heartbeats (3 s), then waited for exactly server_loss_timeout (emulated)
+    assert all(3.0 < e["t"] <= 3.0 + 3.0 + 1.0 for e in lost)
+    assert {round(e["t"] - lost[0]["t"], 6) for e in failed} == {5.0}
+
+
+def test_fail_stays_the_default(tmp_path: Path) -> None:
+    with pytest.raises(JobFailed, match=r"ls:party-a"):
+        _run(tmp_path, ["fault.0.node=ls:party-a", "fault.0.at=3s"])
+
+
+def test_takeover_is_deterministic(tmp_path: Path) -> None:
+    sets = [*WAIT, "run.iterations=30", "fault.0.at=2.13s", "fault.0.duration=1s"]
+    runs = [_run(tmp_path / str(i), sets)[2] for i in range(2)]
+    assert runs[0] == runs[1]
+    assert any(e["ev"] == "server_takeover" for e in runs[0])
+
+
+@pytest.mark.parametrize("sets,field", [
+    (["sync.algorithm=hfa"], "sync.algorithm"),
+    (["membership.heartbeat_interval=0s"], "membership.heartbeat_interval"),
+    (["codec.type=fp16"], "codec.type"),
+    (["sched.p3=true"], "sched.p3"),
+])
+def test_wait_refuses_what_it_cannot_rebuild(sets, field) -> None:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(QUICKSTART, ["membership.on_server_loss=wait", *sets])
+    assert e.value.path == field
+
+
+@pytest.mark.parametrize("sets", [
+    ["fault.0.node=ls:party-a", "fault.0.duration=2s"],          # nobody waits for it
+    [*WAIT[:1], "fault.0.node=gs:0", "fault.0.duration=2s"],      # no snapshot to restart from
+])
+def test_restart_needs_a_server_the_job_waits_for(sets) -> None:
+    with pytest.raises(ScenarioError, match="fault\\[0\\].duration|allowed"):
+        load_scenario(QUICKSTART, sets)
+
+
+@pytest.mark.slow
+def test_real_local_server_killed_and_taken_over(tmp_path: Path) -> None:
+    """Over real sockets: SIGKILL ``ls:party-a``'s process once training runs, start its
+    command again with ``--rejoin``: the job finishes at the clean run's accuracy."""
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=40", "membership.on_server_loss=wait",
+            "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
+            "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms"]
+    clean = run_scenario(load_scenario(QUICKSTART, [*sets, "run.progress=false"]),
+                         out_dir=tmp_path / "emu")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "real"
+    log = tmp_path / "launch.log"
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
+                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
+                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    back = None
+    try:
+        deadline = time.monotonic() + 120
+        victim = run_dir = None
+        while victim is None and time.monotonic() < deadline and p.poll() is None:
+            for f in out.glob("*/nodes/w_party-a_0.events.jsonl"):
+                if f.read_text().count('"ev":"compute"') >= 8:
+                    run_dir = f.parent.parent
+                    victim = _pid_of("ls:party-a", str(run_dir))
+            time.sleep(0.05)
+        assert victim is not None, log.read_text()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        cmd = json.loads((run_dir / "launch.json").read_text())["commands"]["ls:party-a"]
+        args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
+        back = subprocess.Popen(args, env=env, stdout=(tmp_path / "takeover.log").open("w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
+        assert back.wait(timeout=60) == 0, (tmp_path / "takeover.log").read_text()[-3000:]
+    finally:
+        for q in (p, back):
+            if q is not None and q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
+    assert "ls:party-a died" in log.read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == 40
+    events = [json.loads(line) for f in sorted((run_dir / "nodes").glob("*.events.jsonl"))
+              for line in f.open()]
+    start = {e["round"] for e in events if e["ev"] == "takeover_init"}
+    assert len(start) == 1 and 0 < min(start) < 40
+    gs_done = [e for e in events if e["ev"] == "server_done" and e["node"] == "gs:0"][0]
+    keys = len({e["key"] for e in events if e["ev"] == "takeover_init"})
+    assert gs_done["applied"] == {"ls:party-a": keys * 40, "ls:party-b": keys * 40}
+    assert abs(summary["final_accuracy"] - clean.summary.final_accuracy) <= 0.01
+    print(f"taken over at round {min(start)}; accuracy {summary['final_accuracy']:.4f} vs "
+          f"{clean.summary.final_accuracy:.4f} (emulated clean run); GS applied "
+          f"{gs_done['applied']}, deduped {gs_done['deduped']}")
+
+
+def _pid_of(node: str, marker: str) -> int | None:
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if node.encode() in cmd and any(marker.encode() in c for c in cmd) \
+                and b"--rejoin" not in cmd:
+            return int(d.name)
+    return None
