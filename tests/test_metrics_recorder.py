@@ -154,6 +154,21 @@ def test_merge_event_files_handles_unsorted_inputs_and_refuses_overwriting_input
         merge_event_files([a], a)
 
 
+def test_merge_event_files_rewrites_lines_that_are_not_canonical(tmp_path):
+    a, b, out = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "out.jsonl"
+    a.write_text('{"t": 1.0, "node": "n", "ev": "x"}\n'  # spaces, keys unsorted
+                 '{"ev":"y","node":"n","t":2.0,"v":0.123456789012345}\n'  # unrounded float
+                 '{"ev":"z","node":"n","t":3.0,"v":NaN}\n')
+    # in order at first, then out of order: the streaming merge has begun when it finds out
+    _write(b, [{"t": 0.5, "node": "m", "ev": "p"}, {"t": 2.5, "node": "m", "ev": "q"},
+               {"t": 0.7, "node": "m", "ev": "r"}])
+    assert merge_event_files([a, b], out) == 6
+    assert out.read_text().splitlines() == [
+        '{"ev":"p","node":"m","t":0.5}', '{"ev":"r","node":"m","t":0.7}',
+        '{"ev":"x","node":"n","t":1.0}', '{"ev":"y","node":"n","t":2.0,"v":0.123456789}',
+        '{"ev":"q","node":"m","t":2.5}', '{"ev":"z","node":"n","t":3.0,"v":null}']
+
+
 def test_dc_of_table_places_the_global_tier(tmp_path):
     clock = FakeClock()
     rec = EventRecorder(None, clock, dc_of={"gs:0": "a"})
