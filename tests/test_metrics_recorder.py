@@ -138,8 +138,10 @@ def test_merge_event_files_orders_by_time_node_then_original_order(tmp_path):
     _write(b, [{"t": 0.5, "node": "gs:0", "ev": "x", "i": 3},
                {"t": 2.0, "node": "gs:0", "ev": "x", "i": 4},
                {"t": 3.0, "node": "gs:0", "ev": "x", "i": 5}])
-    assert merge_event_files([a, b], out) == 6
+    seen = []
+    assert merge_event_files([a, b], out, on_event=seen.append) == 6
     assert [e["i"] for e in iter_events(out)] == [3, 0, 4, 1, 2, 5]
+    assert seen == list(iter_events(out))
     first = out.read_bytes()
     merge_event_files([a, b], out)
     assert out.read_bytes() == first
@@ -162,7 +164,9 @@ def test_merge_event_files_rewrites_lines_that_are_not_canonical(tmp_path):
     # in order at first, then out of order: the streaming merge has begun when it finds out
     _write(b, [{"t": 0.5, "node": "m", "ev": "p"}, {"t": 2.5, "node": "m", "ev": "q"},
                {"t": 0.7, "node": "m", "ev": "r"}])
-    assert merge_event_files([a, b], out) == 6
+    seen = []
+    assert merge_event_files([a, b], out, on_event=seen.append) == 6
+    assert [e["ev"] for e in seen] == ["p", "r", "x", "y", "q", "z"]  # each once, in order
     assert out.read_text().splitlines() == [
         '{"ev":"p","node":"m","t":0.5}', '{"ev":"r","node":"m","t":0.7}',
         '{"ev":"x","node":"n","t":1.0}', '{"ev":"y","node":"n","t":2.0,"v":0.123456789}',

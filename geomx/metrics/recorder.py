@@ -305,7 +305,8 @@ def _canonical_line(event: Event, line: str) -> str:
 
 
 def merge_event_files(
-    paths: Iterable[str | os.PathLike[str]], out_path: str | os.PathLike[str]
+    paths: Iterable[str | os.PathLike[str]], out_path: str | os.PathLike[str],
+    on_event: Listener | None = None,
 ) -> int:
     """Merge per-process event files into one, ordered by (t, node, original order).
 
@@ -314,7 +315,9 @@ def merge_event_files(
     (t, node) order -- the normal case, since each process stamps its own clock -- are
     merged streaming, each line read once; when one turns out not to be, everything is
     sorted in memory instead. Lines are written canonically (a line the recorder wrote
-    is copied as it is). Returns the number of events written.
+    is copied as it is). Returns the number of events written. ``on_event`` (optional)
+    is called with each event in the merged order once the order is known, which saves
+    the caller reading the merged file again.
     """
     files = [os.fspath(p) for p in paths]
     out = os.fspath(out_path)
@@ -323,21 +326,30 @@ def merge_event_files(
     parent = os.path.dirname(out)
     if parent:
         os.makedirs(parent, exist_ok=True)
+    seen: list[Event] | None = None if on_event is None else []
     try:
-        return _write_merged(out, heapq.merge(*(_keyed(path, i, in_order=True)
-                                                for i, path in enumerate(files)),
-                                              key=lambda r: r[:4]))
+        n = _write_merged(out, heapq.merge(*(_keyed(path, i, in_order=True)
+                                             for i, path in enumerate(files)),
+                                           key=lambda r: r[:4]), seen)
     except _OutOfOrder:
         pass
+    else:
+        for event in seen or ():  # held back until no file could turn out unsorted
+            on_event(event)  # type: ignore[misc]
+        return n
     return _write_merged(out, sorted((r for i, path in enumerate(files) for r in _keyed(path, i)),
-                                     key=lambda r: r[:4]))
+                                     key=lambda r: r[:4]), on_event)
 
 
-def _write_merged(out: str, merged: Iterable[tuple[float, str, int, int, Event, str]]) -> int:
+def _write_merged(out: str, merged: Iterable[tuple[float, str, int, int, Event, str]],
+                  on_event: list[Event] | Listener | None) -> int:
     n = 0
+    call = on_event.append if isinstance(on_event, list) else on_event
     with open(out, "w", encoding="ascii", newline="\n") as f:
         for *_, event, line in merged:
             f.write(_canonical_line(event, line))
             f.write("\n")
+            if call is not None:
+                call(event)
             n += 1
     return n
