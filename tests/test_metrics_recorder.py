@@ -178,3 +178,23 @@ def test_dc_of_table_places_the_global_tier(tmp_path):
     rec = EventRecorder(None, clock, dc_of={"gs:0": "a"})
     _record_sample(rec, clock)
     assert rec.counters.bytes_wan == 0 and rec.counters.bytes_per_dc_pair == {"a->a": 4196}
+
+
+def test_count_transfer_keeps_what_record_keeps_when_nothing_is_written(tmp_path):
+    """The real runtime counts its sends with count_transfer when events are off."""
+    dc = {"w:a:0": "a", "gs:0": "central"}
+    full = EventRecorder(None, FakeClock(1.25), enabled=False, dc_of=dc, byte_kinds=("send",))
+    fast = EventRecorder(None, FakeClock(1.25), enabled=False, dc_of=dc, byte_kinds=("send",))
+    assert fast.keeps_only_aggregates("send")
+    for src, dst, n in (("w:a:0", "gs:0", 4160), ("gs:0", "w:a:0", 64), ("w:a:0", "w:a:0", 7)):
+        full.record("send", src, src=src, dst=dst, msg="PUSH", key=3, bytes=n, channel=0)
+        fast.count_transfer("send", src, src, dst, n)
+    assert (fast.counts, fast.last_t) == (full.counts, full.last_t)
+    assert fast.counters.to_dict() == full.counters.to_dict()
+    writing = EventRecorder(tmp_path / "e.jsonl", FakeClock(), byte_kinds=("send",))
+    assert not writing.keeps_only_aggregates("send")
+    assert EventRecorder(tmp_path / "f.jsonl", FakeClock(), write_kinds=("eval",)
+                         ).keeps_only_aggregates("send")
+    listened = EventRecorder(None, FakeClock())
+    listened.add_listener(lambda ev: None)
+    assert not listened.keeps_only_aggregates("send")

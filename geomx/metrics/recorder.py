@@ -187,6 +187,26 @@ class EventRecorder:
             listener(event)
         return event
 
+    def keeps_only_aggregates(self, ev: str) -> bool:
+        """True when recording ``ev`` would write nothing and notify nobody, so
+        :meth:`count_transfer` may stand in for :meth:`record`."""
+        return not self._listeners and (self._file is None or (
+            self.write_kinds is not None and ev not in self.write_kinds))
+
+    def count_transfer(self, ev: str, node: str, src: str, dst: str, nbytes: int) -> None:
+        """What ``record(ev, node, src=src, dst=dst, bytes=nbytes, ...)`` keeps when the
+        event is not written (:meth:`keeps_only_aggregates`): the count of ``ev``, the
+        clock's time and, for a byte kind, the bytes by DC pair; without building and
+        normalising the event (a real node counts every message it sends this way)."""
+        t = round_float(float(self.clock()))
+        if t is None:
+            raise ValueError(f"count_transfer({ev!r}, {node!r}): the clock is not finite")
+        self.last_t = t
+        self.counts[ev] = self.counts.get(ev, 0) + 1
+        if ev in self.byte_kinds:
+            dc = self._dc_cached
+            self.counters.add(dc(str(src)), dc(str(dst)), nbytes)
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(event)` after every recorded event (e.g. a ProgressWriter)."""
         self._listeners.append(listener)
