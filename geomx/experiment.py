@@ -22,7 +22,6 @@ from geomx.node.checkpoint import injected_crashes, note_crash
 from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.JobFailed
 from geomx.metrics.channel_tally import DgtTally
 from geomx.metrics.chrome_trace import convert_events_file
-from geomx.metrics.plots import write_run_plots
 from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import EventRecorder
 from geomx.metrics.summary import Summary, build_summary, write_summary
@@ -399,6 +398,8 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")
     if s.metrics.plot:
+        from geomx.metrics.plots import write_run_plots  # matplotlib: ~0.3 s, only for plots
+
         caps = summary.extra.get("link_capacity_bps") if summary.extra else None
         write_run_plots(run_dir, caps)
         if s.topology.kind in ("netstorm", "mlnet") and s.metrics.events:

@@ -138,8 +138,10 @@ def test_merge_event_files_orders_by_time_node_then_original_order(tmp_path):
     _write(b, [{"t": 0.5, "node": "gs:0", "ev": "x", "i": 3},
                {"t": 2.0, "node": "gs:0", "ev": "x", "i": 4},
                {"t": 3.0, "node": "gs:0", "ev": "x", "i": 5}])
-    assert merge_event_files([a, b], out) == 6
+    seen = []
+    assert merge_event_files([a, b], out, on_event=seen.append) == 6
     assert [e["i"] for e in iter_events(out)] == [3, 0, 4, 1, 2, 5]
+    assert seen == list(iter_events(out))
     first = out.read_bytes()
     merge_event_files([a, b], out)
     assert out.read_bytes() == first
@@ -154,8 +156,45 @@ def test_merge_event_files_handles_unsorted_inputs_and_refuses_overwriting_input
         merge_event_files([a], a)
 
 
+def test_merge_event_files_rewrites_lines_that_are_not_canonical(tmp_path):
+    a, b, out = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "out.jsonl"
+    a.write_text('{"t": 1.0, "node": "n", "ev": "x"}\n'  # spaces, keys unsorted
+                 '{"ev":"y","node":"n","t":2.0,"v":0.123456789012345}\n'  # unrounded float
+                 '{"ev":"z","node":"n","t":3.0,"v":NaN}\n')
+    # in order at first, then out of order: the streaming merge has begun when it finds out
+    _write(b, [{"t": 0.5, "node": "m", "ev": "p"}, {"t": 2.5, "node": "m", "ev": "q"},
+               {"t": 0.7, "node": "m", "ev": "r"}])
+    seen = []
+    assert merge_event_files([a, b], out, on_event=seen.append) == 6
+    assert [e["ev"] for e in seen] == ["p", "r", "x", "y", "q", "z"]  # each once, in order
+    assert out.read_text().splitlines() == [
+        '{"ev":"p","node":"m","t":0.5}', '{"ev":"r","node":"m","t":0.7}',
+        '{"ev":"x","node":"n","t":1.0}', '{"ev":"y","node":"n","t":2.0,"v":0.123456789}',
+        '{"ev":"q","node":"m","t":2.5}', '{"ev":"z","node":"n","t":3.0,"v":null}']
+
+
 def test_dc_of_table_places_the_global_tier(tmp_path):
     clock = FakeClock()
     rec = EventRecorder(None, clock, dc_of={"gs:0": "a"})
     _record_sample(rec, clock)
     assert rec.counters.bytes_wan == 0 and rec.counters.bytes_per_dc_pair == {"a->a": 4196}
+
+
+def test_count_transfer_keeps_what_record_keeps_when_nothing_is_written(tmp_path):
+    """The real runtime counts its sends with count_transfer when events are off."""
+    dc = {"w:a:0": "a", "gs:0": "central"}
+    full = EventRecorder(None, FakeClock(1.25), enabled=False, dc_of=dc, byte_kinds=("send",))
+    fast = EventRecorder(None, FakeClock(1.25), enabled=False, dc_of=dc, byte_kinds=("send",))
+    assert fast.keeps_only_aggregates("send")
+    for src, dst, n in (("w:a:0", "gs:0", 4160), ("gs:0", "w:a:0", 64), ("w:a:0", "w:a:0", 7)):
+        full.record("send", src, src=src, dst=dst, msg="PUSH", key=3, bytes=n, channel=0)
+        fast.count_transfer("send", src, src, dst, n)
+    assert (fast.counts, fast.last_t) == (full.counts, full.last_t)
+    assert fast.counters.to_dict() == full.counters.to_dict()
+    writing = EventRecorder(tmp_path / "e.jsonl", FakeClock(), byte_kinds=("send",))
+    assert not writing.keeps_only_aggregates("send")
+    assert EventRecorder(tmp_path / "f.jsonl", FakeClock(), write_kinds=("eval",)
+                         ).keeps_only_aggregates("send")
+    listened = EventRecorder(None, FakeClock())
+    listened.add_listener(lambda ev: None)
+    assert not listened.keeps_only_aggregates("send")

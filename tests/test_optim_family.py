@@ -388,6 +388,28 @@ def test_kernels_can_be_turned_off_for_the_process(monkeypatch: pytest.MonkeyPat
     assert create_optimizer("adam").use_kernels
 
 
+def test_by_default_only_large_arrays_go_through_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small model's server never pays Numba's start-up (geomx/optim/base.py)."""
+    from geomx.optim import adam, base
+
+    monkeypatch.delenv("GEOMX_OPTIM_KERNELS", raising=False)
+    calls: list[int] = []
+    real = adam.kernels
+
+    def counting():  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real()
+
+    monkeypatch.setattr(adam, "kernels", counting)
+    opt = create_optimizer("adam")
+    assert opt.use_kernels is None
+    for n in (base.KERNEL_MIN_ELEMENTS - 1, base.KERNEL_MIN_ELEMENTS):
+        w = np.ones(n, np.float32)
+        opt.update(0, w, np.full(n, 0.5, np.float32), opt.create_state(0, w))
+        np.testing.assert_allclose(w, 0.999, rtol=1e-6)
+    assert len(calls) == 2  # only the second update, which looks the kernel up twice
+
+
 # -- training through the emulated parameter server --------------------------------------------
 
 # name -> (lr, extra scenario overrides); 30 iterations of the quickstart (digits, 2 parties x

@@ -131,6 +131,33 @@ def test_order_per_channel_and_exactly_once():
     arun(main())
 
 
+def test_send_nowait_bursts_keep_order_with_queued_sends():
+    """Small messages written at once (corked within a loop turn, geomx/runtime/
+    tcp_outgoing.py) and larger ones through send() arrive in order, exactly once."""
+    async def main():
+        a, b = await cluster("a", "b")
+        assert not a.send_nowait(msg("a", "b", 0))  # no connection yet: send() dials
+        await a.send(msg("a", "b", 0))
+        fast = 0
+        i = 1
+        for burst in range(30):
+            for _ in range(60):  # one loop turn: the first written, the rest corked
+                size = 1000 if i % 7 else 30_000  # over the fast path's limit: send()
+                m = msg("a", "b", i, n=size)
+                if a.send_nowait(m):
+                    fast += 1
+                else:
+                    await a.send(m)
+                i += 1
+            await asyncio.sleep(0)
+        got = [(await b.recv()).request_id for _ in range(i)]
+        assert got == list(range(i))
+        assert fast > i // 2
+        assert a.stats()["msgs_sent"] == i
+        await close_all(a, b)
+    arun(main())
+
+
 def test_all_reliable_channels_are_separate_connections():
     async def main():
         a, b = await cluster("a", "b")

@@ -26,13 +26,25 @@ from .base import (
     Tier,
     decode,
 )
-from .bf16 import BF16Codec
-from .bsc import BiSparseCodec
-from .fp16 import FP16Codec
 from .identity import DenseCodec
-from .mpq import MPQ
-from .onebit import OneBitCodec
 from .registry import CODEC_NAMES, Policy, codec_from_config, create_codec
+
+#: Classes whose modules import Numba: loaded on first access (PEP 562), so importing
+#: the package (every node does) costs no Numba unless a compressing codec is used.
+_LAZY = {"BF16Codec": "bf16", "BiSparseCodec": "bsc", "FP16Codec": "fp16", "MPQ": "mpq",
+         "OneBitCodec": "onebit"}
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ArraySpec",

@@ -7,30 +7,37 @@ the codec, the field and what is allowed.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+import importlib
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from .base import Codec
-from .bf16 import BF16Codec
-from .bsc import BiSparseCodec
-from .fp16 import FP16Codec
-from .identity import DenseCodec
-from .mpq import MPQ
-from .onebit import OneBitCodec
+
+if TYPE_CHECKING:
+    from .mpq import MPQ
 
 #: What ``create_codec`` returns: a codec, or the MPQ policy. Both have
 #: ``codec_for(num_elements, tier)``, ``applies_to``, ``config`` and ``name``.
-Policy = Union[Codec, MPQ]
+Policy = Union[Codec, "MPQ"]
 
-_CLASSES: dict[str, type] = {
-    "none": DenseCodec,
-    "fp16": FP16Codec,
-    "bf16": BF16Codec,
-    "bsc": BiSparseCodec,
-    "mpq": MPQ,
-    "onebit": OneBitCodec,
+#: name -> (module of this package, class). A codec's module is imported when the codec
+#: is first asked for: the compressing ones import Numba (~0.3 s per process, more with
+#: its first kernel), which a job without compression never needs.
+_CLASSES: dict[str, tuple[str, str]] = {
+    "none": ("identity", "DenseCodec"),
+    "fp16": ("fp16", "FP16Codec"),
+    "bf16": ("bf16", "BF16Codec"),
+    "bsc": ("bsc", "BiSparseCodec"),
+    "mpq": ("mpq", "MPQ"),
+    "onebit": ("onebit", "OneBitCodec"),
 }
 #: Accepted names, in the order the docs list them.
 CODEC_NAMES: tuple[str, ...] = tuple(_CLASSES)
+
+
+def codec_class(name: str) -> type:
+    """The class behind codec name ``name`` (one of :data:`CODEC_NAMES`), imported now."""
+    module, cls = _CLASSES[name]
+    return getattr(importlib.import_module(f".{module}", __package__), cls)
 
 
 def create_codec(name: str, **params: Any) -> Policy:
@@ -42,9 +49,9 @@ def create_codec(name: str, **params: Any) -> Policy:
     if not isinstance(name, str):
         raise ValueError(f"codec name must be a string, one of {list(CODEC_NAMES)}; got {name!r}")
     key = name.strip().lower()
-    cls = _CLASSES.get(key)
-    if cls is None:
+    if key not in _CLASSES:
         raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(CODEC_NAMES)}")
+    cls = codec_class(key)
     allowed: tuple[str, ...] = cls.params
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -58,13 +65,13 @@ def codec_from_config(config: Mapping[str, Any] | str | None) -> Policy:
     ``set_gradient_compression`` dict). ``None`` or ``{}`` mean ``none``; a bare string
     is a name with default parameters."""
     if config is None:
-        return DenseCodec()
+        return codec_class("none")()
     if isinstance(config, str):
         return create_codec(config)
     if not isinstance(config, Mapping):
         raise ValueError(f"codec config must be a dict like {{'type': 'bsc', 'threshold': 0.01}}, got {config!r}")
     if not config:
-        return DenseCodec()
+        return codec_class("none")()
     cfg = dict(config)
     if "type" not in cfg:
         raise ValueError(f"codec config needs a 'type' (one of {', '.join(CODEC_NAMES)}); got keys {sorted(cfg)}")

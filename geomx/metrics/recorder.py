@@ -30,6 +30,7 @@ import heapq
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import IO, Any
 
@@ -186,6 +187,26 @@ class EventRecorder:
             listener(event)
         return event
 
+    def keeps_only_aggregates(self, ev: str) -> bool:
+        """True when recording ``ev`` would write nothing and notify nobody, so
+        :meth:`count_transfer` may stand in for :meth:`record`."""
+        return not self._listeners and (self._file is None or (
+            self.write_kinds is not None and ev not in self.write_kinds))
+
+    def count_transfer(self, ev: str, node: str, src: str, dst: str, nbytes: int) -> None:
+        """What ``record(ev, node, src=src, dst=dst, bytes=nbytes, ...)`` keeps when the
+        event is not written (:meth:`keeps_only_aggregates`): the count of ``ev``, the
+        clock's time and, for a byte kind, the bytes by DC pair; without building and
+        normalising the event (a real node counts every message it sends this way)."""
+        t = round_float(float(self.clock()))
+        if t is None:
+            raise ValueError(f"count_transfer({ev!r}, {node!r}): the clock is not finite")
+        self.last_t = t
+        self.counts[ev] = self.counts.get(ev, 0) + 1
+        if ev in self.byte_kinds:
+            dc = self._dc_cached
+            self.counters.add(dc(str(src)), dc(str(dst)), nbytes)
+
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(event)` after every recorded event (e.g. a ProgressWriter)."""
         self._listeners.append(listener)
@@ -237,6 +258,12 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
     died mid-write; it is skipped. Any other malformed line raises ValueError naming the
     file and line.
     """
+    for event, _ in _events_and_lines(path):
+        yield event
+
+
+def _events_and_lines(path: str | os.PathLike[str]) -> Iterator[tuple[Event, str]]:
+    """:func:`iter_events`, each event with its line's text (without the newline)."""
     with open(path, encoding="utf-8") as f:
         lineno = 0
         for line in f:
@@ -251,7 +278,7 @@ def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
                 raise ValueError(f"{os.fspath(path)}:{lineno}: not a JSON object: {e}") from e
             if not isinstance(event, dict):
                 raise ValueError(f"{os.fspath(path)}:{lineno}: expected a JSON object")
-            yield event
+            yield event, line.rstrip("\n")
 
 
 def _sort_key(event: Event, where: str) -> tuple[float, str]:
@@ -261,50 +288,88 @@ def _sort_key(event: Event, where: str) -> tuple[float, str]:
     return float(t), str(event.get("node", ""))
 
 
-def _keyed(path: str, file_index: int) -> Iterator[tuple[float, str, int, int, Event]]:
-    for line_index, event in enumerate(iter_events(path)):
+class _OutOfOrder(Exception):
+    """A file's events are not in (t, node) order: it cannot be merged streaming."""
+
+
+def _keyed(path: str, file_index: int, *, in_order: bool = False
+           ) -> Iterator[tuple[float, str, int, int, Event, str]]:
+    """``(t, node, file_index, line_index, event, line)`` per event; with ``in_order``,
+    raises :class:`_OutOfOrder` at the first event that sorts before the one before it."""
+    prev = (-math.inf, "")
+    for line_index, (event, line) in enumerate(_events_and_lines(path)):
         t, node = _sort_key(event, f"{path} event {line_index}")
-        yield t, node, file_index, line_index, event
+        if in_order:
+            if (t, node) < prev:
+                raise _OutOfOrder(path)
+            prev = (t, node)
+        yield t, node, file_index, line_index, event, line
+
+
+#: A run of digits and points longer than this may be a float with more significant
+#: digits than the log keeps (9 digits and a point: 10 characters).
+_LONG_NUMBER = re.compile(r"[0-9.]{%d,}" % (FLOAT_SIGNIFICANT_DIGITS + 2))
+
+
+def _canonical_line(event: Event, line: str) -> str:
+    """The canonical text of a parsed ``event``: its own ``line`` when that already is
+    (what :class:`EventRecorder` writes: same keys order and separators on re-encoding,
+    no number long enough to carry an unrounded float), else :func:`canonical_dumps`."""
+    if _LONG_NUMBER.search(line) is None:
+        try:
+            if _ENCODER.encode(event) == line:
+                return line
+        except ValueError:  # NaN or an infinity: canonical_dumps writes null
+            pass
+    return canonical_dumps(event)
 
 
 def merge_event_files(
-    paths: Iterable[str | os.PathLike[str]], out_path: str | os.PathLike[str]
+    paths: Iterable[str | os.PathLike[str]], out_path: str | os.PathLike[str],
+    on_event: Listener | None = None,
 ) -> int:
     """Merge per-process event files into one, ordered by (t, node, original order).
 
     "Original order" is (position of the file in `paths`, line in that file), so the
     output is deterministic for given inputs. Files whose events are already in
-    (t, node) order -- the normal case, since each process stamps its own monotonic
-    clock -- are merged streaming; otherwise everything is sorted in memory. Lines are
-    re-serialised canonically. Returns the number of events written.
+    (t, node) order -- the normal case, since each process stamps its own clock -- are
+    merged streaming, each line read once; when one turns out not to be, everything is
+    sorted in memory instead. Lines are written canonically (a line the recorder wrote
+    is copied as it is). Returns the number of events written. ``on_event`` (optional)
+    is called with each event in the merged order once the order is known, which saves
+    the caller reading the merged file again.
     """
     files = [os.fspath(p) for p in paths]
     out = os.fspath(out_path)
     if any(os.path.abspath(p) == os.path.abspath(out) for p in files):
         raise ValueError(f"merge_event_files: out_path {out!r} is also an input")
-    all_sorted = True
-    for i, path in enumerate(files):
-        prev: tuple[float, str] | None = None
-        for key in ((t, node) for t, node, *_ in _keyed(path, i)):
-            if prev is not None and key < prev:
-                all_sorted = False
-                break
-            prev = key
-        if not all_sorted:
-            break
-    streams = [_keyed(path, i) for i, path in enumerate(files)]
-    merged: Iterable[tuple[float, str, int, int, Event]]
-    if all_sorted:
-        merged = heapq.merge(*streams, key=lambda r: r[:4])
-    else:
-        merged = sorted((r for s in streams for r in s), key=lambda r: r[:4])
-    n = 0
     parent = os.path.dirname(out)
     if parent:
         os.makedirs(parent, exist_ok=True)
+    seen: list[Event] | None = None if on_event is None else []
+    try:
+        n = _write_merged(out, heapq.merge(*(_keyed(path, i, in_order=True)
+                                             for i, path in enumerate(files)),
+                                           key=lambda r: r[:4]), seen)
+    except _OutOfOrder:
+        pass
+    else:
+        for event in seen or ():  # held back until no file could turn out unsorted
+            on_event(event)  # type: ignore[misc]
+        return n
+    return _write_merged(out, sorted((r for i, path in enumerate(files) for r in _keyed(path, i)),
+                                     key=lambda r: r[:4]), on_event)
+
+
+def _write_merged(out: str, merged: Iterable[tuple[float, str, int, int, Event, str]],
+                  on_event: list[Event] | Listener | None) -> int:
+    n = 0
+    call = on_event.append if isinstance(on_event, list) else on_event
     with open(out, "w", encoding="ascii", newline="\n") as f:
-        for *_, event in merged:
-            f.write(canonical_dumps(event))
+        for *_, event, line in merged:
+            f.write(_canonical_line(event, line))
             f.write("\n")
+            if call is not None:
+                call(event)
             n += 1
     return n

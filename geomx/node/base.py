@@ -185,19 +185,23 @@ class Node:
         bound = timeout_s
         if bound is None and self.request_timeout_s > 0:
             bound = self.request_timeout_s
+        timer = None
+        if bound is not None and bound != math.inf:
+            # a timer that fails the future, rather than asyncio.wait_for: the reply then
+            # wakes this task directly, one loop turn sooner and two callbacks fewer
+            timer = asyncio.get_running_loop().call_later(bound, _time_out, fut)
         try:
-            if bound is None or bound == math.inf:
+            try:
                 reply = await fut
-            else:
-                try:
-                    reply = await asyncio.wait_for(fut, bound)
-                except asyncio.TimeoutError:
-                    if timeout_s is not None:
-                        raise
-                    what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
-                    raise NodeFailure(f"{self.name}: no reply from {msg.dst} to {what} within "
-                                      f"{bound:g} s (membership.request_timeout)") from None
+            except asyncio.TimeoutError:
+                if timeout_s is not None:
+                    raise
+                what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
+                raise NodeFailure(f"{self.name}: no reply from {msg.dst} to {what} within "
+                                  f"{bound:g} s (membership.request_timeout)") from None
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(rid, None)
             self._resendable.pop(rid, None)
         if reply.kind == Kind.ERROR:
@@ -512,3 +516,9 @@ def _caused_by_stop(exc: BaseException) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    """A request's timer: fail its reply future (a reply that came first wins)."""
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError())

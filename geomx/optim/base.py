@@ -30,9 +30,16 @@ C-contiguous (the kernels update them through flat views).
 **Two implementations of every elementwise update.** ``_kernel_update`` runs a Numba
 kernel (``geomx/optim/kernels.py``: one pass over memory, chunks on a thread pool) and
 ``_numpy_update`` the same formula as whole-array numpy operations. The kernel is used
-when ``use_kernels`` is true (default; ``GEOMX_OPTIM_KERNELS=0`` turns it off for the
-process) and the state holds only contiguous float32 arrays; the numpy path is the
-readable reference the tests hold the kernels to.
+when the state holds only contiguous float32 arrays and ``use_kernels`` says so: ``None``
+(default) for arrays of at least :data:`KERNEL_MIN_ELEMENTS` elements, ``True`` always,
+``False`` never (``GEOMX_OPTIM_KERNELS`` sets the process's default: ``0`` never, ``1``
+always). The numpy path is the readable reference the tests hold the kernels to.
+
+Why small arrays skip the kernel by default: the first kernel call of a process costs
+about a second of CPU (importing Numba, then loading its CPU target, which imports SciPy
+for BLAS), and each server of a real job is a process of its own. On a small array the
+kernel saves a few microseconds per update, so a small model (the digits MLP: 4,810
+parameters) would need hundreds of thousands of updates to win that second back.
 """
 
 from __future__ import annotations
@@ -44,14 +51,25 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Optimizer", "OptimizerBase", "JSONScalar", "kernels_enabled_by_default"]
+__all__ = ["Optimizer", "OptimizerBase", "JSONScalar", "KERNEL_MIN_ELEMENTS",
+           "kernels_enabled_by_default"]
 
 JSONScalar = None | bool | int | float | str
 
 
-def kernels_enabled_by_default() -> bool:
-    """Whether new optimizers use the Numba kernels (``GEOMX_OPTIM_KERNELS=0``: no)."""
-    return os.environ.get("GEOMX_OPTIM_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+#: Smallest array (elements) the kernels update when ``use_kernels`` is None (the default):
+#: 256 KiB of float32, where a kernel's single pass starts to save tens of microseconds
+#: per update over numpy's dozen.
+KERNEL_MIN_ELEMENTS = 1 << 16
+
+
+def kernels_enabled_by_default() -> bool | None:
+    """New optimizers' ``use_kernels``: None (kernels for arrays of at least
+    :data:`KERNEL_MIN_ELEMENTS`), or ``GEOMX_OPTIM_KERNELS``: ``0`` False, ``1`` True."""
+    value = os.environ.get("GEOMX_OPTIM_KERNELS", "").strip().lower()
+    if not value:
+        return None
+    return value not in ("0", "false", "no", "off")
 
 
 @runtime_checkable
@@ -125,9 +143,11 @@ class OptimizerBase:
         self.wd = check_option("wd", wd, minimum=0.0)
         self.rescale_grad = check_option("rescale_grad", rescale_grad)
         self.clip_gradient = None if clip_gradient is None else check_option("clip_gradient", clip_gradient, minimum=0.0)
-        #: Run the Numba kernel when one exists (not part of the config: a property of
-        #: the process, not of the optimizer; the result is the same to float32 rounding).
-        self.use_kernels = kernels_enabled_by_default()
+        #: Run the Numba kernel when one exists: None for arrays of at least
+        #: :data:`KERNEL_MIN_ELEMENTS`, True always, False never (not part of the config: a
+        #: property of the process, not of the optimizer; the result is the same to
+        #: float32 rounding).
+        self.use_kernels: bool | None = kernels_enabled_by_default()
 
     # -- protocol -----------------------------------------------------------------------
     def create_state(self, key: Hashable, weight: np.ndarray) -> Any:
@@ -138,7 +158,9 @@ class OptimizerBase:
     ) -> None:
         """Update ``weight`` in place: through the kernel when possible, else numpy."""
         check_shapes(weight, grad)
-        if self.use_kernels and self.has_kernel and kernel_ready(state):
+        use = self.use_kernels
+        if (self.has_kernel and (use or (use is None and weight.size >= KERNEL_MIN_ELEMENTS))
+                and kernel_ready(state)):
             work = np.ascontiguousarray(weight, dtype=np.float32)
             g = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
             self._kernel_update(key, work.reshape(-1), g, state)

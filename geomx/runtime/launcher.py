@@ -478,28 +478,32 @@ def _stop_all(procs: dict[str, subprocess.Popen], grace_s: float = 5.0) -> None:
 def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
     """Merge per-process files into events.jsonl, progress.csv and the summary."""
     nodes_dir = run_dir / "nodes"
+    # progress.csv: evaluator's evals, with job-wide cumulative bytes at each eval time
+    sends: list[tuple[float, int, bool]] = []
+    evals: list[dict[str, Any]] = []
+    dgt_tally = DgtTally()
+    dc = plan.job.dc_of
+
+    def tally(ev: dict[str, Any]) -> None:
+        dgt_tally.on_event(ev)
+        if ev["ev"] == "send":
+            sends.append((ev["t"], int(ev.get("bytes", 0)),
+                          dc.get(ev.get("src"), "?") != dc.get(ev.get("dst"), "?")))
+        elif ev["ev"] == "eval" and ev["node"] == plan.train.evaluator:
+            evals.append(ev)
+
     event_files = sorted(nodes_dir.glob("*.events.jsonl"))
     if s.metrics.events and event_files:
-        merge_event_files(event_files, run_dir / "events.jsonl")
+        merge_event_files(event_files, run_dir / "events.jsonl", on_event=tally)
+    elif (run_dir / "events.jsonl").exists():
+        for ev in iter_events(run_dir / "events.jsonl"):
+            tally(ev)
     counters = ByteCounters()
     results: dict[str, dict[str, Any]] = {}
     for f in sorted(nodes_dir.glob("*.result.json")):
         r = json.loads(f.read_text())
         results[r["name"]] = r
         counters.merge(ByteCounters.from_dict(r["counters"]))
-    # progress.csv: evaluator's evals, with job-wide cumulative bytes at each eval time
-    sends: list[tuple[float, int, bool]] = []
-    evals: list[dict[str, Any]] = []
-    dgt_tally = DgtTally()
-    if (run_dir / "events.jsonl").exists():
-        dc = plan.job.dc_of
-        for ev in iter_events(run_dir / "events.jsonl"):
-            dgt_tally.on_event(ev)
-            if ev["ev"] == "send":
-                sends.append((ev["t"], int(ev.get("bytes", 0)),
-                              dc.get(ev.get("src"), "?") != dc.get(ev.get("dst"), "?")))
-            elif ev["ev"] == "eval" and ev["node"] == plan.train.evaluator:
-                evals.append(ev)
     writer = ProgressWriter(run_dir / "progress.csv")
     i = lan = wan = 0
     for ev in evals:

@@ -121,11 +121,9 @@ class MembersOnly:
     ``dropped_to_strangers``).
     """
 
-    #: no fast path around the filter (``Node.post`` would use a forwarded one)
-    send_nowait = None
-
     def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
+        self._inner_nowait = getattr(inner, "send_nowait", None)
         self._members = members
         #: schedulers also talk to processes claiming a rank (``claim:TOKEN``, REGISTER
         #: only; the scheduler bounds how many): see geomx/runtime/rank_claim.py
@@ -140,6 +138,13 @@ class MembersOnly:
             self._log("not sending", msg, msg.dst, self.dropped_to_strangers)
             return
         await self._inner.send(msg)
+
+    def send_nowait(self, msg: Message) -> bool:
+        """The inner transport's fast path, for members only (anything else goes through
+        :meth:`send`, which drops and logs it)."""
+        if self._inner_nowait is None or msg.dst not in self._members:
+            return False
+        return self._inner_nowait(msg)
 
     async def recv(self) -> Message:
         while True:

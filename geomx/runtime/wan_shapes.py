@@ -36,16 +36,20 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from geomx.runtime.shaper import LinkShape
 from geomx.scenario import Scenario, link_faults
 from geomx.topology.link_faults import link_timeline
 from geomx.traces import wan_traces
 
+if TYPE_CHECKING:  # networkx (~0.15 s to import) loads when routes are first asked for
+    import networkx as nx
+
 
 def _wan_graph(s: Scenario) -> nx.DiGraph:
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_nodes_from(d.name for d in s.dcs)  # the emulator's order, so ties break alike
     for w in s.wans:
@@ -65,6 +69,8 @@ def _route(g: nx.DiGraph, a: str, b: str,
     ``avoid`` links when the rest still connects a and b, else over them; None if none."""
     if a not in g or b not in g:
         return None
+    import networkx as nx
+
     if avoid:
         live = nx.subgraph_view(g, filter_edge=lambda u, v: frozenset((u, v)) not in avoid)
         try:

@@ -34,9 +34,10 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
+if TYPE_CHECKING:  # networkx (~0.15 s to import) loads only when a mesh is planned
+    import networkx as nx
 
 __all__ = ["Link", "MeshPlan", "Chunk", "initial_rates", "plan_netstorm", "plan_mlnet",
            "chunk_table", "route_key", "DEFAULT_MAX_AUX", "AUX_QUEUE_LIMIT"]
@@ -150,6 +151,8 @@ def initial_rates(links: Iterable[Link], seed: int) -> dict[tuple[str, str], flo
 
 def _graph(dcs: Sequence[str], links: Iterable[Link], rates_bps: Mapping[tuple[str, str], float],
            cost: str, chunk_bytes: float) -> nx.DiGraph:
+    import networkx as nx
+
     g = nx.DiGraph()
     g.add_nodes_from(dcs)
     for ln in links:
@@ -181,6 +184,8 @@ def _aux_routes(g: nx.DiGraph, src: str, dst: str, main: list[str], max_aux: int
         if v in hidden_nodes or u in hidden_nodes or (u, v) in hidden_edges:
             return None
         return d["weight"]
+
+    import networkx as nx
 
     for _ in range(max_aux):
         try:
@@ -256,6 +261,8 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
         raise ValueError(f"cost = {cost!r}; allowed: 'bandwidth', 'latency'")
     dcs = list(dcs)
     g = _graph(dcs, links, rates_bps, cost, chunk_bytes)
+    import networkx as nx
+
     paths = dict(nx.all_pairs_dijkstra_path(g, weight="weight"))
     trees: dict[str, tuple[dict[str, str], float]] = {}
     for r in dcs:
@@ -297,6 +304,8 @@ def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,
     if fan_in < 1:
         raise ValueError(f"fan_in = {fan_in}; allowed: an integer >= 1")
     dcs = list(dcs)
+    import networkx as nx
+
     g = nx.Graph()
     g.add_nodes_from(dcs)
     g.add_edges_from((ln.a, ln.b) for ln in links)
