@@ -111,15 +111,24 @@ def normalize_dtype(dtype: Any) -> str:
 
 
 class Payload:
-    """One array on the wire: a dtype, a shape, and the data (or none: a phantom)."""
+    """One array on the wire: a dtype, a shape, and the data (or none: a phantom).
 
-    __slots__ = ("dtype", "shape", "data", "nbytes")
+    ``owned``: ``data`` is a view of a receive buffer handed over to whoever decoded it
+    (see :func:`decode`'s ``owned``), so the first taker may keep and update it in place
+    instead of copying (:func:`geomx.node.values.from_payload` with ``take=True``).
+    Payloads built from a sender's arrays (the emulator passes them by reference) are
+    never owned.
+    """
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None):
+    __slots__ = ("dtype", "shape", "data", "nbytes", "owned")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None,
+                 owned: bool = False):
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
         self.data = data
         self.nbytes = _ITEMSIZE[dtype] * math.prod(self.shape)
+        self.owned = owned
 
     @classmethod
     def of(cls, array: np.ndarray) -> "Payload":
@@ -298,12 +307,14 @@ def encode_bytes(msg: Message) -> bytes:
 
 
 def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-           copy: bool = False) -> Message:
+           copy: bool = False, owned: bool = False) -> Message:
     """Decode one message; raise :class:`WireError` naming what is wrong.
 
-    With ``copy=False`` payload arrays are read-only views into ``buf`` (zero copy);
-    the caller must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned,
-    writable arrays.
+    With ``copy=False`` payload arrays are views into ``buf`` (zero copy); the caller
+    must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned, writable
+    arrays. ``owned=True`` says ``buf`` is a writable buffer handed over for good (a
+    transport's fresh receive buffer): its views are marked :attr:`Payload.owned`, so
+    a server may keep one as its value without a copy.
     """
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
@@ -343,7 +354,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     off = end
     if kind == Kind.BATCH:
         return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
-                             max_bytes, copy)
+                             max_bytes, copy, owned)
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:
@@ -374,7 +385,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         arr = np.frombuffer(mv[off:off + size], dtype=dt).reshape(shape)
         if copy:
             arr = arr.copy()
-        payloads.append(Payload(dt, shape, arr))
+        payloads.append(Payload(dt, shape, arr, owned=(copy or owned) and arr.flags.writeable))
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
@@ -384,7 +395,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
 
 def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, channel: int,
                   priority: int, meta_len: int, n_payloads: int, max_bytes: int,
-                  copy: bool) -> Message:
+                  copy: bool, owned: bool) -> Message:
     n = mv.nbytes
     if meta_len or n_payloads:
         raise WireError("a batch has no meta and no payloads of its own")
@@ -399,7 +410,7 @@ def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, chan
         if length > n - off:
             raise WireError(f"truncated batch: message {i} needs {length} bytes, {n - off} left")
         try:
-            m = decode(mv[off:off + length], max_bytes=max_bytes, copy=copy)
+            m = decode(mv[off:off + length], max_bytes=max_bytes, copy=copy, owned=owned)
         except WireError as e:
             raise WireError(f"batch message {i}: {e}") from None
         if m.kind == Kind.BATCH or m.src != src or m.dst != dst:

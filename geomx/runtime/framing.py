@@ -181,23 +181,27 @@ class FrameDecoder:
     __slots__ = ("_on_frame", "max_frame_bytes", "_scratch", "_view", "_start", "_end",
                  "_big", "_big_view", "_big_filled", "_big_type", "_big_flags",
                  "frames", "bytes", "_reserve", "_release", "waiting", "_parsing",
-                 "_grow_to")
+                 "_grow_to", "_alloc")
 
     def __init__(self, on_frame: Callable[[int, int, Body], None], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  scratch_bytes: int = SCRATCH_BYTES,
                  reserve: Callable[[int], bool] | None = None,
-                 release: Callable[[int], None] | None = None):
+                 release: Callable[[int], None] | None = None,
+                 alloc: Callable[[int], np.ndarray] | None = None):
         """``reserve(n)`` / ``release(n)``: the owner's budget for bodies of large frames
         held while they arrive (see :class:`geomx.runtime.tcp.TcpTransport`). When
         ``reserve`` says no, parsing stops with ``waiting`` set (the frame's first bytes
         stay in the scratch buffer); the owner stops reading and calls :meth:`retry`
-        once budget is released."""
+        once budget is released. ``alloc(n)``: where the ``uint8`` body of a large frame
+        comes from (a :class:`geomx.runtime.recv_pool.RecvBufferPool`'s ``take``, so
+        its pages are already mapped); a fresh ``numpy.empty`` without one."""
         if scratch_bytes < 4096:
             raise ValueError("scratch_bytes must be >= 4096")
         self._on_frame = on_frame
         self._reserve = reserve
         self._release = release
+        self._alloc = alloc
         self.waiting = False
         self._parsing = False
         self._grow_to = 0
@@ -328,7 +332,8 @@ class FrameDecoder:
                     self.waiting = True
                     return
                 self.waiting = False
-                big = np.empty(length, dtype=np.uint8)
+                big = (np.empty(length, dtype=np.uint8) if self._alloc is None
+                       else self._alloc(length))
                 big_view = memoryview(big)
                 got = have - PREAMBLE_BYTES
                 if got:
@@ -367,11 +372,15 @@ class RejectLog:
         self.logger.log(level, "%s: rejected %s from %s: %s", self.node, category, peer, reason)
 
 
-def decode_message(body: Body, peer: str, rejects: RejectLog, *,
-                   max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message | None:
-    """``wire.decode`` a MESSAGE frame body; on :class:`WireError` log, count, return None."""
+def decode_message(body: Body | memoryview | bytes, peer: str, rejects: RejectLog, *,
+                   max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                   owned: bool = False) -> Message | None:
+    """``wire.decode`` a MESSAGE frame body; on :class:`WireError` log, count, return None.
+
+    ``owned``: the body is the caller's fresh :data:`Body`, handed over (the decoded
+    arrays may be kept as values without a copy; see ``wire.decode``)."""
     try:
-        return wire.decode(body, max_bytes=max_bytes)
+        return wire.decode(body, max_bytes=max_bytes, owned=owned)
     except WireError as e:
         rejects.reject(peer, str(e), "wire")
         return None

@@ -89,6 +89,7 @@ from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ,
                                    Body, RejectLog, decode_message, sequenced_frames)
 from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, UnknownPeer,
                                       parse_address)
+from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.shaper import Shaper
 from geomx.runtime.tcp_conn import CLOSED, HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
@@ -189,6 +190,8 @@ class TcpTransport:
         self.reconnect_timeout_s = reconnect_timeout_s
         self.retain_limit_bytes = retain_limit_bytes
         self._streams = InStreams()
+        # large frames' bodies, reused once the values decoded from them are dropped
+        self._recv_pool = RecvBufferPool()
         self._resume_counts = {"reconnects": 0, "reconnect_failures": 0, "resent_messages": 0,
                                "resent_bytes": 0, "unacked_dropped": 0, "acks_received": 0}
         self._members = AddressBook(name, wait_s=address_wait_s, is_closed=lambda: self.closed)
@@ -419,7 +422,8 @@ class TcpTransport:
     def _on_message_frame(self, conn: Conn, body: Body) -> None:
         counters = self._counters(conn.peer)  # type: ignore[arg-type]
         counters.bytes_received += PREAMBLE_BYTES + len(body)
-        msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes)
+        msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes,
+                             owned=True)  # a fresh body per frame: its arrays are the receiver's
         if msg is None:
             return
         if self.secret is not None and msg.src != conn.peer:
@@ -452,7 +456,7 @@ class TcpTransport:
         if verdict:
             # numbered, so a malformed one is acknowledged like any other (never resent)
             msg = decode_message(memoryview(body)[SEQ_BYTES:], conn.label, self._rejects,
-                                 max_bytes=self.max_frame_bytes)
+                                 max_bytes=self.max_frame_bytes, owned=True)
             if msg is not None and self.secret is not None and msg.src != conn.peer:
                 self._rejects.reject(conn.label, f"message claims src {msg.src!r} but the "
                                      f"connection authenticated as {conn.peer!r}",

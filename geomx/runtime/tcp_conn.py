@@ -100,7 +100,8 @@ class Conn(asyncio.BufferedProtocol):
         self.decoder = FrameDecoder(self._on_frame, max_frame_bytes=MAX_CONTROL_FRAME_BYTES,
                                     scratch_bytes=PRE_HANDSHAKE_SCRATCH_BYTES,
                                     reserve=tr._reserve_frame if incoming else None,
-                                    release=tr._release_frame if incoming else None)
+                                    release=tr._release_frame if incoming else None,
+                                    alloc=tr._recv_pool.take)
         self._control: deque[tuple[int, Body]] = deque()
         self._control_waiter: asyncio.Future | None = None
         self._drain_waiter: asyncio.Future | None = None
