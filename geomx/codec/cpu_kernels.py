@@ -75,6 +75,27 @@ def chunks_for(n: int) -> int:
     return max(1, int(numba.get_num_threads()))
 
 
+#: Elements per chunk of the streaming conversions (fp16/bf16): 1 MiB of fp32.
+STREAM_CHUNK = 1 << 18
+
+
+def stream_chunks(n: int) -> int:
+    """Chunks for an element-wise conversion: many small ones, handed to threads one at
+    a time (:func:`run_streaming`), so a thread the shared host preempts holds back one
+    1 MiB chunk, not half the array (with one chunk per thread the kernel waited for
+    the slowest thread's whole half)."""
+    if n < PARALLEL_MIN:
+        return 1
+    return max(int(numba.get_num_threads()), n // STREAM_CHUNK)
+
+
+def run_streaming(kernel, *args) -> None:
+    """Call a ``prange``-over-chunks kernel with dynamic scheduling (one chunk per grab);
+    results do not depend on the schedule (each chunk writes its own slice)."""
+    with numba.parallel_chunksize(1):
+        kernel(*args)
+
+
 # --------------------------------------------------------------------------- fp16
 #
 # Two implementations, bit-identical (tested against numpy and against each other):
@@ -165,16 +186,26 @@ def _f16_to_f32_bits(hb, quiet_nan):
     return np.uint32(b).view(np.float32)
 
 
+# uint32 constants: with them the NaN fix-up below stays in 32-bit lanes (a plain int
+# literal would widen every lane to int64 and halve the vector width)
+_U32_0x7E00 = np.uint32(0x7E00)
+_U32_0x7C00 = np.uint32(0x7C00)
+_U32_0x1FF = np.uint32(0x1FF)
+_U32_22 = np.uint32(22)
+
+
 @njit(cache=True)
 def _f16_to_f32_hw(hb, quiet_nan):
+    """F16C conversion, made bit-identical to numpy: the hardware quiets a signalling NaN
+    (sets fp32 mantissa bit 22); numpy's portable cast keeps it signalling, so for an
+    sNaN input (exponent all ones, half quiet bit 0x200 clear, payload non-zero) that
+    one bit is cleared again. Branch-free, so the loop vectorises."""
     v = _hw_f16_to_f32(hb)
-    h = np.int64(hb)
-    if (h & 0x7C00) == 0x7C00 and (h & 0x3FF) != 0:  # NaN: numpy's payload convention
-        b = ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13)
-        if quiet_nan:
-            b |= 0x400000
-        v = np.uint32(b).view(np.float32)
-    return v
+    if quiet_nan:
+        return v
+    h = np.uint32(hb)
+    snan = np.uint32(((h & _U32_0x7E00) == _U32_0x7C00) & ((h & _U32_0x1FF) != 0))
+    return np.uint32(np.float32(v).view(np.uint32) & ~(snan << _U32_22)).view(np.float32)
 
 
 @njit(parallel=True, cache=True)
@@ -238,13 +269,15 @@ def f16_to_f32_hw(src, out, quiet_nan, accumulate, nch):
 
 
 def f32_to_f16(src: np.ndarray, dst: np.ndarray, quiet_nan: bool, nch: int) -> None:
-    """fp32 -> fp16 bits with the fastest kernel this CPU has."""
-    (f32_to_f16_hw if USE_F16C else f32_to_f16_bits)(src, dst, quiet_nan, nch)
+    """fp32 -> fp16 bits with the fastest kernel this CPU has (``nch``: see
+    :func:`stream_chunks`)."""
+    run_streaming(f32_to_f16_hw if USE_F16C else f32_to_f16_bits, src, dst, quiet_nan, nch)
 
 
 def f16_to_f32(src: np.ndarray, out: np.ndarray, quiet_nan: bool, accumulate: bool, nch: int) -> None:
     """fp16 bits -> fp32 (or +=) with the fastest kernel this CPU has."""
-    (f16_to_f32_hw if USE_F16C else f16_to_f32_bits)(src, out, quiet_nan, accumulate, nch)
+    run_streaming(f16_to_f32_hw if USE_F16C else f16_to_f32_bits, src, out, quiet_nan,
+                  accumulate, nch)
 
 
 # --------------------------------------------------------------------------- bf16
