@@ -25,8 +25,7 @@ class BF16Codec(HalfWidthCodec):
     def _encode_cpu(self, flat: np.ndarray) -> np.ndarray:
         f32 = flat if flat.dtype == np.float32 else flat.astype(np.float32)
         out = np.empty(f32.shape[0], dtype=np.uint16)
-        cpu_kernels.run_streaming(cpu_kernels.f32_to_bf16, f32.view(np.uint32), out,
-                                  cpu_kernels.stream_chunks(out.size))
+        cpu_kernels.f32_to_bf16(f32.view(np.uint32), out, cpu_kernels.chunks_for(out.size))
         return out
 
     def _encode_cuda(self, flat: Any, dtype: np.dtype) -> Any:
@@ -36,8 +35,7 @@ class BF16Codec(HalfWidthCodec):
 
     @classmethod
     def _bits_to_f32_cpu(cls, u16, out, accumulate):
-        cpu_kernels.run_streaming(cpu_kernels.bf16_to_f32, u16, out, accumulate,
-                                  cpu_kernels.stream_chunks(u16.size))
+        cpu_kernels.bf16_to_f32(u16, out, accumulate, cpu_kernels.chunks_for(u16.size))
 
     @classmethod
     def _bits_to_f32_cuda(cls, u16, out, accumulate):

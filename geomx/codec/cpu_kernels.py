@@ -75,27 +75,6 @@ def chunks_for(n: int) -> int:
     return max(1, int(numba.get_num_threads()))
 
 
-#: Elements per chunk of the streaming conversions (fp16/bf16): 1 MiB of fp32.
-STREAM_CHUNK = 1 << 18
-
-
-def stream_chunks(n: int) -> int:
-    """Chunks for an element-wise conversion: many small ones, handed to threads one at
-    a time (:func:`run_streaming`), so a thread the shared host preempts holds back one
-    1 MiB chunk, not half the array (with one chunk per thread the kernel waited for
-    the slowest thread's whole half)."""
-    if n < PARALLEL_MIN:
-        return 1
-    return max(int(numba.get_num_threads()), n // STREAM_CHUNK)
-
-
-def run_streaming(kernel, *args) -> None:
-    """Call a ``prange``-over-chunks kernel with dynamic scheduling (one chunk per grab);
-    results do not depend on the schedule (each chunk writes its own slice)."""
-    with numba.parallel_chunksize(1):
-        kernel(*args)
-
-
 # --------------------------------------------------------------------------- fp16
 #
 # Two implementations, bit-identical (tested against numpy and against each other):
@@ -269,15 +248,13 @@ def f16_to_f32_hw(src, out, quiet_nan, accumulate, nch):
 
 
 def f32_to_f16(src: np.ndarray, dst: np.ndarray, quiet_nan: bool, nch: int) -> None:
-    """fp32 -> fp16 bits with the fastest kernel this CPU has (``nch``: see
-    :func:`stream_chunks`)."""
-    run_streaming(f32_to_f16_hw if USE_F16C else f32_to_f16_bits, src, dst, quiet_nan, nch)
+    """fp32 -> fp16 bits with the fastest kernel this CPU has."""
+    (f32_to_f16_hw if USE_F16C else f32_to_f16_bits)(src, dst, quiet_nan, nch)
 
 
 def f16_to_f32(src: np.ndarray, out: np.ndarray, quiet_nan: bool, accumulate: bool, nch: int) -> None:
     """fp16 bits -> fp32 (or +=) with the fastest kernel this CPU has."""
-    run_streaming(f16_to_f32_hw if USE_F16C else f16_to_f32_bits, src, out, quiet_nan,
-                  accumulate, nch)
+    (f16_to_f32_hw if USE_F16C else f16_to_f32_bits)(src, out, quiet_nan, accumulate, nch)
 
 
 # --------------------------------------------------------------------------- bf16

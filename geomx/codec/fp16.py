@@ -117,7 +117,7 @@ class FP16Codec(HalfWidthCodec):
                 return flat.astype(np.float16)
         quiet, _ = numpy_nan_modes()
         out = np.empty(flat.shape[0], dtype=np.uint16)
-        cpu_kernels.f32_to_f16(flat, out, quiet, cpu_kernels.stream_chunks(out.size))
+        cpu_kernels.f32_to_f16(flat, out, quiet, cpu_kernels.chunks_for(out.size))
         return out.view(np.float16)
 
     def _encode_cuda(self, flat: Any, dtype: np.dtype) -> Any:
@@ -132,8 +132,7 @@ class FP16Codec(HalfWidthCodec):
     @classmethod
     def _bits_to_f32_cpu(cls, u16, out, accumulate):
         _, quiet = numpy_nan_modes()
-        cpu_kernels.f16_to_f32(u16, out, quiet, accumulate,
-                               cpu_kernels.stream_chunks(u16.size))
+        cpu_kernels.f16_to_f32(u16, out, quiet, accumulate, cpu_kernels.chunks_for(u16.size))
 
     @classmethod
     def _bits_to_f32_cuda(cls, u16, out, accumulate):
