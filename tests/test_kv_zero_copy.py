@@ -88,3 +88,16 @@ def test_recv_pool_reuses_free_buffers_and_stays_bounded():
     assert pool.take(50).nbytes == 50  # small: never pooled
     with pytest.raises(ValueError):
         RecvBufferPool(max_bytes=-1)
+
+
+def test_pull_without_out_returns_the_owned_value_and_relayed_payloads_are_copied():
+    from geomx.node.link_codec import LinkCodec
+
+    arr = np.arange(64, dtype=np.float32).reshape(8, 8)
+    reply = wire.decode(bytearray(wire.encode_bytes(_msg(arr))), owned=True)
+    codec = LinkCodec(None)  # dense
+    taken = codec.decode(reply)
+    assert np.shares_memory(taken, reply.payloads[0].data)
+    relayed = wire.decode(bytearray(wire.encode_bytes(_msg(arr))), owned=True)
+    relayed.payloads[0].owned = False  # what ts_overlay.on_relay does before forwarding
+    assert not np.shares_memory(codec.decode(relayed), relayed.payloads[0].data)
