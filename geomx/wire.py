@@ -306,18 +306,55 @@ def encode_bytes(msg: Message) -> bytes:
     return b"".join(bytes(f) if isinstance(f, memoryview) else f for f in encode(msg))
 
 
+def peek_single_payload(buf: bytes | bytearray | memoryview) -> tuple[int, int, int, str,
+                                                                      int] | None:
+    """``(kind, request_id, data_offset, dtype, nbytes)`` of a message that carries exactly
+    one real payload, its data last, and no meta; None for any other message or when
+    ``buf`` (the first bytes of an encoded message) ends before the payload's data starts.
+
+    A transport uses it to receive such a payload straight into a buffer the receiver
+    named in advance (a pull into the caller's ``out``); :func:`decode` with
+    ``external`` then checks everything as usual."""
+    mv = memoryview(buf).cast("B")
+    if mv.nbytes < _HEADER.size:
+        return None
+    (magic, version, kind, _channel, n_payloads, _flags, src_len, dst_len, meta_len,
+     _key, _part, _ver, request_id, _priority) = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC or version != WIRE_VERSION or n_payloads != 1 or meta_len \
+            or kind == Kind.BATCH:
+        return None
+    off = _HEADER.size + src_len + dst_len
+    if off + _DESC.size > mv.nbytes:
+        return None
+    code, ndim, phantom = _DESC.unpack_from(mv, off)
+    off += _DESC.size
+    if code not in _CODE_DTYPES or phantom or ndim > MAX_NDIM or off + 8 * ndim > mv.nbytes:
+        return None
+    shape = struct.unpack_from(f"<{ndim}q", mv, off)
+    if any(d < 0 for d in shape):
+        return None
+    dt = _CODE_DTYPES[code]
+    return kind, request_id, off + 8 * ndim, dt, _ITEMSIZE[dt] * math.prod(shape)
+
+
 def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-           copy: bool = False, owned: bool = False) -> Message:
+           copy: bool = False, owned: bool = False,
+           external: np.ndarray | None = None) -> Message:
     """Decode one message; raise :class:`WireError` naming what is wrong.
 
     With ``copy=False`` payload arrays are views into ``buf`` (zero copy); the caller
     must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned, writable
     arrays. ``owned=True`` says ``buf`` is a writable buffer handed over for good (a
     transport's fresh receive buffer): its views are marked :attr:`Payload.owned`, so
-    a server may keep one as its value without a copy.
+    a server may keep one as its value without a copy. ``external``: the message's last
+    payload was received straight into this array (see :func:`peek_single_payload`);
+    ``buf`` holds the rest, and the payload is a view of ``external`` (owned: the
+    receiver named that buffer for this message).
     """
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
+    if external is not None and n + external.nbytes > max_bytes:
+        raise WireError(f"frame of {n + external.nbytes} bytes exceeds the limit of {max_bytes}")
     if n > max_bytes:
         raise WireError(f"frame of {n} bytes exceeds the limit of {max_bytes}")
     if n < _HEADER.size:
@@ -380,6 +417,15 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             payloads.append(Payload(dt, shape, None))
             continue
         size = _ITEMSIZE[dt] * math.prod(shape)
+        if external is not None and i == len(descs) - 1 and off == n:
+            if size != external.nbytes:
+                raise WireError(f"payload {i} has {size} bytes, its buffer {external.nbytes}")
+            arr = np.frombuffer(memoryview(external).cast("B"), dtype=dt).reshape(shape)
+            # the receiver's own buffer, named for this reply: its to keep
+            payloads.append(Payload(dt, shape, arr.copy() if copy else arr,
+                                    owned=arr.flags.writeable))
+            external = None
+            continue
         if size > n - off:
             raise WireError(f"truncated frame: payload {i} needs {size} bytes, {n - off} left")
         arr = np.frombuffer(mv[off:off + size], dtype=dt).reshape(shape)
@@ -389,6 +435,8 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
+    if external is not None:
+        raise WireError("the message has no payload for its separately received data")
     return Message(Kind(kind), src, dst, key, part, ver, request_id, priority, channel, meta,
                    payloads)
 

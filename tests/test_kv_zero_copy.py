@@ -1,6 +1,8 @@
 """The large-value path of push/pull copies nothing it does not have to, and what it
 sends without a copy cannot change under the transport (frozen / reused only when free)."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -101,3 +103,89 @@ def test_pull_without_out_returns_the_owned_value_and_relayed_payloads_are_copie
     relayed = wire.decode(bytearray(wire.encode_bytes(_msg(arr))), owned=True)
     relayed.payloads[0].owned = False  # what ts_overlay.on_relay does before forwarding
     assert not np.shares_memory(codec.decode(relayed), relayed.payloads[0].data)
+
+
+def test_peek_and_decode_external_payload():
+    a = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    m = wire.Message(wire.Kind.PULL_REPLY, "s", "w", key=1, request_id=9,
+                     payloads=[wire.Payload.of(a)])
+    b = wire.encode_bytes(m)
+    kind, rid, off, dt, nbytes = wire.peek_single_payload(b[:200])
+    assert (kind, rid, dt, nbytes, off + nbytes) == (wire.Kind.PULL_REPLY, 9, "<f4", 4000, len(b))
+    assert wire.peek_single_payload(b[:off - 1]) is None  # shape not all here yet
+    with_meta = wire.Message(wire.Kind.PULL_REPLY, "s", "w", meta={"codec": "fp16"},
+                             payloads=[wire.Payload.of(a)])
+    assert wire.peek_single_payload(wire.encode_bytes(with_meta)) is None
+    sink = np.empty(1000, np.float32)
+    sink.view(np.uint8)[:] = np.frombuffer(b[off:], np.uint8)
+    got = wire.decode(bytearray(b[:off]), external=sink)
+    assert np.shares_memory(got.payloads[0].data, sink) and got.payloads[0].owned
+    np.testing.assert_array_equal(got.payloads[0].data, a)
+    with pytest.raises(wire.WireError, match="its buffer"):
+        wire.decode(bytearray(b[:off]), external=np.empty(999, np.float32))
+    with pytest.raises(wire.WireError, match="no payload"):
+        wire.decode(bytearray(b), external=sink)
+
+
+def test_frame_decoder_routes_a_large_body_into_the_sink():
+    from geomx.runtime import framing
+
+    data = np.arange(50_000, dtype=np.float32)
+    m = wire.Message(wire.Kind.PULL_REPLY, "s", "w", request_id=4, payloads=[wire.Payload.of(data)])
+    frames, total = framing.message_frames(m)
+    stream = b"".join(bytes(f) for f in frames)
+    sink = np.zeros(50_000, np.float32)
+    got = []
+
+    def route(ftype, first, length):
+        kind, rid, off, dt, nbytes = wire.peek_single_payload(first)
+        return (off, sink) if rid == 4 and off + nbytes == length else None
+
+    dec = framing.FrameDecoder(lambda t, f, body: got.append(body), route=route)
+    for lo in range(0, len(stream), 7000):  # arbitrary recv sizes
+        piece = stream[lo:lo + 7000]
+        done = 0
+        while done < len(piece):
+            buf = dec.get_buffer()
+            k = min(len(buf), len(piece) - done)
+            buf[:k] = piece[done:done + k]
+            dec.buffer_updated(k)
+            done += k
+    assert len(got) == 1 and isinstance(got[0], framing.SplitBody) and got[0].tail is sink
+    assert len(got[0]) == total - framing.PREAMBLE_BYTES
+    np.testing.assert_array_equal(sink, data)
+    rej = framing.RejectLog("w")
+    msg = framing.decode_message(got[0], "s", rej)
+    assert np.shares_memory(msg.payloads[0].data, sink)
+
+
+def test_transport_receives_a_named_reply_into_the_callers_array():
+    from geomx.runtime import eventloop
+    from geomx.runtime.tcp import TcpTransport
+
+    async def main():
+        a, b = TcpTransport("a"), TcpTransport("b")
+        for t in (a, b):
+            await t.start()
+        book = {t.name: t.local_address() for t in (a, b)}
+        for t in (a, b):
+            t.set_address_book(book)
+        data = np.random.default_rng(0).standard_normal(600_000).astype(np.float32)
+        out = np.zeros_like(data)
+        b.receive_into("a", 11, out)
+        await a.send(wire.Message(wire.Kind.PULL_REPLY, "a", "b", request_id=11,
+                                  payloads=[wire.Payload.of(data)]))
+        got = await b.recv()
+        assert np.shares_memory(got.payloads[0].data, out)
+        np.testing.assert_array_equal(out, data)
+        b.forget_receive(11)
+        # not named (another request id / after forget): a buffer of its own
+        await a.send(wire.Message(wire.Kind.PULL_REPLY, "a", "b", request_id=11,
+                                  payloads=[wire.Payload.of(data * 2)]))
+        got = await b.recv()
+        assert not np.shares_memory(got.payloads[0].data, out)
+        np.testing.assert_array_equal(out, data)
+        for t in (a, b):
+            await t.close()
+
+    eventloop.run(asyncio.wait_for(main(), 30))

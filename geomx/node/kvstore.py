@@ -446,8 +446,11 @@ class KVStore:
             self._learn(replies)
         if replies is None:
             prio = priority if self.p3.enabled else 0
+            # one dense part: the reply may be read from the socket straight into ``out``
+            sink = _sink(out, dtype) if len(parts) == 1 else None
             requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server],
-                                             key=key, part=p.index, priority=prio))
+                                             key=key, part=p.index, priority=prio),
+                                     sink=sink)
                         for p in parts]
             replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
             self._learn(replies)
@@ -473,7 +476,8 @@ class KVStore:
             if is_phantom(out) or is_phantom(value):
                 continue
             if len(parts) == 1:
-                np.copyto(out, value.reshape(out.shape), casting="unsafe")
+                if not (value.nbytes == out.nbytes and value.ctypes.data == out.ctypes.data):
+                    np.copyto(out, value.reshape(out.shape), casting="unsafe")
             else:
                 out.reshape(-1)[p.lo:p.hi] = value.reshape(-1)
         return out
@@ -688,6 +692,20 @@ def check_kvstore_type(type_: str, sync: dict[str, Any]) -> bool:
         raise KVStoreError(f"kvstore type {type_!r} conflicts with the scenario's [sync] "
                            f"algorithm = {algo!r}; {fix}")
     return False
+
+
+#: Pulls of at least this many bytes into an ``out`` array ask to be received into it.
+SINK_MIN_BYTES = 1 << 20
+
+
+def _sink(out: Any, wire_dtype: str) -> np.ndarray | None:
+    """``out`` when a pull reply can be received straight into it: a writable C-contiguous
+    array of the wire dtype, large enough for the saved copy to matter."""
+    if (isinstance(out, np.ndarray) and out.nbytes >= SINK_MIN_BYTES
+            and out.flags.c_contiguous and out.flags.writeable
+            and out.dtype.str == np.dtype(wire_dtype).str):
+        return out
+    return None
 
 
 def _payload(v: Any) -> Payload:
