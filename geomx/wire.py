@@ -111,15 +111,24 @@ def normalize_dtype(dtype: Any) -> str:
 
 
 class Payload:
-    """One array on the wire: a dtype, a shape, and the data (or none: a phantom)."""
+    """One array on the wire: a dtype, a shape, and the data (or none: a phantom).
 
-    __slots__ = ("dtype", "shape", "data", "nbytes")
+    ``owned``: ``data`` is a view of a receive buffer handed over to whoever decoded it
+    (see :func:`decode`'s ``owned``), so the first taker may keep and update it in place
+    instead of copying (:func:`geomx.node.values.from_payload` with ``take=True``).
+    Payloads built from a sender's arrays (the emulator passes them by reference) are
+    never owned.
+    """
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None):
+    __slots__ = ("dtype", "shape", "data", "nbytes", "owned")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None,
+                 owned: bool = False):
         self.dtype = dtype
         self.shape = tuple(int(d) for d in shape)
         self.data = data
         self.nbytes = _ITEMSIZE[dtype] * math.prod(self.shape)
+        self.owned = owned
 
     @classmethod
     def of(cls, array: np.ndarray) -> "Payload":
@@ -297,16 +306,55 @@ def encode_bytes(msg: Message) -> bytes:
     return b"".join(bytes(f) if isinstance(f, memoryview) else f for f in encode(msg))
 
 
+def peek_single_payload(buf: bytes | bytearray | memoryview) -> tuple[int, int, int, str,
+                                                                      int] | None:
+    """``(kind, request_id, data_offset, dtype, nbytes)`` of a message that carries exactly
+    one real payload, its data last, and no meta; None for any other message or when
+    ``buf`` (the first bytes of an encoded message) ends before the payload's data starts.
+
+    A transport uses it to receive such a payload straight into a buffer the receiver
+    named in advance (a pull into the caller's ``out``); :func:`decode` with
+    ``external`` then checks everything as usual."""
+    mv = memoryview(buf).cast("B")
+    if mv.nbytes < _HEADER.size:
+        return None
+    (magic, version, kind, _channel, n_payloads, _flags, src_len, dst_len, meta_len,
+     _key, _part, _ver, request_id, _priority) = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC or version != WIRE_VERSION or n_payloads != 1 or meta_len \
+            or kind == Kind.BATCH:
+        return None
+    off = _HEADER.size + src_len + dst_len
+    if off + _DESC.size > mv.nbytes:
+        return None
+    code, ndim, phantom = _DESC.unpack_from(mv, off)
+    off += _DESC.size
+    if code not in _CODE_DTYPES or phantom or ndim > MAX_NDIM or off + 8 * ndim > mv.nbytes:
+        return None
+    shape = struct.unpack_from(f"<{ndim}q", mv, off)
+    if any(d < 0 for d in shape):
+        return None
+    dt = _CODE_DTYPES[code]
+    return kind, request_id, off + 8 * ndim, dt, _ITEMSIZE[dt] * math.prod(shape)
+
+
 def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-           copy: bool = False) -> Message:
+           copy: bool = False, owned: bool = False,
+           external: np.ndarray | None = None) -> Message:
     """Decode one message; raise :class:`WireError` naming what is wrong.
 
-    With ``copy=False`` payload arrays are read-only views into ``buf`` (zero copy);
-    the caller must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned,
-    writable arrays.
+    With ``copy=False`` payload arrays are views into ``buf`` (zero copy); the caller
+    must keep ``buf`` alive and not mutate it. ``copy=True`` gives owned, writable
+    arrays. ``owned=True`` says ``buf`` is a writable buffer handed over for good (a
+    transport's fresh receive buffer): its views are marked :attr:`Payload.owned`, so
+    a server may keep one as its value without a copy. ``external``: the message's last
+    payload was received straight into this array (see :func:`peek_single_payload`);
+    ``buf`` holds the rest, and the payload is a view of ``external`` (owned: the
+    receiver named that buffer for this message).
     """
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
+    if external is not None and n + external.nbytes > max_bytes:
+        raise WireError(f"frame of {n + external.nbytes} bytes exceeds the limit of {max_bytes}")
     if n > max_bytes:
         raise WireError(f"frame of {n} bytes exceeds the limit of {max_bytes}")
     if n < _HEADER.size:
@@ -343,7 +391,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     off = end
     if kind == Kind.BATCH:
         return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
-                             max_bytes, copy)
+                             max_bytes, copy, owned)
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:
@@ -369,22 +417,33 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             payloads.append(Payload(dt, shape, None))
             continue
         size = _ITEMSIZE[dt] * math.prod(shape)
+        if external is not None and i == len(descs) - 1 and off == n:
+            if size != external.nbytes:
+                raise WireError(f"payload {i} has {size} bytes, its buffer {external.nbytes}")
+            arr = np.frombuffer(memoryview(external).cast("B"), dtype=dt).reshape(shape)
+            # the receiver's own buffer, named for this reply: its to keep
+            payloads.append(Payload(dt, shape, arr.copy() if copy else arr,
+                                    owned=arr.flags.writeable))
+            external = None
+            continue
         if size > n - off:
             raise WireError(f"truncated frame: payload {i} needs {size} bytes, {n - off} left")
         arr = np.frombuffer(mv[off:off + size], dtype=dt).reshape(shape)
         if copy:
             arr = arr.copy()
-        payloads.append(Payload(dt, shape, arr))
+        payloads.append(Payload(dt, shape, arr, owned=(copy or owned) and arr.flags.writeable))
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
+    if external is not None:
+        raise WireError("the message has no payload for its separately received data")
     return Message(Kind(kind), src, dst, key, part, ver, request_id, priority, channel, meta,
                    payloads)
 
 
 def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, channel: int,
                   priority: int, meta_len: int, n_payloads: int, max_bytes: int,
-                  copy: bool) -> Message:
+                  copy: bool, owned: bool) -> Message:
     n = mv.nbytes
     if meta_len or n_payloads:
         raise WireError("a batch has no meta and no payloads of its own")
@@ -399,7 +458,7 @@ def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, chan
         if length > n - off:
             raise WireError(f"truncated batch: message {i} needs {length} bytes, {n - off} left")
         try:
-            m = decode(mv[off:off + length], max_bytes=max_bytes, copy=copy)
+            m = decode(mv[off:off + length], max_bytes=max_bytes, copy=copy, owned=owned)
         except WireError as e:
             raise WireError(f"batch message {i}: {e}") from None
         if m.kind == Kind.BATCH or m.src != src or m.dst != dst:

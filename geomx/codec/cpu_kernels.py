@@ -165,16 +165,26 @@ def _f16_to_f32_bits(hb, quiet_nan):
     return np.uint32(b).view(np.float32)
 
 
+# uint32 constants: with them the NaN fix-up below stays in 32-bit lanes (a plain int
+# literal would widen every lane to int64 and halve the vector width)
+_U32_0x7E00 = np.uint32(0x7E00)
+_U32_0x7C00 = np.uint32(0x7C00)
+_U32_0x1FF = np.uint32(0x1FF)
+_U32_22 = np.uint32(22)
+
+
 @njit(cache=True)
 def _f16_to_f32_hw(hb, quiet_nan):
+    """F16C conversion, made bit-identical to numpy: the hardware quiets a signalling NaN
+    (sets fp32 mantissa bit 22); numpy's portable cast keeps it signalling, so for an
+    sNaN input (exponent all ones, half quiet bit 0x200 clear, payload non-zero) that
+    one bit is cleared again. Branch-free, so the loop vectorises."""
     v = _hw_f16_to_f32(hb)
-    h = np.int64(hb)
-    if (h & 0x7C00) == 0x7C00 and (h & 0x3FF) != 0:  # NaN: numpy's payload convention
-        b = ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13)
-        if quiet_nan:
-            b |= 0x400000
-        v = np.uint32(b).view(np.float32)
-    return v
+    if quiet_nan:
+        return v
+    h = np.uint32(hb)
+    snan = np.uint32(((h & _U32_0x7E00) == _U32_0x7C00) & ((h & _U32_0x1FF) != 0))
+    return np.uint32(np.float32(v).view(np.uint32) & ~(snan << _U32_22)).view(np.float32)
 
 
 @njit(parallel=True, cache=True)

@@ -166,8 +166,13 @@ class Node:
         self._outbox_seq += 1
         q.put_nowait((-msg.priority, self._outbox_seq, msg))
 
-    async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
+    async def request(self, msg: Message, *, timeout_s: float | None = None,
+                      sink: Any = None) -> Message:
         """Send ``msg`` with a fresh request id and wait for its reply.
+
+        ``sink``: an array the reply's one dense payload may be received straight into,
+        when the transport can (the TCP transport's ``receive_into``); the reply's payload
+        is then a view of ``sink``.
 
         ``timeout_s=None`` applies the node's ``request_timeout_s``: past it the node fails
         with a :class:`NodeFailure` naming the peer and the request (a reply that cannot
@@ -181,6 +186,9 @@ class Node:
         self._pending[rid] = fut
         if msg.dst in self.replaceable_peers:
             self._resendable[rid] = msg
+        into = None if sink is None else getattr(self.transport, "receive_into", None)
+        if into is not None:
+            into(msg.dst, rid, sink)
         self.post(msg)
         bound = timeout_s
         if bound is None and self.request_timeout_s > 0:
@@ -204,6 +212,8 @@ class Node:
                 timer.cancel()
             self._pending.pop(rid, None)
             self._resendable.pop(rid, None)
+            if into is not None:
+                self.transport.forget_receive(rid)
         if reply.kind == Kind.ERROR:
             raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
                               f"{reply.meta.get('reason', '?')}")

@@ -30,7 +30,7 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
-from geomx.node.values import Value, add_into, from_payload, is_phantom
+from geomx.node.values import Value, add_into, freeze, from_payload, is_phantom, thaw
 from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
 from geomx.sched.p3 import wants_fused_reply
 from geomx.sched.tsengine import TS_FROM, TS_META, TsSettings
@@ -57,11 +57,6 @@ class Slot:
     waiting_pulls: list[Message] = field(default_factory=list)
     opt_state: Any = None
     contributors: set[str] = field(default_factory=set)
-
-
-def _snapshot(v: Value) -> Value:
-    """A copy the optimizer's next in-place update cannot change while it is relayed."""
-    return v if is_phantom(v) else v.copy()
 
 
 def switch_sync(node: Any, algorithm: Any) -> str:
@@ -336,6 +331,7 @@ class GlobalServer(Node):
         elif not is_phantom(slot.store) and not is_phantom(grad):
             if slot.opt_state is None:
                 slot.opt_state = self.optimizer.create_state(key, slot.store)
+            slot.store = thaw(slot.store)  # copy-on-write: a pull reply may still send it
             self.optimizer.update(key, slot.store, grad, slot.opt_state, sender=sender)
         slot.version += 1
         if self.ckpt.enabled:
@@ -345,7 +341,7 @@ class GlobalServer(Node):
         if TS_META in msg.meta and self.ts is not None:
             # TSEngine: the merge was acknowledged on arrival; the new value goes out by
             # the overlay broadcast (once per round, whichever merge completed it)
-            payloads, meta = self.codec.encode_pull(msg.key, _snapshot(slot.store),
+            payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store),
                                                     tier="wan",
                                                     weights=self.optimizer is not None)
             if self.stop_requested:
@@ -392,7 +388,11 @@ class GlobalServer(Node):
             self.optimizer.note_pull(msg.key, msg.src, slot.store)
         # the initial pull carries weights even without an optimizer: never sparsify it
         dense = self.optimizer is not None or bool(msg.meta.get("initial"))
-        payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="wan", weights=dense)
+        # the reply sends the store itself, frozen (no snapshot copy per pull): the next
+        # in-place update copies it first (apply_update's thaw), so queued replies and
+        # the resend window keep the value they were given
+        payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
+                                                weights=dense)
         if self.stop_requested:
             meta["stop"] = True
         self._mark_checkpoint(meta, slot)

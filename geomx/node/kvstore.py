@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from geomx.node.values import flat_slice, is_phantom, write_slice
+from geomx.node.push_snapshots import PushSnapshots
+from geomx.node.values import flat_slice, freeze, is_phantom, write_slice
 from geomx.sched.p3 import FUSE_META, P3Config, P3Error, slices_of
 from geomx.sched.placement import place
 from geomx.wire import Kind, Message, Payload
@@ -89,6 +90,8 @@ class KVStore:
         self._wire_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
         #: wire key -> the fused push replies (P3) that the next pull is served from
         self._fused: dict[int, list[Message]] = {}
+        #: the buffers large pushes are snapshot into, reused from push to push
+        self._snapshots = PushSnapshots()
         self.p3 = P3Config.from_sched(getattr(job, "sched", None) or {})
         self._placement: dict[int, list[Any]] = {}
         self._inflight: dict[int, asyncio.Task[Any]] = {}
@@ -196,8 +199,7 @@ class KVStore:
             raise KVStoreError(f"{len(keys)} keys but {len(values)} values")
         return [(self._key(k), v) for k, v in zip(keys, values)]
 
-    @staticmethod
-    def _merge_devices(key: int, value: Any) -> Any:
+    def _merge_devices(self, key: int, value: Any) -> Any:
         """MXNet sums the values several devices push for one key; a snapshot otherwise
         (the engine orders a later write to ``value`` after the push has read it)."""
         if isinstance(value, (list, tuple)):
@@ -210,10 +212,12 @@ class KVStore:
             total = arrays[0].copy()
             for a in arrays[1:]:
                 total += a
-            return total
+            return freeze(total)
         if isinstance(value, Payload):
             return value
-        return np.array(value, copy=True)
+        # the one copy of a push: frozen, it is sent as it is (no second snapshot by the
+        # link codec) and the transport's resend window holds views of it, not copies
+        return self._snapshots.take(key, value)
 
     def _ordered(self, coro_fn: Any, *, after: list[asyncio.Task[Any] | None]) -> asyncio.Task[Any]:
         """Run ``coro_fn()`` as a node-owned task (cancelled when the node stops; a failure
@@ -452,8 +456,11 @@ class KVStore:
             self._learn(replies)
         if replies is None:
             prio = priority if self.p3.enabled else 0
+            # one dense part: the reply may be read from the socket straight into ``out``
+            sink = _sink(out, dtype) if len(parts) == 1 else None
             requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server],
-                                             key=key, part=p.index, priority=prio))
+                                             key=key, part=p.index, priority=prio),
+                                     sink=sink)
                         for p in parts]
             replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
             self._learn(replies)
@@ -463,6 +470,13 @@ class KVStore:
                 replies: Sequence[Message], out: Any) -> Any:
         """Decode a pull's replies (one per part) into ``out`` (a new array if None)."""
         node = self._node
+        if out is None and len(parts) == 1:
+            # the decoded reply is this worker's own (a received buffer, or a copy)
+            value = node.lan_codec.decode(replies[0])
+            if is_phantom(value):
+                return Payload.phantom(shape, dtype)
+            value = value.reshape(shape)
+            return value if value.dtype == np.dtype(dtype) else value.astype(dtype)
         if out is None:
             out = (Payload.phantom(shape, dtype) if replies[0].payloads[0].is_phantom
                    else np.empty(shape, dtype=dtype))
@@ -472,7 +486,8 @@ class KVStore:
             if is_phantom(out) or is_phantom(value):
                 continue
             if len(parts) == 1:
-                np.copyto(out, value.reshape(out.shape), casting="unsafe")
+                if not (value.nbytes == out.nbytes and value.ctypes.data == out.ctypes.data):
+                    np.copyto(out, value.reshape(out.shape), casting="unsafe")
             else:
                 out.reshape(-1)[p.lo:p.hi] = value.reshape(-1)
         return out
@@ -703,6 +718,20 @@ def check_kvstore_type(type_: str, sync: dict[str, Any]) -> bool:
         raise KVStoreError(f"kvstore type {type_!r} conflicts with the scenario's [sync] "
                            f"algorithm = {algo!r}; {fix}")
     return False
+
+
+#: Pulls of at least this many bytes into an ``out`` array ask to be received into it.
+SINK_MIN_BYTES = 1 << 20
+
+
+def _sink(out: Any, wire_dtype: str) -> np.ndarray | None:
+    """``out`` when a pull reply can be received straight into it: a writable C-contiguous
+    array of the wire dtype, large enough for the saved copy to matter."""
+    if (isinstance(out, np.ndarray) and out.nbytes >= SINK_MIN_BYTES
+            and out.flags.c_contiguous and out.flags.writeable
+            and out.dtype.str == np.dtype(wire_dtype).str):
+        return out
+    return None
 
 
 def _payload(v: Any) -> Payload:

@@ -109,7 +109,7 @@ class LinkCodec:
             raise ValueError(f"payload has {p.num_elements} elements, key {msg.key} has {like.size}")
         if like is not None and is_phantom(like) != p.is_phantom:
             raise ValueError("phantom/real payload mismatch")
-        v = from_payload(p)
+        v = from_payload(p, take=True)
         if like is not None and not is_phantom(like):
             v = v.reshape(like.shape)
             if v.dtype != like.dtype:
@@ -155,7 +155,11 @@ def _phantom(specs: list[Any], name: str, like: Payload) -> tuple[list[Payload],
 
 def _dense(value: Value) -> Payload:
     """A dense payload holding a *copy*: the sender may update its array in place (an
-    optimizer step) before the bytes leave, in either runtime."""
+    optimizer step) before the bytes leave, in either runtime -- unless the array is
+    read-only (:func:`geomx.node.values.freeze`: a snapshot its owner no longer writes,
+    or copies before writing), which is sent as it is."""
     if isinstance(value, Payload):
         return value
+    if not value.flags.writeable and value.flags.c_contiguous:
+        return Payload.of(value)
     return Payload.of(np.array(value, copy=True, order="C"))

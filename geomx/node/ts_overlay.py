@@ -299,6 +299,8 @@ class OverlayPeer:
                 (k in self._latest and self._latest[k].version >= msg.version):
             return  # a duplicate
         meta = {m: v for m, v in msg.meta.items() if m != TS_META}
+        for p in msg.payloads:
+            p.owned = False  # forwarded as they are: whoever decodes them must copy
         self._start_relay(msg.key, msg.part, msg.version, list(msg.payloads), meta)
         self._latest[k] = msg
         self._event(k).set()

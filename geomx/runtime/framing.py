@@ -74,9 +74,25 @@ MAX_CONTROL_FRAME_BYTES = 4096
 SCRATCH_BYTES = 64 * 1024
 
 
+class SplitBody:
+    """A large frame body received in two places: ``head`` (its first bytes, a
+    ``bytearray``) and ``tail`` (the rest, read straight into an array the receiver
+    named in advance through the decoder's ``route``; see :func:`wire.peek_single_payload`)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: bytearray, tail: np.ndarray):
+        self.head = head
+        self.tail = tail
+
+    def __len__(self) -> int:
+        return len(self.head) + self.tail.nbytes
+
+
 #: A frame body handed to ``on_frame``: a ``bytearray`` (small frames) or a 1-D
-#: ``numpy.uint8`` array (large frames). Both are writable and owned by the callee.
-Body = Union[bytearray, np.ndarray]
+#: ``numpy.uint8`` array (large frames), both writable and owned by the callee, or a
+#: :class:`SplitBody` (a large frame routed into a receiver's buffer).
+Body = Union[bytearray, np.ndarray, SplitBody]
 
 
 class FrameType(enum.IntEnum):
@@ -181,23 +197,34 @@ class FrameDecoder:
     __slots__ = ("_on_frame", "max_frame_bytes", "_scratch", "_view", "_start", "_end",
                  "_big", "_big_view", "_big_filled", "_big_type", "_big_flags",
                  "frames", "bytes", "_reserve", "_release", "waiting", "_parsing",
-                 "_grow_to")
+                 "_grow_to", "_alloc", "_route", "_big_len")
 
     def __init__(self, on_frame: Callable[[int, int, Body], None], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
                  scratch_bytes: int = SCRATCH_BYTES,
                  reserve: Callable[[int], bool] | None = None,
-                 release: Callable[[int], None] | None = None):
+                 release: Callable[[int], None] | None = None,
+                 alloc: Callable[[int], np.ndarray] | None = None,
+                 route: Callable[[int, memoryview, int], tuple[int, np.ndarray] | None]
+                 | None = None):
         """``reserve(n)`` / ``release(n)``: the owner's budget for bodies of large frames
         held while they arrive (see :class:`geomx.runtime.tcp.TcpTransport`). When
         ``reserve`` says no, parsing stops with ``waiting`` set (the frame's first bytes
         stay in the scratch buffer); the owner stops reading and calls :meth:`retry`
-        once budget is released."""
+        once budget is released. ``alloc(n)``: where the ``uint8`` body of a large frame
+        comes from (a :class:`geomx.runtime.recv_pool.RecvBufferPool`'s ``take``, so
+        its pages are already mapped); a fresh ``numpy.empty`` without one.
+        ``route(ftype, first_body_bytes, length)``: ``(split, sink)`` to receive the body
+        from byte ``split`` on straight into ``sink`` (exactly ``length - split`` bytes;
+        ``split`` within the bytes already here), or None for a buffer of its own."""
         if scratch_bytes < 4096:
             raise ValueError("scratch_bytes must be >= 4096")
         self._on_frame = on_frame
         self._reserve = reserve
         self._release = release
+        self._alloc = alloc
+        self._route = route
+        self._big_len = 0
         self.waiting = False
         self._parsing = False
         self._grow_to = 0
@@ -229,9 +256,9 @@ class FrameDecoder:
                 body, ftype, flags = self._big, self._big_type, self._big_flags
                 self._big = self._big_view = None
                 self.frames += 1
-                self.bytes += PREAMBLE_BYTES + len(body)  # type: ignore[arg-type]
+                self.bytes += PREAMBLE_BYTES + self._big_len
                 if self._release is not None:
-                    self._release(len(body))  # type: ignore[arg-type]
+                    self._release(self._big_len)
                 self._on_frame(ftype, flags, body)  # type: ignore[arg-type]
             return
         self._end += nbytes
@@ -246,7 +273,7 @@ class FrameDecoder:
         """The connection is gone: give back the budget of a frame still arriving."""
         if self._big_view is not None:
             if self._release is not None:
-                self._release(len(self._big_view))
+                self._release(self._big_len)
             self._big = self._big_view = None
         self.waiting = False
 
@@ -328,11 +355,25 @@ class FrameDecoder:
                     self.waiting = True
                     return
                 self.waiting = False
-                big = np.empty(length, dtype=np.uint8)
-                big_view = memoryview(big)
                 got = have - PREAMBLE_BYTES
-                if got:
-                    big_view[:got] = view[start + PREAMBLE_BYTES:self._end]
+                body0 = start + PREAMBLE_BYTES
+                routed = (None if self._route is None
+                          else self._route(ftype, view[body0:self._end], length))
+                if routed is not None:
+                    split, sink = routed
+                    head = bytearray(view[body0:body0 + split])
+                    big_view = memoryview(sink).cast("B")
+                    got -= split
+                    if got:
+                        big_view[:got] = view[body0 + split:self._end]
+                    big: Any = SplitBody(head, sink)
+                else:
+                    big = (np.empty(length, dtype=np.uint8) if self._alloc is None
+                           else self._alloc(length))
+                    big_view = memoryview(big)
+                    if got:
+                        big_view[:got] = view[body0:self._end]
+                self._big_len = length
                 self._big = big
                 self._big_view = big_view
                 self._big_filled = got
@@ -367,11 +408,17 @@ class RejectLog:
         self.logger.log(level, "%s: rejected %s from %s: %s", self.node, category, peer, reason)
 
 
-def decode_message(body: Body, peer: str, rejects: RejectLog, *,
-                   max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Message | None:
-    """``wire.decode`` a MESSAGE frame body; on :class:`WireError` log, count, return None."""
+def decode_message(body: Body | memoryview | bytes, peer: str, rejects: RejectLog, *,
+                   max_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                   owned: bool = False) -> Message | None:
+    """``wire.decode`` a MESSAGE frame body; on :class:`WireError` log, count, return None.
+
+    ``owned``: the body is the caller's fresh :data:`Body`, handed over (the decoded
+    arrays may be kept as values without a copy; see ``wire.decode``)."""
     try:
-        return wire.decode(body, max_bytes=max_bytes)
+        if isinstance(body, SplitBody):
+            return wire.decode(body.head, max_bytes=max_bytes, external=body.tail)
+        return wire.decode(body, max_bytes=max_bytes, owned=owned)
     except WireError as e:
         rejects.reject(peer, str(e), "wire")
         return None

@@ -86,12 +86,15 @@ import logging
 import socket
 import ssl
 from collections import deque
+from typing import Any
 
 from geomx.runtime import security
 from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ, SEQ_BYTES,
-                                   Body, RejectLog, decode_message, sequenced_frames)
+                                   Body, FrameType, RejectLog, SplitBody, decode_message,
+                                   sequenced_frames)
 from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, UnknownPeer,
                                       parse_address)
+from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.shaper import Shaper
 from geomx.runtime.tcp_conn import CLOSED, HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
@@ -104,7 +107,7 @@ from geomx.runtime.tcp_resume import (DEFAULT_RECONNECT_TIMEOUT_S, DEFAULT_RETAI
                                       InStreams)
 from geomx.runtime.udp import (DEFAULT_CHUNK_PAYLOAD_BYTES, DEFAULT_REASSEMBLY_TIMEOUT_S,
                                UdpEndpoint)
-from geomx.wire import UNRELIABLE_BASE, Message, WireError
+from geomx.wire import UNRELIABLE_BASE, Kind, Message, WireError, peek_single_payload
 
 __all__ = [
     "TcpTransport", "HandshakeRefused", "UnknownPeer", "parse_address",
@@ -199,6 +202,10 @@ class TcpTransport:
         self.dead_after_s = dead_after_s
         self.retain_limit_bytes = retain_limit_bytes
         self._streams = InStreams()
+        # large frames' bodies, reused once the values decoded from them are dropped
+        self._recv_pool = RecvBufferPool()
+        # request id -> (peer, array): replies received straight into the caller's buffer
+        self._sinks: dict[int, tuple[str, Any]] = {}
         self._resume_counts = {"reconnects": 0, "reconnect_failures": 0, "resent_messages": 0,
                                "resent_bytes": 0, "unacked_dropped": 0, "acks_received": 0}
         self._members = AddressBook(name, wait_s=address_wait_s, is_closed=lambda: self.closed)
@@ -449,7 +456,8 @@ class TcpTransport:
     def _on_message_frame(self, conn: Conn, body: Body) -> None:
         counters = self._counters(conn.peer)  # type: ignore[arg-type]
         counters.bytes_received += PREAMBLE_BYTES + len(body)
-        msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes)
+        msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes,
+                             owned=True)  # a fresh body per frame: its arrays are the receiver's
         if msg is None:
             return
         if self.secret is not None and msg.src != conn.peer:
@@ -462,6 +470,39 @@ class TcpTransport:
             self._paused.add(conn)
             conn.pause("inbox")
 
+    # -- replies received straight into the caller's buffer -----------------------------
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> None:
+        """The reply to ``request_id`` from ``peer``, if it is one dense payload of exactly
+        ``sink``'s dtype and size (and no meta), is read from the socket straight into
+        ``sink`` (a writable C-contiguous array), with no buffer of its own and no copy;
+        any other reply arrives as usual. Call :meth:`forget_receive` once the request
+        is over, whatever happened: until then the sink may be written."""
+        self._sinks[request_id] = (peer, sink)
+
+    def forget_receive(self, request_id: int) -> None:
+        self._sinks.pop(request_id, None)
+
+    def _route_frame(self, conn: Conn, ftype: int, first: memoryview,
+                     length: int) -> tuple[int, Any] | None:
+        if not self._sinks:
+            return None
+        skip = SEQ_BYTES if ftype == FrameType.SEQ_MESSAGE else 0
+        if ftype not in (FrameType.MESSAGE, FrameType.SEQ_MESSAGE):
+            return None
+        peek = peek_single_payload(first[skip:])
+        if peek is None:
+            return None
+        kind, rid, data_off, dtype, nbytes = peek
+        entry = self._sinks.get(rid)
+        if entry is None or kind != Kind.PULL_REPLY or entry[0] != conn.peer:
+            return None
+        sink = entry[1]
+        split = skip + data_off
+        if (sink.dtype.str != dtype or sink.nbytes != nbytes or split + nbytes != length
+                or split > len(first)):
+            return None
+        return split, sink
+
     def _on_seq_frame(self, conn: Conn, body: Body) -> None:
         """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it."""
         counters = self._counters(conn.peer)  # type: ignore[arg-type]
@@ -472,7 +513,7 @@ class TcpTransport:
                                  "protocol")
             conn.abort()
             return
-        seq = SEQ.unpack_from(body, 0)[0]
+        seq = SEQ.unpack_from(body.head if isinstance(body, SplitBody) else body, 0)[0]
         verdict = self._streams.accept(st, seq)
         if verdict is None:
             self._rejects.reject(conn.label, f"message #{seq} out of order (#{st.delivered} "
@@ -481,8 +522,10 @@ class TcpTransport:
             return
         if verdict:
             # numbered, so a malformed one is acknowledged like any other (never resent)
-            msg = decode_message(memoryview(body)[SEQ_BYTES:], conn.label, self._rejects,
-                                 max_bytes=self.max_frame_bytes)
+            rest = (SplitBody(memoryview(body.head)[SEQ_BYTES:], body.tail)  # type: ignore
+                    if isinstance(body, SplitBody) else memoryview(body)[SEQ_BYTES:])
+            msg = decode_message(rest, conn.label, self._rejects,
+                                 max_bytes=self.max_frame_bytes, owned=True)
             if msg is not None and self.secret is not None and msg.src != conn.peer:
                 self._rejects.reject(conn.label, f"message claims src {msg.src!r} but the "
                                      f"connection authenticated as {conn.peer!r}",

@@ -102,7 +102,9 @@ class Conn(asyncio.BufferedProtocol):
         self.decoder = FrameDecoder(self._on_frame, max_frame_bytes=MAX_CONTROL_FRAME_BYTES,
                                     scratch_bytes=PRE_HANDSHAKE_SCRATCH_BYTES,
                                     reserve=tr._reserve_frame if incoming else None,
-                                    release=tr._release_frame if incoming else None)
+                                    release=tr._release_frame if incoming else None,
+                                    alloc=tr._recv_pool.take,
+                                    route=self._route if incoming else None)
         self._control: deque[tuple[int, Body]] = deque()
         self._control_waiter: asyncio.Future | None = None
         self._drain_waiter: asyncio.Future | None = None
@@ -241,6 +243,12 @@ class Conn(asyncio.BufferedProtocol):
             fut = self._control_waiter = asyncio.get_running_loop().create_future()
             await fut
         return self._control.popleft()
+
+    def _route(self, ftype: int, first: memoryview, length: int):
+        """Where a large frame's body goes (the transport's receive sinks), or None."""
+        if self.state != OPEN:
+            return None
+        return self.tr._route_frame(self, ftype, first, length)
 
     def _on_frame(self, ftype: int, flags: int, body: Body) -> None:
         if self.state == CLOSED:

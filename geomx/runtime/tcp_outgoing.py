@@ -500,6 +500,9 @@ class Outgoing:
                                 await proto.drain()
                     counters.bytes_sent += nbytes
                     self._release(nbytes)
+                    # hold no views of a written message while waiting for the next: the
+                    # sender reuses a buffer once nothing references it (push_snapshots)
+                    frames = batch = None  # type: ignore[assignment]
                     continue
                 link, flow, line = self.link, self._flow, self._line
                 delay = link.sample_delay()
