@@ -227,3 +227,21 @@ def _pid_of(node: str, marker: str) -> int | None:
                 and b"--rejoin" not in cmd:
             return int(d.name)
     return None
+
+
+@pytest.mark.slow
+def test_real_server_that_never_returns_fails_in_one_line_per_node(tmp_path: Path) -> None:
+    """Over real sockets a server that is never taken over fails the job by name, after
+    the bound, in plain lines: an expected failure prints no traceback."""
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=100000", "membership.on_server_loss=wait",
+            "membership.heartbeat_timeout=2s", "membership.server_loss_timeout=2s",
+            "fault.0.node=ls:party-a", "fault.0.at=6s", "fault.0.duration=0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
+                        "--out", str(tmp_path), *[a for s in sets for a in ("--set", s)]],
+                       env=env, capture_output=True, text=True, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out[-3000:]
+    assert "ls:party-a" in out and "not taken over within membership.server_loss_timeout" in out
+    assert "Traceback" not in out, out[-3000:]

@@ -442,7 +442,12 @@ def node_main(ns: Any) -> int:
         rejoin = bool(getattr(ns, "rejoin", False))
         run(run_node(cfg, on_node=_mark_rejoining if rejoin else None, rejoin=rejoin))
     except Exception as e:  # the launcher reports the node by name
-        log.exception("node %s failed", cfg.name)
+        if isinstance(e, NodeFailure):
+            # the job failed the way it says (a peer lost, a bound passed): one line, no
+            # traceback for a person to read past
+            log.error("node %s failed: %s", cfg.name, e)
+        else:
+            log.exception("node %s failed", cfg.name)
         print(f"geomx node {cfg.name}: failed: {type(e).__name__}: {e}", flush=True)
         return 1
     return 0
