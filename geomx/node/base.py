@@ -40,6 +40,10 @@ REPLY_KINDS = frozenset({
 })
 
 
+_BATCH = Kind.BATCH
+_SHUTDOWN = Kind.SHUTDOWN
+
+
 class RemoteError(RuntimeError):
     """A peer answered a request with ``Kind.ERROR``."""
 
@@ -145,19 +149,20 @@ class Node:
         holds up only its own queue, never heartbeats or replies to anybody else.
         """
         assert self._running, "node not running"
-        if msg.dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
+        dst = msg.dst
+        if dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
             self._collected.append(msg)
             return
-        q = self._outboxes.get(msg.dst)
+        q = self._outboxes.get(dst)
         if self._send_nowait is not None and (q is None or q.empty()) \
-                and not self._sending.get(msg.dst):
+                and not self._sending.get(dst):
             # nothing queued or in flight for this peer: hand it over directly (same order)
             if self._send_nowait(msg):
                 self.services.count_bytes(msg)
                 return
         if q is None:
-            q = self._outboxes[msg.dst] = asyncio.PriorityQueue()
-            self._senders[msg.dst] = self.spawn(self._send_loop(q))
+            q = self._outboxes[dst] = asyncio.PriorityQueue()
+            self._senders[dst] = self.spawn(self._send_loop(q))
         self._outbox_seq += 1
         q.put_nowait((-msg.priority, self._outbox_seq, msg))
 
@@ -298,17 +303,19 @@ class Node:
                 self._sending[msg.dst] -= 1
 
     async def _recv_loop(self) -> None:
+        listen = getattr(self.transport, "listen", None)
+        if listen is not None:
+            # a transport that can call dispatch itself, exactly where this loop would
+            # have (the emulator's): no task switch per wake-up
+            await listen(self.dispatch)
+            return
         while True:
             msg = await self.transport.recv()
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
-        if msg.kind == Kind.BATCH:
-            self._dispatch_batch(msg)
-            return
-        if msg.kind == Kind.SHUTDOWN:
-            self.gone.add(msg.src)
-        if msg.kind in REPLY_KINDS:
+        kind = msg.kind
+        if kind in REPLY_KINDS:
             fut = self._pending.pop(msg.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -318,7 +325,12 @@ class Node:
                 self.record("late_reply", src=msg.src, msg=msg.kind.name,
                             request_id=msg.request_id)
             return
-        handler = self._handlers.get(msg.kind)
+        if kind == _BATCH:
+            self._dispatch_batch(msg)
+            return
+        if kind == _SHUTDOWN:
+            self.gone.add(msg.src)
+        handler = self._handlers.get(kind)
         if handler is None:
             self.reply_error(msg, f"{self.role} does not handle {msg.kind.name}")
             return

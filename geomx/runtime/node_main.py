@@ -123,6 +123,8 @@ class MembersOnly:
 
     #: no fast path around the filter (``Node.post`` would use a forwarded one)
     send_nowait = None
+    #: nor around it on the receiving side (``Node`` would listen to the inner transport)
+    listen = None
 
     def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
