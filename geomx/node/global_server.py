@@ -105,6 +105,7 @@ class GlobalServer(Node):
         else:
             self.pushers = [job.local_server_of[d] for d in job.party_dcs]
         self._pullers = set(self.pushers) | {job.master_worker}
+        self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
         #: TSEngine across DCs: this server is the root of its (key, part)s' merge trees and
         #: broadcasts (geomx/node/ts_overlay.py); None = local servers push and pull directly
         self.ts: OverlayPeer | None = None
@@ -221,7 +222,7 @@ class GlobalServer(Node):
         if slot is None or slot.store is None:
             self.reply_error(msg, f"key {msg.key} part {msg.part} is not initialised")
             return None
-        if msg.src not in self.pushers:
+        if msg.src not in self._pusher_set:
             self.reply_error(msg, f"{msg.src} may not push to {self.name}")
             return None
         return slot
@@ -269,7 +270,8 @@ class GlobalServer(Node):
         """Whose pushes ``msg`` carries: its sender, or a TSEngine merge's senders."""
         senders = [str(s) for s in msg.meta.get(TS_FROM, [])] if TS_FROM in msg.meta \
             else [msg.src]
-        bad = [s for s in senders if s not in self.pushers]
+        pushers = self._pusher_set
+        bad = [s for s in senders if s not in pushers]
         if bad or len(set(senders)) != len(senders):
             raise ValueError(f"merged push names {senders}: each must be one of "
                              f"{sorted(self.pushers)}, once")

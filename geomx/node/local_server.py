@@ -70,7 +70,7 @@ class LocalServer(Node):
         self.workers = list(job.workers_of[dc])
         #: workers still in the job (a lost one leaves it: [membership] on_worker_loss),
         #: and each worker's pushes applied in completed rounds (nothing counts twice)
-        self.live = list(self.workers)
+        self.live = list(self.workers)  # (a property: a set beside the list, see below)
         self.applied: dict[str, int] = {w: 0 for w in self.workers}
         self.slots: dict[int, LocalSlot] = {}
         # one codec for both hops: it picks per tier and keys its state by tier
@@ -203,7 +203,7 @@ class LocalServer(Node):
             # (kv.init's barrier keeps honest workers from getting here)
             self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
-        if msg.src not in self.live:
+        if msg.src not in self._live_set:
             self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
             return
         if msg.src in slot.contributors:
@@ -232,7 +232,9 @@ class LocalServer(Node):
         """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync policy.
         Without a lost worker's push the sum is scaled by workers / contributors, so the
         DC keeps its weight in the global aggregate."""
-        if slot.count == 0 or not set(self.live) <= slot.contributors:
+        # (counts first: the subset test then runs once a round, not once a push)
+        if (slot.count == 0 or len(slot.contributors) < len(self._live)
+                or not self._live_set <= slot.contributors):
             return
         merged, slot.merged = slot.merged, None
         n = len(slot.contributors)
@@ -243,7 +245,8 @@ class LocalServer(Node):
             self.applied[w] += 1
         slot.count = 0
         slot.contributors.clear()
-        waiting = [m for m in slot.waiting_pushes if m.src in self.live]
+        live = self._live_set
+        waiting = [m for m in slot.waiting_pushes if m.src in live]
         slot.waiting_pushes = []
         stop, slot.stop_requested = slot.stop_requested, False
         self._rounds_running += 1
@@ -256,6 +259,16 @@ class LocalServer(Node):
         finally:
             self._rounds_running -= 1
         self._admit_joining()
+
+    @property
+    def live(self) -> list[str]:
+        """Workers still in the job, in rank order (assign a new list to change it)."""
+        return self._live
+
+    @live.setter
+    def live(self, workers: list[str]) -> None:
+        self._live = list(workers)
+        self._live_set = frozenset(workers)  # membership per push, O(1) at any DC size
 
     def on_member_rejoined(self, node: str) -> None:
         """A lost worker of this DC restarted (``geomx node --rejoin``): it joins at the
@@ -285,7 +298,7 @@ class LocalServer(Node):
         held up complete now with the pushes that arrived."""
         if node not in self.live:
             return
-        self.live.remove(node)
+        self.live = [w for w in self.live if w != node]
         for slot in self.slots.values():
             if slot.initialized:
                 self._complete_round(slot)
