@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from types import CoroutineType
 from typing import Any, Awaitable, Callable
 
 from geomx.transport import NodeServices, Transport
@@ -249,7 +250,10 @@ class Node:
 
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
-        task = asyncio.ensure_future(coro)
+        if type(coro) is CoroutineType:  # ensure_future's answer, without its checks
+            task = asyncio.get_running_loop().create_task(coro)
+        else:
+            task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task

@@ -514,6 +514,9 @@ class KVStore:
         server forwards the command down the tiers)."""
         node = self._node
         for r in replies:
+            if not r.meta:  # the common case: nothing but the version
+                node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
+                continue
             if r.meta.get("stop"):
                 node.stop_seen = True
             node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)

@@ -48,7 +48,7 @@ class _Inbox:
     """
 
     __slots__ = ("name", "messages", "waiters", "closed", "handler", "parked", "context",
-                 "scheduled")
+                 "scheduled", "loop", "_drain")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
@@ -61,13 +61,15 @@ class _Inbox:
         self.parked: asyncio.Future[None] | None = None
         self.context: contextvars.Context | None = None
         self.scheduled = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain = self.drain  # one bound method, reused per wake-up
 
     def put(self, msg: Any) -> None:
         self.messages.append(msg)
         if self.handler is not None and not self.parked.done():
             if not self.scheduled:
                 self.scheduled = True
-                self.parked.get_loop().call_soon(self.drain, context=self.context)
+                self.loop.call_soon(self._drain, context=self.context)
             return
         self._wake_one()
 
@@ -241,7 +243,8 @@ class SimTransport:
             handler(messages.popleft())
         if inbox.closed:
             raise TransportClosed(f"transport {self.name!r} is closed")
-        parked = inbox.parked = asyncio.get_running_loop().create_future()
+        inbox.loop = asyncio.get_running_loop()
+        parked = inbox.parked = inbox.loop.create_future()
         inbox.context = contextvars.copy_context()
         inbox.handler = handler
         try:
