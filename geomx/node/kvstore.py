@@ -447,10 +447,14 @@ class KVStore:
             self._learn(replies)
         if replies is None:
             prio = priority if self.p3.enabled else 0
-            requests = [node.request(Message(_PULL, node.name, self._servers[p.server],
-                                             key=key, part=p.index, priority=prio))
-                        for p in parts]
-            replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
+            if len(parts) == 1:  # (no list of one coroutine to build and index)
+                p = parts[0]
+                replies = [await node.request(Message(_PULL, node.name, self._servers[p.server],
+                                                      key=key, part=p.index, priority=prio))]
+            else:
+                replies = await asyncio.gather(*(
+                    node.request(Message(_PULL, node.name, self._servers[p.server], key=key,
+                                         part=p.index, priority=prio)) for p in parts))
             self._learn(replies)
         return self._pulled(parts, shape, dtype, replies, out)
 
