@@ -96,6 +96,7 @@ def measure(s: Any, profile: bool = False) -> dict[str, Any]:
             "emu_over_wall": summary.emulated_seconds / wall,
             "wan_gb": summary.bytes_wan / 1e9, "lan_gb": summary.bytes_lan / 1e9,
             "recomputations": summary.extra["rate_recomputations"],
+            "callbacks_per_msg": summary.extra.get("loop_callbacks", 0) / msgs,
             "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "profile": prof}
 
@@ -183,12 +184,13 @@ def main_default(args: argparse.Namespace) -> int:
           f"{args.iterations} iterations")
     print(f"{'mode':8} {'wall s':>8} {'emulated s':>11} {'messages':>9} {'msg/wall s':>11} "
           f"{'msg/CPU s':>10} {'us/msg':>7} {'emu/wall':>9} {'WAN GB':>8} {'LAN GB':>8} "
-          f"{'recomputes':>10}")
+          f"{'recomputes':>10} {'cb/msg':>6}")
     for r in rows:
         print(f"{r['mode']:8} {r['wall_s']:8.2f} {r['emulated_s']:11.2f} {r['messages']:9d} "
               f"{r['msgs_per_wall_s']:11.0f} {r['msgs_per_cpu_s']:10.0f} {r['us_per_msg']:7.2f} "
               f"{r['emu_over_wall']:9.2f} "
-              f"{r['wan_gb']:8.2f} {r['lan_gb']:8.2f} {r['recomputations']:10d}")
+              f"{r['wan_gb']:8.2f} {r['lan_gb']:8.2f} {r['recomputations']:10d} "
+              f"{r['callbacks_per_msg']:6.2f}")
     if len(rows) == 2:
         print(f"HiPS vs flat PS: emulated time x{rows[1]['emulated_s'] / rows[0]['emulated_s']:.2f} "
               f"faster, WAN bytes x{rows[1]['wan_gb'] / rows[0]['wan_gb']:.2f} fewer")
@@ -231,13 +233,14 @@ def main_scale(args: argparse.Namespace) -> int:
           f"{handoff / 1e3:.0f}k/s (wall, best of 3)")
     print(f"{'DCs x w':>8} {'workers':>7} {'iters':>5} {'tensors':>7} {'messages':>9} {'wall s':>7} "
           f"{'msg/s':>8} {'msg/CPUs':>8} {'us/msg':>7} {'emu/wall':>8} {'wall s/it':>9} "
-          f"{'RSS MiB':>8} {'/soon':>6} {'/queue':>6}")
+          f"{'RSS MiB':>8} {'cb/msg':>6} {'/soon':>6} {'/queue':>6}")
     for r in rows:
         print(f"{r['dcs']:>3} x {r['workers_per_dc']:<3} {r['dcs'] * r['workers_per_dc']:7d} "
               f"{r['iterations']:5d} {args.tensors:7d} {r['messages']:9d} {r['wall_s']:7.2f} "
               f"{r['msgs_per_wall_s']:8.0f} {r['msgs_per_cpu_s']:8.0f} {r['us_per_msg']:7.2f} "
               f"{r['emu_over_wall']:8.2f} "
               f"{r['wall_s'] / r['iterations']:9.3f} {r['rss_mib']:8.0f} "
+              f"{r['callbacks_per_msg']:6.2f} "
               f"{r['msgs_per_wall_s'] / soon:6.3f} {r['msgs_per_wall_s'] / queue:6.3f}")
     return 0
 

@@ -360,6 +360,8 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
         extra={"messages_delivered": network.messages_delivered,
                "messages_dropped": network.messages_dropped,
                "rate_recomputations": network.rate_recomputations,
+               # event-loop callbacks run (callbacks per message: the emulator's overhead)
+               "loop_callbacks": loop.callbacks_run,
                "final_eval": final,
                "emulated_over_wall": emulated_s / wall_s if wall_s > 0 else None,
                "link_capacity_bps": {k: l.capacity_bps for k, l in network.links.items()},

@@ -41,6 +41,9 @@ class Transport(Protocol):
     # Optional: ``send_nowait(msg) -> bool`` hands a message over without waiting when
     # that is possible right now (False: use ``send``). Nodes use it to skip their outbox
     # task when nothing is queued for the destination; order is preserved either way.
+    # Optional: ``async listen(handler)`` calls ``handler(msg)`` for every message, in the
+    # order and at the loop positions a ``while True: handler(await recv())`` task would,
+    # until cancelled; ``Node`` uses it instead of that loop when present (the emulator).
 
     def set_address_book(self, book: dict[str, str]) -> None:
         """Learn peers' addresses ("host:port"); the emulator ignores it."""

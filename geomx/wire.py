@@ -98,6 +98,23 @@ _ITEMSIZE = {k: np.dtype(k).itemsize for k in _DTYPE_CODES}
 
 def normalize_dtype(dtype: Any) -> str:
     """Return the canonical little-endian dtype string, or raise WireError if unsupported."""
+    if type(dtype) is str:
+        known = _NORMALIZED.get(dtype)
+        if known is not None:
+            return known
+        s = _normalize_dtype(dtype)
+        if len(_NORMALIZED) < 1024:
+            _NORMALIZED[dtype] = s
+        return s
+    return _normalize_dtype(dtype)
+
+
+#: dtype strings already normalised (a phantom payload is made per emulated message, and
+#: ``np.dtype()`` costs more than the rest of it)
+_NORMALIZED: dict[str, str] = {}
+
+
+def _normalize_dtype(dtype: Any) -> str:
     try:
         dt = np.dtype(dtype)
     except TypeError as e:
@@ -125,7 +142,7 @@ class Payload:
     def __init__(self, dtype: str, shape: tuple[int, ...], data: np.ndarray | None = None,
                  owned: bool = False):
         self.dtype = dtype
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = tuple(map(int, shape))
         self.data = data
         self.nbytes = _ITEMSIZE[dtype] * math.prod(self.shape)
         self.owned = owned
@@ -205,6 +222,13 @@ class Message:
 
     def reply(self, kind: Kind, **kw: Any) -> "Message":
         """A reply to this message: swapped endpoints, same key/part/request id/channel."""
+        if kw.keys() <= _REPLY_FIELDS:  # what servers give (one call per reply: no dicts)
+            return Message(kind, self.dst, self.src, self.key, self.part,
+                           kw["version"] if "version" in kw else self.version,
+                           self.request_id, self.priority,
+                           self.channel if self.channel < UNRELIABLE_BASE else 0,
+                           kw["meta"] if "meta" in kw else {},
+                           kw["payloads"] if "payloads" in kw else [])
         base = dict(kind=kind, src=self.dst, dst=self.src, key=self.key, part=self.part,
                     version=self.version, request_id=self.request_id,
                     priority=self.priority, channel=self.channel if self.reliable else 0)
@@ -216,6 +240,8 @@ class Message:
                 f"v={self.version} req={self.request_id} ch={self.channel} "
                 f"payloads={self.payloads!r} meta={self.meta!r})")
 
+
+_REPLY_FIELDS = frozenset({"version", "meta", "payloads"})
 
 # Fixed header: magic, version, kind, channel, n_payloads, flags, src_len, dst_len,
 # meta_len, key, part, version, request_id, priority.

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from types import CoroutineType
 from typing import Any, Awaitable, Callable
 
 from geomx.transport import NodeServices, Transport
@@ -38,6 +39,11 @@ REPLY_KINDS = frozenset({
     Kind.INIT_ACK, Kind.PUSH_ACK, Kind.PULL_REPLY, Kind.STATE_REPLY, Kind.SCHED_REPLY,
     Kind.RELAY_ACK, Kind.PROBE_REPLY, Kind.ROUTE_PLAN, Kind.ERROR,
 })
+
+
+_BATCH = Kind.BATCH
+_SHUTDOWN = Kind.SHUTDOWN
+_ERROR = Kind.ERROR  # (module globals read faster than the enum's attributes)
 
 
 class RemoteError(RuntimeError):
@@ -150,19 +156,20 @@ class Node:
         holds up only its own queue, never heartbeats or replies to anybody else.
         """
         assert self._running, "node not running"
-        if msg.dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
+        dst = msg.dst
+        if dst == self._collect_dst and msg.kind in REPLY_KINDS and msg.reliable:
             self._collected.append(msg)
             return
-        q = self._outboxes.get(msg.dst)
+        q = self._outboxes.get(dst)
         if self._send_nowait is not None and (q is None or q.empty()) \
-                and not self._sending.get(msg.dst):
+                and not self._sending.get(dst):
             # nothing queued or in flight for this peer: hand it over directly (same order)
             if self._send_nowait(msg):
                 self.services.count_bytes(msg)
                 return
         if q is None:
-            q = self._outboxes[msg.dst] = asyncio.PriorityQueue()
-            self._senders[msg.dst] = self.spawn(self._send_loop(q))
+            q = self._outboxes[dst] = asyncio.PriorityQueue()
+            self._senders[dst] = self.spawn(self._send_loop(q))
         self._outbox_seq += 1
         q.put_nowait((-msg.priority, self._outbox_seq, msg))
 
@@ -214,7 +221,7 @@ class Node:
             self._resendable.pop(rid, None)
             if into is not None:
                 self.transport.forget_receive(rid)
-        if reply.kind == Kind.ERROR:
+        if reply.kind == _ERROR:
             raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
                               f"{reply.meta.get('reason', '?')}")
         return reply
@@ -269,7 +276,10 @@ class Node:
 
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
-        task = asyncio.ensure_future(coro)
+        if type(coro) is CoroutineType:  # ensure_future's answer, without its checks
+            task = asyncio.get_running_loop().create_task(coro)
+        else:
+            task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
@@ -323,17 +333,19 @@ class Node:
                 self._sending[msg.dst] -= 1
 
     async def _recv_loop(self) -> None:
+        listen = getattr(self.transport, "listen", None)
+        if listen is not None:
+            # a transport that can call dispatch itself, exactly where this loop would
+            # have (the emulator's): no task switch per wake-up
+            await listen(self.dispatch)
+            return
         while True:
             msg = await self.transport.recv()
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
-        if msg.kind == Kind.BATCH:
-            self._dispatch_batch(msg)
-            return
-        if msg.kind == Kind.SHUTDOWN:
-            self.gone.add(msg.src)
-        if msg.kind in REPLY_KINDS:
+        kind = msg.kind
+        if kind in REPLY_KINDS:
             fut = self._pending.pop(msg.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
@@ -343,7 +355,12 @@ class Node:
                 self.record("late_reply", src=msg.src, msg=msg.kind.name,
                             request_id=msg.request_id)
             return
-        handler = self._handlers.get(msg.kind)
+        if kind == _BATCH:
+            self._dispatch_batch(msg)
+            return
+        if kind == _SHUTDOWN:
+            self.gone.add(msg.src)
+        handler = self._handlers.get(kind)
         if handler is None:
             self.reply_error(msg, f"{self.role} does not handle {msg.kind.name}")
             return

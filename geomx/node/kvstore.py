@@ -41,6 +41,10 @@ current_node: contextvars.ContextVar[Any] = contextvars.ContextVar("geomx_curren
 
 KV_TYPES = ("local", "dist_sync", "dist_async", "dist_device_sync", "dist_sync_device")
 
+#: message kinds of the per-message paths (a module global reads faster than the enum)
+_PUSH = Kind.PUSH
+_PULL = Kind.PULL
+
 
 class KVStoreError(RuntimeError):
     """Misuse of the kvstore API (wrong role, unknown key, bad config)."""
@@ -359,10 +363,11 @@ class KVStore:
             m.update(meta)
             if self._number_rounds:
                 m["round"] = self._rounds.get(key, 0) + 1
-            msg = Message(Kind.PUSH, node.name, self._servers[p.server], key=key, part=p.index,
+            msg = Message(_PUSH, node.name, self._servers[p.server], key=key, part=p.index,
                           priority=wire_priority, version=node.iteration, meta=m,
                           payloads=payloads)
-            sent[0] += msg.nbytes
+            if p3:
+                sent[0] += msg.nbytes  # (only P3's record reads it)
             return await node.request(msg)
 
         acks = [await one(parts[0])] if len(parts) == 1 else await asyncio.gather(*(one(p) for p in parts))
@@ -456,13 +461,16 @@ class KVStore:
             self._learn(replies)
         if replies is None:
             prio = priority if self.p3.enabled else 0
-            # one dense part: the reply may be read from the socket straight into ``out``
-            sink = _sink(out, dtype) if len(parts) == 1 else None
-            requests = [node.request(Message(Kind.PULL, node.name, self._servers[p.server],
-                                             key=key, part=p.index, priority=prio),
-                                     sink=sink)
-                        for p in parts]
-            replies = [await requests[0]] if len(parts) == 1 else await asyncio.gather(*requests)
+            if len(parts) == 1:  # (no list of one coroutine to build and index)
+                p = parts[0]
+                # one dense part: the reply may be read from the socket straight into ``out``
+                replies = [await node.request(Message(_PULL, node.name, self._servers[p.server],
+                                                      key=key, part=p.index, priority=prio),
+                                              sink=_sink(out, dtype))]
+            else:
+                replies = await asyncio.gather(*(
+                    node.request(Message(_PULL, node.name, self._servers[p.server], key=key,
+                                         part=p.index, priority=prio)) for p in parts))
             self._learn(replies)
         return self._pulled(parts, shape, dtype, replies, out)
 
@@ -541,10 +549,13 @@ class KVStore:
         server forwards the command down the tiers)."""
         node = self._node
         for r in replies:
-            if r.meta.get("stop"):
-                node.stop_seen = True
             if self._number_rounds and r.kind in (Kind.PUSH_ACK, Kind.PULL_REPLY):
                 self._rounds[r.key] = max(self._rounds.get(r.key, 0), r.version)
+            if not r.meta:  # the common case: nothing but the version
+                node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
+                continue
+            if r.meta.get("stop"):
+                node.stop_seen = True
             node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
             if r.meta.get("ckpt"):
                 # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it

@@ -34,6 +34,12 @@ from geomx.sched.tsengine import TS_META, TsSettings
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
 from geomx.wire import Kind, Message, Payload
 
+#: message kinds of the per-message paths (a module global reads faster than the enum)
+_PUSH = Kind.PUSH
+_PULL = Kind.PULL
+_PUSH_ACK = Kind.PUSH_ACK
+_PULL_REPLY = Kind.PULL_REPLY
+
 
 def _snapshot(v: Value) -> Value:
     """A copy for the relayed broadcast (the store may be replaced or updated meanwhile)."""
@@ -73,7 +79,7 @@ class LocalServer(Node):
         self.workers = list(job.workers_of[dc])
         #: workers still in the job (a lost one leaves it: [membership] on_worker_loss),
         #: and each worker's pushes applied in completed rounds (nothing counts twice)
-        self.live = list(self.workers)
+        self.live = list(self.workers)  # (a property: a set beside the list, see below)
         self.applied: dict[str, int] = {w: 0 for w in self.workers}
         self.slots: dict[int, LocalSlot] = {}
         # one codec for both hops: it picks per tier and keys its state by tier
@@ -294,7 +300,7 @@ class LocalServer(Node):
             # (kv.init's barrier keeps honest workers from getting here)
             self.reply_error(msg, f"key {msg.key} is not initialised yet (kv.init it first)")
             return
-        if msg.src not in self.live:
+        if msg.src not in self._live_set:
             self.reply_error(msg, f"{msg.src} is not a (live) worker of {self.dc}")
             return
         if self._duplicate_push(msg, slot):
@@ -325,7 +331,9 @@ class LocalServer(Node):
         """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync policy.
         Without a lost worker's push the sum is scaled by workers / contributors, so the
         DC keeps its weight in the global aggregate."""
-        if slot.count == 0 or not set(self.live) <= slot.contributors:
+        # (counts first: the subset test then runs once a round, not once a push)
+        if (slot.count == 0 or len(slot.contributors) < len(self._live)
+                or not self._live_set <= slot.contributors):
             return
         merged, slot.merged = slot.merged, None
         n = len(slot.contributors)
@@ -336,7 +344,8 @@ class LocalServer(Node):
             self.applied[w] += 1
         slot.count = 0
         slot.contributors.clear()
-        waiting = [m for m in slot.waiting_pushes if m.src in self.live]
+        live = self._live_set
+        waiting = [m for m in slot.waiting_pushes if m.src in live]
         slot.waiting_pushes = []
         stop, slot.stop_requested = slot.stop_requested, False
         self._rounds_running += 1
@@ -349,6 +358,16 @@ class LocalServer(Node):
         finally:
             self._rounds_running -= 1
         self._admit_joining()
+
+    @property
+    def live(self) -> list[str]:
+        """Workers still in the job, in rank order (assign a new list to change it)."""
+        return self._live
+
+    @live.setter
+    def live(self, workers: list[str]) -> None:
+        self._live = list(workers)
+        self._live_set = frozenset(workers)  # membership per push, O(1) at any DC size
 
     def on_member_rejoined(self, node: str) -> None:
         """A lost worker of this DC restarted (``geomx node --rejoin``): it joins at the
@@ -378,7 +397,7 @@ class LocalServer(Node):
         held up complete now with the pushes that arrived."""
         if node not in self.live:
             return
-        self.live.remove(node)
+        self.live = [w for w in self.live if w != node]
         for slot in self.slots.values():
             if slot.initialized:
                 self._complete_round(slot)
@@ -448,7 +467,7 @@ class LocalServer(Node):
                                            part.index, slot.round, v, meta_stop)
             payloads, meta = self.codec.encode_push(key, v, tier="wan")
             meta.update(meta_stop)
-            return await self.request(Message(Kind.PUSH, self.name,
+            return await self.request(Message(_PUSH, self.name,
                                               self.job.global_servers[part.server], key=key,
                                               part=part.index, version=slot.round, meta=meta,
                                               priority=slot.priority, payloads=payloads))
@@ -489,10 +508,10 @@ class LocalServer(Node):
                 # P3 push/pull fusion: the acknowledgement carries the new value
                 payloads, meta = self.codec.encode_pull(req.key, slot.store, tier="lan")
                 meta.update(reply_meta)
-                self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
+                self.post(req.reply(_PUSH_ACK, version=slot.round,
                                     meta=self._tell_codec(req.src, meta), payloads=payloads))
             else:
-                self.post(req.reply(Kind.PUSH_ACK, version=slot.round,
+                self.post(req.reply(_PUSH_ACK, version=slot.round,
                                     meta=self._tell_codec(req.src, dict(reply_meta))))
         if round_:
             self._answered_checkpoint_round(round_, slot.key)
@@ -532,7 +551,7 @@ class LocalServer(Node):
         parts = self._parts(key, slot)
 
         async def pull_part(part) -> tuple[Any, Message]:
-            reply = await self.request(Message(Kind.PULL, self.name,
+            reply = await self.request(Message(_PULL, self.name,
                                                self.job.global_servers[part.server], key=key,
                                                part=part.index, version=slot.round,
                                                priority=slot.priority,
@@ -609,7 +628,7 @@ class LocalServer(Node):
         if self.global_stop:
             meta["stop"] = True
         self._tell_codec(msg.src, meta)
-        self.post(msg.reply(Kind.PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
+        self.post(msg.reply(_PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
 
     # ------------------------------------------------------------------ lifecycle
     def _on_stop(self, msg: Message) -> None:

@@ -121,6 +121,10 @@ class MembersOnly:
     ``dropped_to_strangers``).
     """
 
+    #: no fast path around the filter on the receiving side (``Node`` would listen to the
+    #: inner transport); sends go through ``send_nowait`` below, which filters
+    listen = None
+
     def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
         self._inner_nowait = getattr(inner, "send_nowait", None)
