@@ -8,7 +8,7 @@ later check may rely on an earlier one: the fault check relies on exactly one ce
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable
 
 from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.model import Scenario
@@ -478,16 +478,30 @@ def _check_worker_loss(s: Scenario) -> None:
          "the local server re-weights an FSA round", "'fsa'"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server stands in for its DC", "'hips'"),
+        *_every_member_schedulers(s),
+    ]
+    _refuse_first("membership.on_worker_loss = 'continue'", problems)
+
+
+def _every_member_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str]]:
+    """The schedulers whose state needs every member alive: neither a DC going on without
+    a worker nor a server taking over covers them."""
+    return [
         (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
          "TSEngine's merge trees need every member", "false"),
         (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
         (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
          "per-layer pushes are not covered", "'off'"),
     ]
+
+
+def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]]) -> None:
+    """Raise for the first ``(bad, path, value, why, allowed)`` that is bad: ``setting``
+    cannot work with it."""
     for bad, path, got, why, allowed in problems:
         if bad:
-            raise ScenarioError(f"membership.on_worker_loss = 'continue': {why}; allowed: "
-                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+            raise ScenarioError(f"{setting}: {why}; allowed: {path} = {allowed}", path=path,
+                                value=got, allowed=allowed)
 
 
 @scenario_check
@@ -507,16 +521,9 @@ def _check_server_loss(s: Scenario) -> None:
         (s.codec.type != "none", "codec.type", s.codec.type,
          "a codec's residuals die with the server", "'none'"),
         (s.sched.p3, "sched.p3", True, "P3's slices are not covered", "false"),
-        (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
-         "TSEngine's merge trees need every member", "false"),
-        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
-        (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
-         "per-layer pushes are not covered", "'off'"),
+        *_every_member_schedulers(s),
     ]
-    for bad, path, got, why, allowed in problems:
-        if bad:
-            raise ScenarioError(f"membership.on_server_loss = 'wait': {why}; allowed: "
-                                f"{path} = {allowed}", path=path, value=got, allowed=allowed)
+    _refuse_first("membership.on_server_loss = 'wait'", problems)
 
 
 @scenario_check
