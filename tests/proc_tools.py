@@ -1,7 +1,15 @@
-"""Finding a test's child processes through /proc (tests that kill nodes or their sockets)."""
+"""Finding a test's child processes through /proc, and killing and restarting one node
+of a real job (tests that kill nodes or their sockets)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 
@@ -21,3 +29,58 @@ def descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
+
+
+def pid_of(node: str, marker: str) -> int | None:
+    """The pid of the live ``node`` process whose command line mentions ``marker`` (a
+    run folder), not counting one restarted with ``--rejoin``."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if node.encode() in cmd and any(marker.encode() in c for c in cmd) \
+                and b"--rejoin" not in cmd:
+            return int(d.name)
+    return None
+
+
+def launch_kill_rejoin(tmp_path: Path, scenario: Path, sets: list[str], node: str, *,
+                       watch: str, steps: int, rejoin_log: str) -> tuple[Path, Path]:
+    """``geomx launch`` ``scenario`` over real sockets; once worker ``watch`` (a file name
+    stem, e.g. ``w_party-a_0``) has computed ``steps`` times, SIGKILL ``node`` and start its
+    command again with ``--rejoin``; both must exit 0. The run folder and the launch log."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+           "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "real"
+    log = tmp_path / "launch.log"
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(scenario), "--quiet",
+                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
+                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    back = None
+    try:
+        deadline = time.monotonic() + 120
+        victim = run_dir = None
+        while victim is None and time.monotonic() < deadline and p.poll() is None:
+            for f in out.glob(f"*/nodes/{watch}.events.jsonl"):
+                if f.read_text().count('"ev":"compute"') >= steps:
+                    run_dir = f.parent.parent
+                    victim = pid_of(node, str(run_dir))
+            time.sleep(0.05)
+        assert victim is not None, log.read_text()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        cmd = json.loads((run_dir / "launch.json").read_text())["commands"][node]
+        args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
+        back = subprocess.Popen(args, env=env, stdout=(tmp_path / rejoin_log).open("w"),
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
+        assert back.wait(timeout=60) == 0, (tmp_path / rejoin_log).read_text()[-3000:]
+    finally:
+        for q in (p, back):
+            if q is not None and q.poll() is None:
+                os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
+    return run_dir, log

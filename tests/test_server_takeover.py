@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from proc_tools import launch_kill_rejoin
 
 from geomx.experiment import JobFailed, run_scenario
 from geomx.scenario import ScenarioError, load_scenario
@@ -169,36 +167,8 @@ def _kill_and_take_over(tmp_path: Path, node: str, extra: list[str]) -> tuple[Pa
             "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms", *extra]
     clean = run_scenario(load_scenario(QUICKSTART, [*sets, "run.progress=false"]),
                          out_dir=tmp_path / "emu")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    out = tmp_path / "real"
-    log = tmp_path / "launch.log"
-    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
-                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
-                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    back = None
-    try:
-        deadline = time.monotonic() + 120
-        victim = run_dir = None
-        while victim is None and time.monotonic() < deadline and p.poll() is None:
-            for f in out.glob("*/nodes/w_party-a_0.events.jsonl"):
-                if f.read_text().count('"ev":"compute"') >= 8:
-                    run_dir = f.parent.parent
-                    victim = _pid_of(node, str(run_dir))
-            time.sleep(0.05)
-        assert victim is not None, log.read_text()[-3000:]
-        os.kill(victim, signal.SIGKILL)
-        cmd = json.loads((run_dir / "launch.json").read_text())["commands"][node]
-        args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
-        back = subprocess.Popen(args, env=env, stdout=(tmp_path / "takeover.log").open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
-        assert back.wait(timeout=60) == 0, (tmp_path / "takeover.log").read_text()[-3000:]
-    finally:
-        for q in (p, back):
-            if q is not None and q.poll() is None:
-                os.killpg(q.pid, signal.SIGKILL)
-                q.wait()
+    run_dir, log = launch_kill_rejoin(tmp_path, QUICKSTART, sets, node, watch="w_party-a_0",
+                                      steps=8, rejoin_log="takeover.log")
     assert f"{node} died" in log.read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 40
@@ -237,20 +207,6 @@ def test_real_global_server_killed_and_taken_over_from_its_snapshot(tmp_path: Pa
     clean_done = [e for e in clean if e["ev"] == "server_done" and e["node"] == "gs:0"]
     # the successor ends with every (key, part) at the clean run's version: none behind
     assert done[-1]["versions"] == clean_done[-1]["versions"] > 0, (done, clean_done)
-
-
-def _pid_of(node: str, marker: str) -> int | None:
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if node.encode() in cmd and any(marker.encode() in c for c in cmd) \
-                and b"--rejoin" not in cmd:
-            return int(d.name)
-    return None
 
 
 @pytest.mark.slow

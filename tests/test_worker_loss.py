@@ -10,15 +10,10 @@ round applied each push once.
 from __future__ import annotations
 
 import json
-import os
-import shlex
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from proc_tools import launch_kill_rejoin
 
 from geomx.experiment import JobFailed, run_scenario
 from geomx.scenario import ScenarioError, load_scenario, parse_scenario
@@ -130,41 +125,13 @@ def test_real_worker_killed_job_continues_and_it_rejoins(tmp_path: Path) -> None
     """Over real sockets: SIGKILL one worker's process once it is training; the launcher
     reports it and the DC goes on; the same command with ``--rejoin`` brings the worker
     back, it pulls the model at a round boundary and trains to the end with the others."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
     sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
             "run.iterations=200", "membership.on_worker_loss=continue",
             "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
             # compute is slept, not burnt: the job lasts long enough to come back to
             "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms"]
-    out = tmp_path / "real"
-    log = tmp_path / "launch.log"
-    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
-                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
-                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    back = None
-    try:
-        deadline = time.monotonic() + 120
-        victim = run_dir = None
-        while victim is None and time.monotonic() < deadline and p.poll() is None:
-            for f in out.glob("*/nodes/w_party-a_1.events.jsonl"):
-                if f.read_text().count('"ev":"compute"') >= 5:
-                    run_dir = f.parent.parent
-                    victim = _pid_of("w:party-a:1", str(run_dir))
-            time.sleep(0.05)
-        assert victim is not None, log.read_text()[-3000:]
-        os.kill(victim, signal.SIGKILL)
-        cmd = json.loads((run_dir / "launch.json").read_text())["commands"]["w:party-a:1"]
-        args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
-        back = subprocess.Popen(args, env=env, stdout=(tmp_path / "rejoin.log").open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
-        assert back.wait(timeout=60) == 0, (tmp_path / "rejoin.log").read_text()[-3000:]
-    finally:
-        for q in (p, back):
-            if q is not None and q.poll() is None:
-                os.killpg(q.pid, signal.SIGKILL)
-                q.wait()
+    run_dir, log = launch_kill_rejoin(tmp_path, QUICKSTART, sets, "w:party-a:1",
+                                      watch="w_party-a_1", steps=5, rejoin_log="rejoin.log")
     assert "w:party-a:1 died" in log.read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 200
@@ -182,19 +149,6 @@ def test_real_worker_killed_job_continues_and_it_rejoins(tmp_path: Path) -> None
     rejoined = json.loads((run_dir / "nodes" / "w_party-a_1.result.json").read_text())
     assert rejoined["iterations"] == 200
     print(f"lost at t={lost_at['t']:.1f}s, back at round {back_at}, applied {applied}")
-
-
-def _pid_of(node: str, marker: str) -> int | None:
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if node.encode() in cmd and any(marker.encode() in c for c in cmd):
-            return int(d.name)
-    return None
 
 
 def test_emulated_crash_and_rejoin(tmp_path: Path) -> None:
