@@ -20,7 +20,6 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -55,56 +54,34 @@ def blackhole_all() -> int:
     return len(clients)
 
 
+class Blackholer(threading.Thread):
+    """Blackholes every connection of the job once ``ready()`` (once; ``holed`` says how
+    many), unless halted first."""
+
+    def __init__(self, ready) -> None:
+        super().__init__(daemon=True)
+        self.ready = ready
+        self.halt = threading.Event()
+        self.holed: list[int] = []
+
+    def run(self) -> None:
+        while not self.halt.is_set() and not self.ready():
+            time.sleep(0.05)
+        if not self.halt.is_set():
+            self.holed.append(blackhole_all())
+
+
 def inner(ns: argparse.Namespace) -> None:
-    from geomx.experiment import run_scenario
-    from geomx.scenario import load_scenario
-    from test_runtime_reconnect import training_started
+    from fault_pair import load_line, print_pair, run_pair
 
     # loopback consults policy rules only once the local table's rule comes after ours
     subprocess.run(["ip", "rule", "add", "pref", "100", "table", "local"], check=True)
     subprocess.run(["ip", "rule", "del", "pref", "0"], check=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = {}
-        for label in ("clean", "blackholed"):
-            runs = Path(tmp) / label
-            s = load_scenario(ROOT / "scenarios" / "quickstart.toml",
-                              [f"run.out_dir={runs}", "run.progress=false", "metrics.plot=false",
-                               f"run.iterations={ns.iterations}", "run.target_accuracy=0",
-                               f"real.dead_connection_timeout={ns.dead_after}"])
-            holed: list[int] = []
-            halt = threading.Event()
-
-            def strike(ready=training_started(runs)) -> None:
-                while not halt.is_set() and not ready():
-                    time.sleep(0.05)
-                if not halt.is_set():
-                    holed.append(blackhole_all())
-            striker = threading.Thread(target=strike, daemon=True)
-            if label == "blackholed":
-                striker.start()
-            t0 = time.perf_counter()
-            try:
-                r = run_scenario(s, runtime="real").summary
-            finally:
-                halt.set()
-                if striker.is_alive():
-                    striker.join()
-            streams = [t["streams"] for t in r.extra["transport"].values()]
-            total = {k: sum(st[k] for st in streams) for k in streams[0]}
-            rows[label] = (time.perf_counter() - t0, r, total, holed)
-        load = os.getloadavg()[0]
-    (tc, rc, _, _), (tb, rb, total, holed) = rows["clean"], rows["blackholed"]
-    print(f"quickstart, {ns.iterations} iterations, real runtime, dead_connection_timeout "
-          f"{ns.dead_after}; load average {load:.1f} on {os.cpu_count()} cores")
-    print(f"connections blackholed: {holed}")
-    print(f"reconnects {total['reconnects']}, resent messages {total['resent_messages']} "
-          f"({total['resent_bytes']} bytes), duplicates dropped {total['duplicates_dropped']}, "
-          f"given up {total['reconnect_failures']}, dropped {total['unacked_dropped']}")
-    print(f"wall: clean {tc:.2f} s, blackholed {tb:.2f} s, lost {tb - tc:+.2f} s "
-          f"(ratio {tb / tc:.3f})")
-    print(f"accuracy: clean {rc.final_accuracy!r}, blackholed {rb.final_accuracy!r}; loss: "
-          f"clean {rc.final_loss!r}, blackholed {rb.final_loss!r}; equal: "
-          f"{rc.final_accuracy == rb.final_accuracy and rc.final_loss == rb.final_loss}")
+    rows = run_pair(ns.iterations, "blackholed", Blackholer,
+                    (f"real.dead_connection_timeout={ns.dead_after}",))
+    print(load_line(ns.iterations, f", dead_connection_timeout {ns.dead_after}"))
+    print(f"connections blackholed: {rows['blackholed'][3].holed}")
+    print_pair(rows, "blackholed")
 
 
 def main() -> None:
