@@ -287,16 +287,20 @@ class Outgoing:
         self.queued_bytes = 0
         err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
                               f"{self.channel}) lost and not re-established: {exc}")
-        while self._waiters:
-            _, fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(err)
+        self._fail_waiters(err)
         self._idle.set()
         self.tr._dropped += dropped
         self.tr._resume_counts["reconnect_failures"] += 1
         if not self.tr.closed:
             log.warning("%s: gave up reconnecting to %s (channel %d): %s; %d message(s) "
                         "dropped", self.tr.name, self.peer, self.channel, exc, dropped)
+
+    def _fail_waiters(self, err: BaseException) -> None:
+        """Senders blocked for room in the queue get ``err`` (the stream is gone)."""
+        while self._waiters:
+            _, fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_exception(err)
 
     def on_ack(self, proto: Conn, seq: int) -> None:
         """An ACK frame on ``proto``: the receiver has the stream up to ``seq``."""
@@ -541,10 +545,7 @@ class Outgoing:
             self.queued_bytes = 0
             err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
                                   f"{self.channel}) lost: {exc}")
-            while self._waiters:
-                _, fut = self._waiters.popleft()
-                if not fut.done():
-                    fut.set_exception(err)
+            self._fail_waiters(err)
             self._idle.set()
             if self.tr.closed:  # nobody will resend it: a flush waiting on it returns
                 self.tr._dropped += self.window.reset()
@@ -566,10 +567,7 @@ class Outgoing:
     def shutdown(self, abort: bool = False) -> None:
         """Stop for good: fail blocked senders, stop the tasks, close (or abort) the socket."""
         err = ConnectionError(f"{self.tr.name}: transport closed")
-        while self._waiters:
-            _, fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_exception(err)
+        self._fail_waiters(err)
         if self._writer is not None:
             self._writer.cancel()
             self._writer = None
