@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 
 def descendants(pid: int) -> list[int]:
@@ -31,19 +32,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def pid_of(node: str, marker: str) -> int | None:
-    """The pid of the live ``node`` process whose command line mentions ``marker`` (a
-    run folder), not counting one restarted with ``--rejoin``."""
+def command_lines() -> Iterator[tuple[int, list[bytes]]]:
+    """``(pid, argv)`` of every live process, read from /proc."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
+            yield int(d.name), (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
+
+
+def pid_of(node: str, marker: str) -> int | None:
+    """The pid of the live ``node`` process whose command line mentions ``marker`` (a
+    run folder), not counting one restarted with ``--rejoin``."""
+    for pid, cmd in command_lines():
         if node.encode() in cmd and any(marker.encode() in c for c in cmd) \
                 and b"--rejoin" not in cmd:
-            return int(d.name)
+            return pid
     return None
 
 

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_tools import command_lines
 
 from geomx.runtime.config import ConfigError
 from geomx.runtime.hostfile import (assign_hosts, forwarded_env, hostfile_book, parse_hostfile,
@@ -44,17 +45,8 @@ def _kill(p: subprocess.Popen) -> None:
 
 def _nodes_of(run_marker: str) -> list[int]:
     """pids of live ``geomx node`` processes whose command line mentions ``run_marker``."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"node" in cmd and any(run_marker.encode() in c for c in cmd):
-            pids.append(int(d.name))
-    return pids
+    return [pid for pid, cmd in command_lines()
+            if b"node" in cmd and any(run_marker.encode() in c for c in cmd)]
 
 
 def _wait_for(path_glob, root: Path, timeout_s: float = 60.0) -> Path:
