@@ -356,6 +356,19 @@ class KVStore:
             v = value if isinstance(value, Payload) else np.array(value, copy=True)
             self._learn([await self._ts.contribute(key, 0, rnd, v, meta)])
             return
+        if len(parts) == 1 and not p3:
+            # the common case, without a coroutine per part (what ``one`` below does)
+            p = parts[0]
+            payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,
+                                                     part=p.index)
+            if meta:
+                m.update(meta)
+            if self._number_rounds:
+                m["round"] = self._rounds.get(key, 0) + 1
+            self._learn((await node.request(Message(
+                _PUSH, node.name, self._servers[p.server], key=key, part=p.index,
+                version=node.iteration, meta=m, payloads=payloads)),))
+            return
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value

@@ -398,10 +398,18 @@ class TcpTransport:
         if self.closed or not 0 <= ch < UNRELIABLE_BASE:
             return False
         out = self._out.get((msg.dst, ch))
+        if out is None:
+            return False
         # msg.nbytes (an estimate of the encoded size) first, so that most refusals
         # cost no encoding
-        if out is None or msg.nbytes > SMALL_MESSAGE_BYTES or not out.idle_unshaped(msg.nbytes):
+        estimate = msg.nbytes
+        if estimate > SMALL_MESSAGE_BYTES or not out.idle_unshaped(estimate):
             return False
+        if out._cork is not None and msg.batch is None and (
+                not out._held or out._held[0].src == msg.src):
+            # another small message left in this turn: this one joins the turn's frame
+            out.hold(msg, estimate)
+            return True
         frames, nbytes = sequenced_frames(msg)
         if (nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes
                 or not out.idle_unshaped(nbytes)):
@@ -503,8 +511,9 @@ class TcpTransport:
             return None
         return split, sink
 
-    def _on_seq_frame(self, conn: Conn, body: Body) -> None:
-        """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it."""
+    def _on_seq_frame(self, conn: Conn, body: Body, flags: int = 0) -> None:
+        """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it
+        (``SPLIT_BATCH``: the messages of the BATCH the sender made, one by one)."""
         counters = self._counters(conn.peer)  # type: ignore[arg-type]
         counters.bytes_received += PREAMBLE_BYTES + len(body)
         st = conn.stream
@@ -531,7 +540,13 @@ class TcpTransport:
                                      f"connection authenticated as {conn.peer!r}",
                                      "src_mismatch")
                 msg = None
-            if msg is not None:
+            if msg is not None and flags and msg.batch is not None:
+                subs = msg.batch
+                counters.msgs_received += len(subs)
+                self._deliver(subs[0], len(body))  # (the inbox counts the frame's bytes once)
+                for sub in subs[1:]:
+                    self._deliver(sub, 0)
+            elif msg is not None:
                 counters.msgs_received += 1
                 self._deliver(msg, len(body))
         self._streams.delivered(st, len(body))
