@@ -167,7 +167,7 @@ class Payload:
     def of(cls, array: np.ndarray) -> "Payload":
         """Wrap a numpy array (made C-contiguous little-endian if it is not)."""
         a = np.asarray(array)
-        dt = normalize_dtype(a.dtype)
+        dt = normalize_dtype(a.dtype.str)  # (a str: normalize_dtype's cache knows it)
         if a.dtype.str != dt or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a, dtype=dt)
         return cls(dt, a.shape, a)
@@ -329,7 +329,10 @@ def _encode_batch(msg: Message, src: bytes, dst: bytes) -> list[bytes | memoryvi
         if m.kind == Kind.BATCH or m.src != msg.src or m.dst != msg.dst:
             raise WireError("a batch carries non-batch messages between its own src and dst")
         frames = encode(m)
-        head.append(_LEN.pack(frame_length(frames)))
+        length = len(frames[0])
+        for f in frames[1:]:  # (the payloads' views)
+            length += f.nbytes
+        head.append(_LEN.pack(length))
         head.append(frames[0])
         if len(frames) > 1:
             out.append(b"".join(head))

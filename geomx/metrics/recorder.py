@@ -141,6 +141,8 @@ class EventRecorder:
         self._last_clock: float | None = None
         self._listeners: list[Listener] = []
         self._dc_cache: dict[str, str] = {}
+        #: (src, dst) -> their DCs, for count_transfer
+        self._pair_cache: dict[tuple[str, str], tuple[str, str]] = {}
         self._file: IO[str] | None = None
         if self.path is not None and enabled:
             parent = os.path.dirname(self.path)
@@ -205,8 +207,11 @@ class EventRecorder:
         self._last_clock = t  # rounded when read: a real node counts every message
         self.counts[ev] = self.counts.get(ev, 0) + 1
         if ev in self.byte_kinds:
-            dc = self._dc_cached
-            self.counters.add(dc(str(src)), dc(str(dst)), nbytes)
+            dcs = self._pair_cache.get((src, dst))
+            if dcs is None:
+                dc = self._dc_cached
+                dcs = self._pair_cache[(src, dst)] = (dc(str(src)), dc(str(dst)))
+            self.counters.add(dcs[0], dcs[1], nbytes)
 
     @property
     def last_t(self) -> float | None:

@@ -491,6 +491,15 @@ class KVStore:
                 replies: Sequence[Message], out: Any) -> Any:
         """Decode a pull's replies (one per part) into ``out`` (a new array if None)."""
         node = self._node
+        if type(out) is np.ndarray and len(parts) == 1 and out.nbytes < SINK_MIN_BYTES:
+            reply = replies[0]
+            if not reply.meta and len(reply.payloads) == 1:
+                data = reply.payloads[0].data
+                if data is not None and data.size == out.size:
+                    # a dense reply into a small ``out`` (never received into it): what the
+                    # general path below does, without decoding into a temporary first
+                    np.copyto(out, data.reshape(out.shape), casting="unsafe")
+                    return out
         if out is None and len(parts) == 1:
             # the decoded reply is this worker's own (a received buffer, or a copy)
             value = node.lan_codec.decode(replies[0])
