@@ -151,10 +151,10 @@ class Payload:
         self.owned = owned
 
     @classmethod
-    def _decoded(cls, dtype: str, shape: tuple[int, ...], data: np.ndarray | None,
+    def _checked(cls, dtype: str, shape: tuple[int, ...], data: np.ndarray | None,
                  nbytes: int, owned: bool) -> "Payload":
-        """A payload whose fields :func:`decode` has already checked and computed (no
-        second normalisation of the shape, no second product)."""
+        """A payload whose fields the caller (:func:`decode`, :meth:`of`) has already
+        checked and computed: no second normalisation of the shape, no second product."""
         p = cls.__new__(cls)
         p.dtype = dtype
         p.shape = shape
@@ -167,10 +167,11 @@ class Payload:
     def of(cls, array: np.ndarray) -> "Payload":
         """Wrap a numpy array (made C-contiguous little-endian if it is not)."""
         a = np.asarray(array)
-        dt = normalize_dtype(a.dtype.str)  # (a str: normalize_dtype's cache knows it)
-        if a.dtype.str != dt or not a.flags.c_contiguous:
+        s = a.dtype.str
+        dt = normalize_dtype(s)  # (a str: normalize_dtype's cache knows it)
+        if s != dt or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a, dtype=dt)
-        return cls(dt, a.shape, a)
+        return cls._checked(dt, a.shape, a, a.nbytes, False)
 
     @classmethod
     def phantom(cls, shape: tuple[int, ...] | int, dtype: Any = "<f4") -> "Payload":
@@ -283,16 +284,26 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"meta value of type {type(o).__name__} is not JSON-able")
 
 
+#: node name -> its UTF-8 bytes (checked for length once)
+_NAME_BYTES: dict[str, bytes] = {}
+
+
 def encode(msg: Message) -> list[bytes | memoryview]:
     """Encode ``msg`` as frames: one header ``bytes`` then one zero-copy view per data payload.
 
     The concatenation of the frames is the message; a stream transport prefixes it with
     its total length (see :func:`frame_length`).
     """
-    src = msg.src.encode()
-    dst = msg.dst.encode()
-    if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
-        raise WireError("node name longer than 255 bytes")
+    src = _NAME_BYTES.get(msg.src)
+    dst = _NAME_BYTES.get(msg.dst)
+    if src is None or dst is None:
+        src = msg.src.encode()
+        dst = msg.dst.encode()
+        if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
+            raise WireError("node name longer than 255 bytes")
+        if len(_NAME_BYTES) < 4096:  # (a job has few names; strangers must not grow it)
+            _NAME_BYTES[msg.src] = src
+            _NAME_BYTES[msg.dst] = dst
     if msg.kind == _BATCH:
         return _encode_batch(msg, src, dst)
     meta = json.dumps(msg.meta, separators=(",", ":"), sort_keys=True,
@@ -483,7 +494,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             arr = arr.reshape(shape)
         if copy:
             arr = arr.copy()
-        payloads.append(Payload._decoded(dt, shape, arr, size, copy or keep))
+        payloads.append(Payload._checked(dt, shape, arr, size, copy or keep))
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
