@@ -86,7 +86,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from geomx.runtime import security
 from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ, SEQ_BYTES,
@@ -444,6 +444,27 @@ class TcpTransport:
                 raise ConnectionError(f"{self.name}: transport is closed")
             event.clear()
             await event.wait()
+        return self._take()
+
+    async def listen(self, handler: Callable[[Message], None]) -> None:
+        """Call ``handler`` with every message, as ``while True: handler(await recv())``
+        would (same order, same places in the loop) without a coroutine call per
+        message; until cancelled, or the transport closes (ConnectionError, as ``recv``).
+        ``recv`` must not be used meanwhile."""
+        event = self._inbox_event
+        if event is None:
+            raise RuntimeError(f"{self.name}: call start() before listen()")
+        inbox = self._inbox
+        while True:
+            while not inbox:
+                if self.closed:
+                    raise ConnectionError(f"{self.name}: transport is closed")
+                event.clear()
+                await event.wait()
+            handler(self._take())
+
+    def _take(self) -> Message:
+        """The inbox's first message (there is one); reading resumes below half full."""
         msg, n = self._inbox.popleft()
         self._inbox_bytes -= n
         if self._paused and self._inbox_bytes <= self.recv_queue_limit_bytes // 2:
