@@ -405,10 +405,7 @@ class TcpTransport:
         estimate = msg.nbytes
         if estimate > SMALL_MESSAGE_BYTES or not out.idle_unshaped(estimate):
             return False
-        if out._cork is not None and msg.batch is None and (
-                not out._held or out._held[0].src == msg.src):
-            # another small message left in this turn: this one joins the turn's frame
-            out.hold(msg, estimate)
+        if out.hold(msg, estimate):  # another small message left in this turn: join it
             return True
         frames, nbytes = sequenced_frames(msg)
         if (nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes

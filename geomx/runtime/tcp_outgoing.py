@@ -406,10 +406,11 @@ class Outgoing:
         counters.msgs_sent += 1
         counters.bytes_sent += nbytes
 
-    def hold(self, msg: Message, nbytes: int) -> None:
+    def hold(self, msg: Message, nbytes: int) -> bool:
         """Take small ``msg`` (``nbytes`` its size estimate) for the frame that the turn's
-        other small messages to this peer travel in (see :meth:`write_direct`; only while
-        a message was written directly in this turn and nothing is queued).
+        other small messages to this peer travel in, if a message was written directly
+        in this turn (:meth:`write_direct`); False: write it as usual. The caller has
+        checked that it may be written now (:meth:`idle_unshaped`).
 
         Like ZeroMQ's batching of a burst of small messages in one write, and one step
         further: the held messages become one BATCH message (geomx/wire.py) and so one
@@ -420,10 +421,14 @@ class Outgoing:
         ``CORK_BYTES`` or ``HOLD_MESSAGES`` are held, or before anything else is
         written or queued on this stream (order and numbering stay those of sending).
         """
-        self._held.append(msg)
+        held = self._held
+        if self._cork is None or msg.batch is not None or (held and held[0].src != msg.src):
+            return False  # (a BATCH cannot carry a BATCH; one carries one sender's messages)
+        held.append(msg)
         self._held_bytes += nbytes
-        if self._held_bytes >= CORK_BYTES or len(self._held) >= HOLD_MESSAGES:
+        if self._held_bytes >= CORK_BYTES or len(held) >= HOLD_MESSAGES:
             self._frame_held()
+        return True
 
     def _frame_held(self) -> None:
         """Frame and number the held messages (one BATCH frame when there are several)
