@@ -189,3 +189,65 @@ def test_transport_receives_a_named_reply_into_the_callers_array():
             await t.close()
 
     eventloop.run(asyncio.wait_for(main(), 30))
+
+
+def test_send_loop_holds_no_message_once_sent():
+    """A node's outbox task drops the message it sent before waiting for the next: the
+    arrays it carried (a push snapshot, a server's stored value) go back to their pools
+    only once nothing references them."""
+    import weakref
+
+    from geomx.node.base import Node
+
+    class Transport:
+        sent = 0
+
+        async def send(self, msg):
+            Transport.sent += 1
+
+    class Services:
+        def count_bytes(self, msg):
+            pass
+
+    async def main():
+        node = Node("w", "dc", Transport(), Services())
+        node._running = True
+        arr = np.ones(1000, dtype=np.float32)
+        ref = weakref.ref(arr)
+        node.post(wire.Message(wire.Kind.PUSH, "w", "s", payloads=[wire.Payload.of(arr)]))
+        del arr
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert Transport.sent == 1 and ref() is None
+        for t in node._senders.values():
+            t.cancel()
+
+    asyncio.run(main())
+
+
+def test_window_admits_a_large_message_behind_small_unacknowledged_ones():
+    """A message over the retain limit does not wait for the delayed acknowledgement of
+    a small one before it (a PUSH_ACK before a pull reply), but still waits behind a
+    large unacknowledged one (the bound on what the sender holds)."""
+    from geomx.runtime import framing
+    from geomx.runtime.tcp_resume import OVERSIZE_ADMIT_FRACTION, SendWindow
+
+    def frames(n):
+        return framing.sequenced_frames(wire.Message(wire.Kind.PUSH, "a", "b",
+                                                     payloads=[wire.Payload.of(np.zeros(n, np.uint8))]))
+
+    async def main():
+        limit = 1 << 20
+        w = SendWindow(limit)
+        small, big = frames(100), frames(3 * limit)
+        assert w.has_room(big[1])
+        w.assign(*small)
+        assert w.has_room(big[1])  # only a small message unacknowledged
+        w.assign(*big)
+        assert not w.has_room(big[1]) and not w.has_room(small[1] + limit)
+        w.ack(2)
+        assert w.has_room(big[1])
+        w.assign(*frames(int(limit * OVERSIZE_ADMIT_FRACTION) + 1))
+        assert not w.has_room(big[1])  # more than the fraction unacknowledged
+
+    asyncio.run(main())
