@@ -70,7 +70,7 @@ def test_push_snapshots_reuse_only_unreferenced_buffers(monkeypatch):
 
 
 def test_recv_pool_reuses_free_buffers_and_stays_bounded():
-    pool = RecvBufferPool(max_bytes=3000, min_bytes=100)
+    pool = RecvBufferPool(max_bytes=3000, min_bytes=100, granule_bytes=500)
     a = pool.take(1000)
     addr = a.ctypes.data
     view = np.frombuffer(memoryview(a)[8:408], dtype=np.float32).reshape(10, 10)
@@ -88,6 +88,14 @@ def test_recv_pool_reuses_free_buffers_and_stays_bounded():
     f = pool.take(2000)  # free ones of another size make room
     assert pool.held_bytes <= 3000 and f.nbytes == 2000
     assert pool.take(50).nbytes == 50  # small: never pooled
+    del e, f
+    g = pool.take(1900)  # a frame a little shorter: the free 2000-byte buffer, as a view
+    assert g.nbytes == 1900 and g.base is not None and g.base.nbytes == 2000
+    addr = g.ctypes.data
+    h = pool.take(1950)  # the view holds its buffer: not free
+    assert h.ctypes.data != addr
+    del g, h
+    assert pool.take(1950).ctypes.data == addr
     with pytest.raises(ValueError):
         RecvBufferPool(max_bytes=-1)
 
