@@ -259,3 +259,20 @@ def test_window_admits_a_large_message_behind_small_unacknowledged_ones():
         assert not w.has_room(big[1])  # more than the fraction unacknowledged
 
     asyncio.run(main())
+
+
+def test_large_snapshot_copies_are_shared_with_helper_threads(monkeypatch):
+    monkeypatch.setattr(push_snapshots, "PARALLEL_COPY_BYTES", 4096)
+    monkeypatch.setattr(push_snapshots, "COPY_PIECE_BYTES", 1000)  # not a multiple of 8
+    monkeypatch.setattr(push_snapshots, "COPY_HELPERS", 2)
+    monkeypatch.setattr(push_snapshots, "MIN_REUSED_BYTES", 16)
+    x = np.random.default_rng(1).standard_normal((37, 101))  # 29,896 bytes: 30 pieces
+    snaps = PushSnapshots()
+    for i in range(3):
+        s = snaps.take(5, x + i)
+        ok = np.array_equal(s, x + i) and not s.flags.writeable
+        del s  # (before the assert: pytest's rewriting keeps what it looked at)
+        assert ok
+    assert snaps.reused == 2
+    odd = x[:, ::2]  # not contiguous: one plain copy
+    assert np.array_equal(snaps.take(6, odd), odd)
