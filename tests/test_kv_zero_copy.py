@@ -276,3 +276,35 @@ def test_large_snapshot_copies_are_shared_with_helper_threads(monkeypatch):
     assert snaps.reused == 2
     odd = x[:, ::2]  # not contiguous: one plain copy
     assert np.array_equal(snaps.take(6, odd), odd)
+
+
+def test_receiver_reuses_its_buffers_for_frames_of_one_key():
+    """A receiver that keeps the latest value it was sent (a server storing pushes)
+    needs two receive buffers per key, however the frames' headers vary in length."""
+    from geomx.runtime import eventloop
+    from geomx.runtime.tcp import TcpTransport
+
+    async def main():
+        a, b = TcpTransport("a"), TcpTransport("b")
+        for t in (a, b):
+            await t.start()
+        book = {t.name: t.local_address() for t in (a, b)}
+        for t in (a, b):
+            t.set_address_book(book)
+        data = np.arange(2 << 20, dtype=np.uint8)  # 2 MB: pooled
+        stored = None
+        for i in range(6):
+            meta = {"round": "x" * i}  # headers a few bytes longer each time
+            await a.send(wire.Message(wire.Kind.PUSH, "a", "b", key=1, meta=meta,
+                                      payloads=[wire.Payload.of(data)]))
+            got = await b.recv()
+            stored = from_payload(got.payloads[0], take=True)  # kept, as a store
+            del got
+            assert np.array_equal(stored, data)
+        pool = b._recv_pool
+        for t in (a, b):
+            await t.close()
+        return pool.allocated, pool.reused
+
+    allocated, reused = eventloop.run(asyncio.wait_for(main(), 30))
+    assert allocated == 2 and reused == 4
