@@ -331,6 +331,10 @@ class Node:
                                   f"{msg.dst}: {e}") from None
             finally:
                 self._sending[msg.dst] -= 1
+                # hold no sent message while waiting for the next: its arrays go back to
+                # their buffer pools (push snapshots, the server's receive buffers) only
+                # once nothing references them
+                msg = None
 
     async def _recv_loop(self) -> None:
         listen = getattr(self.transport, "listen", None)

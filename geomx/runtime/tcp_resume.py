@@ -17,8 +17,8 @@ resend, and order within a stream makes one cumulative number enough.
   see ``_snapshot`` in ``geomx/node/global_server.py``), which is what makes holding
   views safe, as it already was for queued messages. The window is bounded: with more
   than ``limit_bytes`` unacknowledged the writer waits for acks (a larger message is
-  admitted alone), so a receiver that stops acknowledging stalls its sender instead of
-  growing its memory.
+  admitted once at most :data:`OVERSIZE_ADMIT_FRACTION` of the limit is unacknowledged),
+  so a receiver that stops acknowledging stalls its sender instead of growing its memory.
 * The receiver keeps, per stream, the last sequence number it delivered
   (:class:`InStreams`): it acknowledges with small ACK frames on the same connection,
   back to the sender, every ``ack_every_bytes`` / ``ack_every_frames`` or after
@@ -58,6 +58,12 @@ DEFAULT_RECONNECT_TIMEOUT_S = 30.0
 ACK_EVERY_BYTES = 256 * 1024
 ACK_EVERY_FRAMES = 64
 ACK_DELAY_S = 0.02
+#: A message larger than the retain limit waits until at most this fraction of the limit
+#: is unacknowledged, not until nothing is: small messages before it (a PUSH_ACK before a
+#: pull reply, a pull request before the next push) are acknowledged only after
+#: ``ack_delay_s``, and waiting for that stalled every large message by 20 ms. The window
+#: then holds at most this fraction of the limit beyond the large message itself.
+OVERSIZE_ADMIT_FRACTION = 1 / 16
 #: Streams a receiver remembers; beyond it the oldest ones without a live connection
 #: are forgotten (a stranger without the secret claiming many names cannot grow it).
 MAX_STREAMS = 4096
@@ -90,7 +96,8 @@ class SendWindow:
 
     def has_room(self, nbytes: int) -> bool:
         """May a message of ``nbytes`` be written now (or must the writer wait for acks)?"""
-        return not self.entries or self.bytes + nbytes <= self.limit_bytes
+        return (self.bytes + nbytes <= self.limit_bytes
+                or self.bytes <= self.limit_bytes * OVERSIZE_ADMIT_FRACTION)
 
     async def wait_room(self, nbytes: int) -> None:
         while not self.has_room(nbytes):
