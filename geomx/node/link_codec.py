@@ -61,6 +61,8 @@ class LinkCodec:
     # -------------------------------------------------------------- encode
     def encode_push(self, key: int, value: Value, *, tier: str,
                     part: int = 0) -> tuple[list[Payload], dict[str, Any]]:
+        if self._policy is None:  # no codec configured: dense, without sizing the value
+            return [_dense(value)], {}
         n = _num_elements(value)
         codec = self._codec(n, tier)
         if codec is None:
@@ -80,6 +82,8 @@ class LinkCodec:
         """Encode a pull reply. ``weights``: the value is a weight vector (a global
         optimizer is installed); it is never sparsified (GeoMX truncates it: a bug we fix),
         though a precision codec (fp16/bf16) still applies."""
+        if self._policy is None:
+            return [_dense(value)], {}
         n = _num_elements(value)
         codec = self._codec(n, tier)
         if codec is None or (weights and codec.name in ("bsc", "onebit")):

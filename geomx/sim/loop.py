@@ -48,7 +48,7 @@ import gc
 import heapq
 import itertools
 from asyncio import events
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = [
@@ -173,6 +173,22 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         if self._closed:
             raise RuntimeError("Event loop is closed")
         heapq.heappush(self._timers, (when, next(self._timer_seq), fn, arg))
+
+    def plain_timer_heap(self) -> tuple[list[Any], Iterator[int]]:
+        """The timer heap and its sequence counter, for a caller that schedules a plain
+        timer per message: ``heapq.heappush(heap, (when, next(seq), fn, arg))`` is
+        :meth:`call_at_plain` without the method call (the heap stays the same list for
+        the loop's lifetime)."""
+        return self._timers, self._timer_seq
+
+    def soon_plain_entry(self, fn: Callable[[Any], Any],
+                         arg: Any) -> tuple[Callable[[Any], None], tuple[float, int, Any, Any]]:
+        """A reusable ``call_soon`` for ``fn(arg)`` without a handle: returns the ready
+        queue's ``append`` and the entry to pass it; each append runs ``fn(arg)`` once,
+        in FIFO order with every other callback, like ``call_soon(fn, arg)`` would, but
+        in the loop's own ``contextvars`` context (``fn`` may be ``context.run`` to pick
+        another) and without allocating anything per call. It cannot be cancelled."""
+        return self._ready.append, (0.0, 0, fn, arg)
 
     def call_later(self, delay: float, callback: Callable[..., Any], *args: Any,
                    context: Any = None) -> events.TimerHandle:
@@ -333,7 +349,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             else:
                 kept.append(entry)
         heapq.heapify(kept)
-        self._timers = kept
+        self._timers[:] = kept  # the same list (see plain_timer_heap)
         self._timer_cancelled_count = 0
 
     def _deadlock_report(self) -> str:

@@ -327,10 +327,13 @@ class Network:
         self._seeds: list[Link] = []  # links whose flows or capacity changed since the last recompute
         self._full = False            # recompute every flow (after a reroute)
         self._order = 0               # activation / busy-link order stamps
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_when = _INF
+        self._timer_when = _INF       # when the completion timer is armed for (inf: not armed)
+        self._timer_gen = 0           # the armed one's number; older ones fire as no-ops
         self._schedule_idle: Callable[..., Any] | None = None
         self._call_at_plain: Callable[[float, Callable[[Any], Any], Any], Any] | None = None
+        # on a VirtualTimeLoop: its timer heap and sequence counter, pushed to directly
+        self._loop_timers: list[Any] | None = None
+        self._loop_seq: Any = None
         # counters
         self.messages_sent = 0
         self.messages_delivered = 0
@@ -537,9 +540,13 @@ class Network:
     def transmit(self, msg: MessageLike, deliver: Callable[[Any], None]) -> None:
         """Send ``msg`` on its ``(src, dst, channel)`` connection; ``deliver(msg)`` is
         called at its arrival time (never, if an unreliable channel drops it)."""
-        loop = _running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            # (asyncio.get_running_loop() makes a getpid() system call each time: ask it
+            # only when the loop this network is bound to is not the one running)
+            loop = _running_loop()
+            if loop is not self._loop:
+                self._bind(loop)
         src = msg.src
         dst = msg.dst
         if src == dst:
@@ -580,7 +587,9 @@ class Network:
         self._loop = loop
         self._schedule_idle = getattr(loop, "call_when_idle", None) or loop.call_soon
         self._call_at_plain = getattr(loop, "call_at_plain", None) or loop.call_at
-        self._timer = None
+        heap_of = getattr(loop, "plain_timer_heap", None)
+        self._loop_timers, self._loop_seq = heap_of() if heap_of is not None else (None, None)
+        self._timer_gen += 1
         self._timer_when = _INF
         self._dirty = False
         self._heap.clear()
@@ -967,14 +976,19 @@ class Network:
             return
         when = heap[0][0]
         if when < self._timer_when:
-            if self._timer is not None:
-                self._timer.cancel()
+            # A plain timer, not a cancellable handle: one armed earlier for a later time
+            # fires as a no-op (its number is no longer the armed one). It runs alone at
+            # an instant where nothing else happens, or among others as a no-op: the
+            # order of everything else is the same as with a cancelled handle.
             self._timer_when = when
-            self._timer = self._loop.call_at(when, self._on_timer)
+            gen = self._timer_gen = self._timer_gen + 1
+            self._call_at_plain(when, self._on_timer, gen)
 
-    def _on_timer(self) -> None:
+    def _on_timer(self, gen: int) -> None:
         """Finish every message whose last byte has left by now; start the next ones."""
-        self._timer = None
+        if gen != self._timer_gen:
+            return  # re-armed for an earlier time since
+        self._timer_gen = gen + 1
         self._timer_when = _INF
         loop = self._loop
         now = loop.time()
@@ -984,6 +998,8 @@ class Network:
         heappush = heapq.heappush
         hook = self.on_transfer
         call_at_plain = self._call_at_plain
+        timers = self._loop_timers
+        tseq = self._loop_seq
         while heap and heap[0][0] <= limit:
             finish, _, conn, gen = heappop(heap)
             if gen != conn.gen:
@@ -1005,7 +1021,10 @@ class Network:
                     arrival = conn.last_arrival
                 conn.last_arrival = arrival
                 conn.in_flight.append((msg, deliver))
-                call_at_plain(arrival, _deliver_next, conn)
+                if timers is not None:  # (call_at_plain, inlined)
+                    heappush(timers, (arrival, next(tseq), _deliver_next, conn))
+                else:
+                    call_at_plain(arrival, _deliver_next, conn)
             if hook is not None:
                 hook(msg, t_start, arrival, path.link_names, dropped)
             queue = conn.queue
