@@ -196,7 +196,7 @@ class _Connection:
 
     __slots__ = (
         "src", "dst", "channel", "cls", "reliable", "path", "links", "cap_bps", "loopback",
-        "queue", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
+        "queue", "qheap", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
         "in_flight", "last_arrival", "_new", "_fz", "_network", "_aseq", "_vmark",
     )
 
@@ -211,8 +211,12 @@ class _Connection:
         self.links = path.links if path is not None else ()
         self.loopback = path is None
         self.cap_bps = (path.reliable_cap_bps if self.reliable else _INF) if path else _INF
-        # queue entries: (-priority, seq, msg, deliver, nbytes, dropped)
-        self.queue: list[tuple[int, int, Any, Callable[[Any], None], int, bool]] = []
+        # queue entries: (-priority, seq, msg, deliver, nbytes, dropped), served in that
+        # order: a deque while every queued message has one priority (FIFO is that order,
+        # for O(1) instead of a heap's O(log n)), a heap (``qheap``) from a second
+        # priority on until it drains
+        self.queue: deque[Any] | list[Any] = deque()
+        self.qheap = False
         # current message: (msg, deliver, nbytes, dropped, t_start) or None when idle
         self.current: tuple[Any, Callable[[Any], None], int, bool, float] | None = None
         self.remaining = 0.0   # bytes of the current message left at time t_ref
@@ -571,7 +575,17 @@ class Network:
                 dropped = True
         if conn.current is not None:
             seq = self._seq = self._seq + 1
-            heapq.heappush(conn.queue, (-msg.priority, seq, msg, deliver, nbytes, dropped))
+            entry = (-msg.priority, seq, msg, deliver, nbytes, dropped)
+            queue = conn.queue
+            if conn.qheap:
+                heapq.heappush(queue, entry)
+            elif not queue or queue[0][0] == entry[0]:
+                queue.append(entry)
+            else:
+                heap = list(queue)  # one priority in seq order: a valid heap already
+                heapq.heappush(heap, entry)
+                conn.queue = heap
+                conn.qheap = True
             return
         self._start(conn, msg, deliver, nbytes, dropped, loop.time())
         if conn.packet:
@@ -1032,12 +1046,14 @@ class Network:
                 conn.packet = False
                 conn.current = None
                 if queue:
-                    _, _, msg, deliver, nbytes, dropped = heappop(queue)
+                    _, _, msg, deliver, nbytes, dropped = (
+                        self._pop_heap(conn) if conn.qheap else queue.popleft())
                     self._start(conn, msg, deliver, nbytes, dropped, finish)
                     heap = self._heap
             elif queue:
                 # The connection stays busy: same rate, no recomputation.
-                _, _, msg, deliver, nbytes, dropped = heappop(queue)
+                _, _, msg, deliver, nbytes, dropped = (
+                    self._pop_heap(conn) if conn.qheap else queue.popleft())
                 conn.current = (msg, deliver, nbytes, dropped, finish)
                 conn.remaining = float(nbytes)
                 conn.t_ref = finish
@@ -1053,6 +1069,16 @@ class Network:
                 conn.current = None
                 self._deactivate(conn, now)
         self._arm_timer()
+
+    @staticmethod
+    def _pop_heap(conn: _Connection) -> tuple[Any, ...]:
+        """The next queued message of a connection whose queue holds several priorities
+        (back to a FIFO deque once it drains)."""
+        entry = heapq.heappop(conn.queue)
+        if not conn.queue:
+            conn.queue = deque()
+            conn.qheap = False
+        return entry
 
     # -- reporting ------------------------------------------------------------------------
 
