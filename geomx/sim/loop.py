@@ -33,7 +33,9 @@ the delivery itself. Plain timers draw their ``seq`` from the same counter as or
 ones, so the order of everything due at one instant is the order it was scheduled in,
 whichever kind it is. ``call_soon``/``call_at`` build their handles without the base
 class's layers of checks (the same handles, the same order; debug mode keeps the base
-class's path).
+class's path). :meth:`VirtualTimeLoop.soon_plain_entry` is the ``call_soon`` of plain
+entries (a transport's inbox drain), and :meth:`VirtualTimeLoop.plain_timer_heap` hands
+out the heap itself to the network, which schedules a plain timer per message.
 
 Relies on private names of ``asyncio.BaseEventLoop`` that have been stable from Python
 3.8 to 3.13 (``_ready``, ``_stopping``, ``_timer_cancelled_count`` and the
