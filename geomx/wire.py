@@ -85,6 +85,9 @@ class Kind(enum.IntEnum):
 
 
 _KIND_VALUES = frozenset(int(k) for k in Kind)
+#: value -> member (a dict lookup: ``Kind(value)`` costs a call into enum per message)
+_KIND_OF = {int(k): k for k in Kind}
+_BATCH = Kind.BATCH
 
 # dtype <-> u8 code. bfloat16 travels as its raw uint16 bits (dtype "<u2") with meta.
 _DTYPE_CODES: dict[str, int] = {
@@ -148,13 +151,27 @@ class Payload:
         self.owned = owned
 
     @classmethod
+    def _checked(cls, dtype: str, shape: tuple[int, ...], data: np.ndarray | None,
+                 nbytes: int, owned: bool) -> "Payload":
+        """A payload whose fields the caller (:func:`decode`, :meth:`of`) has already
+        checked and computed: no second normalisation of the shape, no second product."""
+        p = cls.__new__(cls)
+        p.dtype = dtype
+        p.shape = shape
+        p.data = data
+        p.nbytes = nbytes
+        p.owned = owned
+        return p
+
+    @classmethod
     def of(cls, array: np.ndarray) -> "Payload":
         """Wrap a numpy array (made C-contiguous little-endian if it is not)."""
         a = np.asarray(array)
-        dt = normalize_dtype(a.dtype)
-        if a.dtype.str != dt or not a.flags.c_contiguous:
+        s = a.dtype.str
+        dt = normalize_dtype(s)  # (a str: normalize_dtype's cache knows it)
+        if s != dt or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a, dtype=dt)
-        return cls(dt, a.shape, a)
+        return cls._checked(dt, a.shape, a, a.nbytes, False)
 
     @classmethod
     def phantom(cls, shape: tuple[int, ...] | int, dtype: Any = "<f4") -> "Payload":
@@ -249,6 +266,8 @@ _HEADER = struct.Struct("<2sBBBBBBHIqiqqi")
 _DESC = struct.Struct("<BBB")  # dtype code, ndim, phantom flag
 _DIM = struct.Struct("<q")
 MAX_NDIM = 8
+#: a shape of n dims, packed or read in one call
+_DIMS = [struct.Struct(f"<{n}q") for n in range(MAX_NDIM + 1)]
 MAX_PAYLOADS = 64
 MAX_NAME_BYTES = 255
 MAX_META_BYTES = 1 << 20
@@ -265,17 +284,27 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"meta value of type {type(o).__name__} is not JSON-able")
 
 
+#: node name -> its UTF-8 bytes (checked for length once)
+_NAME_BYTES: dict[str, bytes] = {}
+
+
 def encode(msg: Message) -> list[bytes | memoryview]:
     """Encode ``msg`` as frames: one header ``bytes`` then one zero-copy view per data payload.
 
     The concatenation of the frames is the message; a stream transport prefixes it with
     its total length (see :func:`frame_length`).
     """
-    src = msg.src.encode()
-    dst = msg.dst.encode()
-    if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
-        raise WireError("node name longer than 255 bytes")
-    if msg.kind == Kind.BATCH:
+    src = _NAME_BYTES.get(msg.src)
+    dst = _NAME_BYTES.get(msg.dst)
+    if src is None or dst is None:
+        src = msg.src.encode()
+        dst = msg.dst.encode()
+        if len(src) > MAX_NAME_BYTES or len(dst) > MAX_NAME_BYTES:
+            raise WireError("node name longer than 255 bytes")
+        if len(_NAME_BYTES) < 4096:  # (a job has few names; strangers must not grow it)
+            _NAME_BYTES[msg.src] = src
+            _NAME_BYTES[msg.dst] = dst
+    if msg.kind == _BATCH:
         return _encode_batch(msg, src, dst)
     meta = json.dumps(msg.meta, separators=(",", ":"), sort_keys=True,
                       default=_json_default).encode() if msg.meta else b""
@@ -292,7 +321,7 @@ def encode(msg: Message) -> list[bytes | memoryview]:
         if len(p.shape) > MAX_NDIM:
             raise WireError(f"payload has {len(p.shape)} dims > {MAX_NDIM}")
         parts.append(_DESC.pack(_DTYPE_CODES[p.dtype], len(p.shape), 1 if p.data is None else 0))
-        parts.extend(_DIM.pack(d) for d in p.shape)
+        parts.append(_DIMS[len(p.shape)].pack(*p.shape))
         if p.data is not None and p.nbytes:
             buffers.append(memoryview(p.data).cast("B"))
     return [b"".join(parts), *buffers]
@@ -311,7 +340,10 @@ def _encode_batch(msg: Message, src: bytes, dst: bytes) -> list[bytes | memoryvi
         if m.kind == Kind.BATCH or m.src != msg.src or m.dst != msg.dst:
             raise WireError("a batch carries non-batch messages between its own src and dst")
         frames = encode(m)
-        head.append(_LEN.pack(frame_length(frames)))
+        length = len(frames[0])
+        for f in frames[1:]:  # (the payloads' views)
+            length += f.nbytes
+        head.append(_LEN.pack(length))
         head.append(frames[0])
         if len(frames) > 1:
             out.append(b"".join(head))
@@ -391,7 +423,8 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         raise WireError(f"bad magic {bytes(magic)!r}")
     if version != WIRE_VERSION:
         raise WireError(f"unsupported wire version {version} (this node speaks {WIRE_VERSION})")
-    if kind not in _KIND_VALUES:
+    kind_ = _KIND_OF.get(kind)
+    if kind_ is None:
         raise WireError(f"unknown message kind {kind}")
     if n_payloads > MAX_PAYLOADS:
         raise WireError(f"too many payloads: {n_payloads}")
@@ -402,8 +435,8 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     if end > n:
         raise WireError("truncated frame: names/meta run past the end")
     try:
-        src = bytes(mv[off:off + src_len]).decode()
-        dst = bytes(mv[off + src_len:off + src_len + dst_len]).decode()
+        src = str(mv[off:off + src_len], "utf-8")
+        dst = str(mv[off + src_len:off + src_len + dst_len], "utf-8")
     except UnicodeDecodeError as e:
         raise WireError(f"node name is not UTF-8: {e}") from None
     meta: dict[str, Any] = {}
@@ -415,7 +448,7 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         if not isinstance(meta, dict):
             raise WireError("meta must be a JSON object")
     off = end
-    if kind == Kind.BATCH:
+    if kind_ is _BATCH:
         return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
                              max_bytes, copy, owned)
     descs: list[tuple[str, tuple[int, ...], bool]] = []
@@ -432,12 +465,14 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             raise WireError(f"payload {i}: bad phantom flag {phantom}")
         if off + 8 * ndim > n:
             raise WireError(f"truncated frame: payload {i} shape")
-        shape = struct.unpack_from(f"<{ndim}q", mv, off)
+        shape = _DIMS[ndim].unpack_from(mv, off)
         off += 8 * ndim
-        if any(d < 0 for d in shape):
+        if shape and min(shape) < 0:
             raise WireError(f"payload {i}: negative dimension in {shape}")
         descs.append((_CODE_DTYPES[code], shape, bool(phantom)))
     payloads: list[Payload] = []
+    # arrays over ``buf`` are writable exactly when it is (asked once, not per array)
+    keep = (copy or owned) and not mv.readonly
     for i, (dt, shape, phantom) in enumerate(descs):
         if phantom:
             payloads.append(Payload(dt, shape, None))
@@ -454,16 +489,18 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             continue
         if size > n - off:
             raise WireError(f"truncated frame: payload {i} needs {size} bytes, {n - off} left")
-        arr = np.frombuffer(mv[off:off + size], dtype=dt).reshape(shape)
+        arr = np.frombuffer(mv[off:off + size], dtype=dt)
+        if len(shape) != 1:
+            arr = arr.reshape(shape)
         if copy:
             arr = arr.copy()
-        payloads.append(Payload(dt, shape, arr, owned=(copy or owned) and arr.flags.writeable))
+        payloads.append(Payload._checked(dt, shape, arr, size, copy or keep))
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
     if external is not None:
         raise WireError("the message has no payload for its separately received data")
-    return Message(Kind(kind), src, dst, key, part, ver, request_id, priority, channel, meta,
+    return Message(kind_, src, dst, key, part, ver, request_id, priority, channel, meta,
                    payloads)
 
 

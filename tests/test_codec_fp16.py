@@ -104,9 +104,22 @@ def decoders():
         int_decode(h, out, quiet)
         return out
 
+    def streaming(nch):
+        def run(h, quiet):
+            buf = np.empty(h.size + 1, np.float32)
+            out = buf[1:]  # 4 bytes off a vector boundary: a scalar head, then streamed
+            if nch == 1:
+                cpu_kernels._f16_to_f32_stream_range(h, out, quiet, 0, h.size)
+            else:
+                cpu_kernels._f16_to_f32_stream(h, out, quiet, nch)
+            return out.view(np.uint32)
+        return run
+
     yield "bits", kernel(cpu_kernels.f16_to_f32_bits)
     if cpu_kernels.USE_F16C:
         yield "f16c", kernel(cpu_kernels.f16_to_f32_hw)
+        yield "f16c streaming", streaming(1)
+        yield "f16c streaming 3 chunks", streaming(3)
     yield "integer(cuda source)", integer
 
 

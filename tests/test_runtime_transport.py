@@ -158,6 +158,39 @@ def test_send_nowait_bursts_keep_order_with_queued_sends():
     arun(main())
 
 
+def test_a_turns_small_messages_share_frames_and_arrive_one_by_one():
+    """After the first small message of a loop turn, send_nowait holds the next ones and
+    frames them together (one SEQ_MESSAGE flagged SPLIT_BATCH per ~CORK_BYTES,
+    tcp_outgoing.Outgoing.hold); the receiver still gets each message on its own, in
+    order, exactly once -- also when the connection breaks while messages are held."""
+    async def main():
+        a, b = await cluster("a", "b")
+        await a.send(msg("a", "b", 0))
+        assert (await b.recv()).request_id == 0
+        conn = next(c for c in b._incoming if c.peer == "a")
+        frames_before = conn.decoder.frames
+        for i in range(1, 301):
+            assert a.send_nowait(msg("a", "b", i, n=16))
+        got = [await b.recv() for _ in range(300)]
+        assert [m.request_id for m in got] == list(range(1, 301))
+        assert all(m.kind == Kind.PUSH and m.meta == {"i": m.key} for m in got)
+        assert np.array_equal(got[41].payloads[0].data, np.arange(16, dtype=np.float32) + 42)
+        assert conn.decoder.frames - frames_before < 10  # not 300
+        assert a.stats()["msgs_sent"] == b.stats()["msgs_received"] == 301
+        # held messages when the connection breaks: numbered into the window, resent once
+        out = next(o for (peer, _), o in a._out.items() if peer == "b")
+        for i in range(301, 401):
+            assert a.send_nowait(msg("a", "b", i, n=16))
+        assert out._held
+        out.proto.transport.abort()
+        got = [(await b.recv()).request_id for _ in range(100)]
+        assert got == list(range(301, 401))
+        await asyncio.sleep(0.05)
+        assert b.stats()["inbox_messages"] == 0
+        await close_all(a, b)
+    arun(main())
+
+
 def test_all_reliable_channels_are_separate_connections():
     async def main():
         a, b = await cluster("a", "b")

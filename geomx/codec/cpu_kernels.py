@@ -27,6 +27,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from . import bits
+from .stream_stores import LANES, STREAM_MIN_ELEMENTS, head_elements, store_fence, stream_bf16_to_f32, stream_f16_to_f32
 
 #: Below this many elements a kernel runs as one chunk (one thread).
 PARALLEL_MIN = 1 << 16
@@ -252,8 +253,43 @@ def f32_to_f16(src: np.ndarray, dst: np.ndarray, quiet_nan: bool, nch: int) -> N
     (f32_to_f16_hw if USE_F16C else f32_to_f16_bits)(src, dst, quiet_nan, nch)
 
 
+@njit(cache=True)
+def _f16_to_f32_stream_range(src, out, quiet_nan, lo, hi):
+    """``out[lo:hi]`` (float32, contiguous, 4-byte aligned) <- the values of the fp16
+    bits ``src[lo:hi]``, the aligned middle with streaming stores (:mod:`.stream_stores`);
+    F16C."""
+    j = lo + head_elements(out.ctypes.data, lo, hi)
+    for i in range(lo, j):
+        out[i] = _f16_to_f32_hw(src[i], quiet_nan)
+    m = (hi - j) // LANES * LANES
+    stream_f16_to_f32(out, src, j, m, quiet_nan)
+    for i in range(j + m, hi):
+        out[i] = _f16_to_f32_hw(src[i], quiet_nan)
+    store_fence()
+
+
+@njit(parallel=True, cache=True)
+def _f16_to_f32_stream(src, out, quiet_nan, nch):
+    n = src.size
+    for c in prange(nch):
+        _f16_to_f32_stream_range(src, out, quiet_nan, c * n // nch, (c + 1) * n // nch)
+
+
+def _streams(out: np.ndarray, accumulate: bool) -> bool:
+    """Whether a decode into ``out`` should use streaming stores: an overwrite of a
+    large, contiguous, 4-byte-aligned float32 array (see :mod:`.stream_stores`)."""
+    return (not accumulate and out.size >= STREAM_MIN_ELEMENTS and out.flags.c_contiguous
+            and out.ctypes.data % 4 == 0)
+
+
 def f16_to_f32(src: np.ndarray, out: np.ndarray, quiet_nan: bool, accumulate: bool, nch: int) -> None:
     """fp16 bits -> fp32 (or +=) with the fastest kernel this CPU has."""
+    if USE_F16C and _streams(out, accumulate):
+        if nch == 1:  # no parallel launch: waking a pool thread can cost a scheduler tick
+            _f16_to_f32_stream_range(src, out, quiet_nan, 0, src.size)
+        else:
+            _f16_to_f32_stream(src, out, quiet_nan, nch)
+        return
     (f16_to_f32_hw if USE_F16C else f16_to_f32_bits)(src, out, quiet_nan, accumulate, nch)
 
 
@@ -274,7 +310,7 @@ def f32_to_bf16(src, dst, nch):
 
 
 @njit(parallel=True, cache=True)
-def bf16_to_f32(src, out, accumulate, nch):
+def _bf16_to_f32(src, out, accumulate, nch):
     """``out`` (float32) <- (or +=) the values of the bfloat16 bits in ``src``."""
     n = src.size
     for c in prange(nch):
@@ -288,6 +324,37 @@ def bf16_to_f32(src, out, accumulate, nch):
         else:
             for i in range(hi - lo):
                 o[i] = np.uint32(np.uint32(s[i]) << np.uint32(16)).view(np.float32)
+
+
+@njit(cache=True)
+def _bf16_to_f32_stream_range(src, out, lo, hi):
+    """``out[lo:hi]`` (float32, contiguous, 4-byte aligned) <- the values of the bfloat16
+    bits ``src[lo:hi]``, the aligned middle with streaming stores (:mod:`.stream_stores`)."""
+    j = lo + head_elements(out.ctypes.data, lo, hi)
+    for i in range(lo, j):
+        out[i] = np.uint32(np.uint32(src[i]) << np.uint32(16)).view(np.float32)
+    m = (hi - j) // LANES * LANES
+    stream_bf16_to_f32(out, src, j, m)
+    for i in range(j + m, hi):
+        out[i] = np.uint32(np.uint32(src[i]) << np.uint32(16)).view(np.float32)
+    store_fence()
+
+
+@njit(parallel=True, cache=True)
+def _bf16_to_f32_stream(src, out, nch):
+    n = src.size
+    for c in prange(nch):
+        _bf16_to_f32_stream_range(src, out, c * n // nch, (c + 1) * n // nch)
+
+
+def bf16_to_f32(src: np.ndarray, out: np.ndarray, accumulate: bool, nch: int) -> None:
+    """bfloat16 bits -> fp32 (or +=); streaming stores for a large overwrite."""
+    if _streams(out, accumulate) and nch == 1:  # no parallel launch (see f16_to_f32)
+        _bf16_to_f32_stream_range(src, out, 0, src.size)
+    elif _streams(out, accumulate):
+        _bf16_to_f32_stream(src, out, nch)
+    else:
+        _bf16_to_f32(src, out, accumulate, nch)
 
 
 # --------------------------------------------------------------------------- Bi-Sparse

@@ -137,9 +137,12 @@ class EventRecorder:
         self.counts: dict[str, int] = {}
         self.counters = ByteCounters()
         self.events_written = 0
-        self.last_t: float | None = None
+        #: the clock at the last event, as given (``last_t`` rounds it when read)
+        self._last_clock: float | None = None
         self._listeners: list[Listener] = []
         self._dc_cache: dict[str, str] = {}
+        #: (src, dst) -> their DCs, for count_transfer
+        self._pair_cache: dict[tuple[str, str], tuple[str, str]] = {}
         self._file: IO[str] | None = None
         if self.path is not None and enabled:
             parent = os.path.dirname(self.path)
@@ -175,7 +178,7 @@ class EventRecorder:
         if rt is None:
             raise ValueError(f"record_at({ev!r}, {node!r}): t must be finite, got {t!r}")
         event["t"] = rt
-        self.last_t = rt
+        self._last_clock = rt
         self.counts[ev] = self.counts.get(ev, 0) + 1
         if ev in self.byte_kinds:
             self.counters.add_event(event, self._dc_cached)
@@ -198,14 +201,23 @@ class EventRecorder:
         event is not written (:meth:`keeps_only_aggregates`): the count of ``ev``, the
         clock's time and, for a byte kind, the bytes by DC pair; without building and
         normalising the event (a real node counts every message it sends this way)."""
-        t = round_float(float(self.clock()))
-        if t is None:
+        t = float(self.clock())
+        if not math.isfinite(t):
             raise ValueError(f"count_transfer({ev!r}, {node!r}): the clock is not finite")
-        self.last_t = t
+        self._last_clock = t  # rounded when read: a real node counts every message
         self.counts[ev] = self.counts.get(ev, 0) + 1
         if ev in self.byte_kinds:
-            dc = self._dc_cached
-            self.counters.add(dc(str(src)), dc(str(dst)), nbytes)
+            dcs = self._pair_cache.get((src, dst))
+            if dcs is None:
+                dc = self._dc_cached
+                dcs = self._pair_cache[(src, dst)] = (dc(str(src)), dc(str(dst)))
+            self.counters.add(dcs[0], dcs[1], nbytes)
+
+    @property
+    def last_t(self) -> float | None:
+        """The time of the last event recorded or counted (rounded as events are)."""
+        t = self._last_clock
+        return None if t is None else round_float(t)
 
     def add_listener(self, listener: Listener) -> None:
         """Call `listener(event)` after every recorded event (e.g. a ProgressWriter)."""

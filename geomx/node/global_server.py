@@ -312,6 +312,8 @@ class GlobalServer(Node):
 
     def contributors_of(self, msg: Message) -> list[str]:
         """Whose pushes ``msg`` carries: its sender, or a TSEngine merge's senders."""
+        if TS_FROM not in msg.meta and msg.src in self._pusher_set:
+            return [msg.src]  # (the common case, without the checks a merge needs)
         senders = [str(s) for s in msg.meta.get(TS_FROM, [])] if TS_FROM in msg.meta \
             else [msg.src]
         pushers = self._pusher_set

@@ -313,7 +313,7 @@ class KVStore:
         ``value`` is read now (a later write to it does not change what is sent); a list
         of arrays for one key is summed first, as MXNet sums per-device values."""
         tasks = []
-        ready = self._node.now()
+        ready = self._node.now() if self.p3.enabled else 0.0  # (P3's record reads it)
         pairs = self._keys(key, value)
         if len(pairs) > 1 and self._batchable([k for k, _ in pairs]):
             values = [(k, self._merge_devices(k, v)) for k, v in pairs]
@@ -327,6 +327,15 @@ class KVStore:
             v = self._merge_devices(k, v)
             wire = self._wire[k]
             fence = self._fence
+            if len(wire) == 1:
+                wk = wire[0][0]
+                prev = self._inflight.get(wk)
+                if (fence is None or fence.done()) and (prev is None or prev.done()):
+                    # nothing to wait for: what _ordered would do, without its list
+                    task = self._inflight[wk] = self._node.spawn(
+                        self._push_one(wk, v, priority, user_key=k, ready=ready))
+                    tasks.append(task)
+                    continue
             for i, (wk, lo, hi) in enumerate(wire):
                 wv = v if len(wire) == 1 else flat_slice(v, lo, hi)
                 task = self._ordered(functools.partial(self._push_one, wk, wv, priority,
@@ -355,6 +364,19 @@ class KVStore:
             self._ts_pushed.add(key)
             v = value if isinstance(value, Payload) else np.array(value, copy=True)
             self._learn([await self._ts.contribute(key, 0, rnd, v, meta)])
+            return
+        if len(parts) == 1 and not p3:
+            # the common case, without a coroutine per part (what ``one`` below does)
+            p = parts[0]
+            payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,
+                                                     part=p.index)
+            if meta:
+                m.update(meta)
+            if self._number_rounds:
+                m["round"] = self._rounds.get(key, 0) + 1
+            self._learn((await node.request(Message(
+                _PUSH, node.name, self._servers[p.server], key=key, part=p.index,
+                version=node.iteration, meta=m, payloads=payloads)),))
             return
 
         async def one(p) -> Message:
@@ -396,6 +418,18 @@ class KVStore:
             self._check_key(k)
             wire = self._wire[k]
             fan_out = isinstance(o, (list, tuple))
+            fence = self._fence
+            if len(wire) == 1 and not fan_out and (fence is None or fence.done()):
+                # the common case: what _ordered does below, without its lists and closures
+                wk = wire[0][0]
+                prev = self._inflight.get(wk)
+                if prev is None or prev.done():
+                    task = self._node.spawn(self._pull_one(wk, o, priority))
+                else:
+                    task = self._node.spawn(self._pull_after(prev, wk, o, priority))
+                self._inflight[wk] = task
+                tasks.append(task)
+                continue
             if len(wire) == 1:
                 wk = wire[0][0]
                 after = [self._fence, self._inflight.get(wk)]
@@ -425,6 +459,15 @@ class KVStore:
         if not isinstance(key, (list, tuple)):
             return tasks[0]
         return asyncio.ensure_future(asyncio.gather(*tasks))
+
+    async def _pull_after(self, prev: asyncio.Task[Any], key: int, out: Any,
+                          priority: int) -> Any:
+        """``_pull_one`` once ``prev`` (this worker's last call on the key) is done."""
+        try:
+            await prev
+        except Exception as e:
+            raise KVStoreError(f"an earlier kvstore call failed: {e}") from e
+        return await self._pull_one(key, out, priority)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> asyncio.Task[Any]:
         """``push`` then ``pull`` of the same keys (MXNet's ``pushpull``); ``out`` defaults
@@ -478,6 +521,15 @@ class KVStore:
                 replies: Sequence[Message], out: Any) -> Any:
         """Decode a pull's replies (one per part) into ``out`` (a new array if None)."""
         node = self._node
+        if type(out) is np.ndarray and len(parts) == 1 and out.nbytes < SINK_MIN_BYTES:
+            reply = replies[0]
+            if not reply.meta and len(reply.payloads) == 1:
+                data = reply.payloads[0].data
+                if data is not None and data.size == out.size:
+                    # a dense reply into a small ``out`` (never received into it): what the
+                    # general path below does, without decoding into a temporary first
+                    np.copyto(out, data.reshape(out.shape), casting="unsafe")
+                    return out
         if out is None and len(parts) == 1:
             # the decoded reply is this worker's own (a received buffer, or a copy)
             value = node.lan_codec.decode(replies[0])

@@ -168,6 +168,7 @@ def _dense(value: Value) -> Payload:
     or copies before writing), which is sent as it is."""
     if isinstance(value, Payload):
         return value
-    if not value.flags.writeable and value.flags.c_contiguous:
+    flags = value.flags
+    if not flags.writeable and flags.c_contiguous:
         return Payload.of(value)
     return Payload.of(np.array(value, copy=True, order="C"))

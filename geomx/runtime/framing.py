@@ -13,7 +13,9 @@ Every frame on a geomx TCP stream is an 8-byte *preamble* followed by a body::
                          7 = SEQ_MESSAGE (body = u64 sequence number + one Message),
                          8 = ACK (body = u64: every sequence number up to it arrived)
                              (resumable streams only, see geomx.runtime.tcp_resume)
-    3       1     flags  reserved, must be 0
+    3       1     flags  0, except SEQ_MESSAGE's bit 0 (``SPLIT_BATCH``): the message is a
+                         BATCH the sending transport made of several small messages
+                         (one frame for a burst); the receiver delivers them one by one
     4       4     length u32 little-endian byte length of the body (not counting the preamble)
 
 A u32 length caps one frame at 4 GiB - 1; ``max_frame_bytes`` (default 2 GiB, the same
@@ -112,6 +114,8 @@ _FRAME_TYPES = frozenset(int(t) for t in FrameType)
 #: The sequence number of a SEQ_MESSAGE frame and the body of an ACK: u64 little-endian.
 SEQ = struct.Struct("<Q")
 SEQ_BYTES = SEQ.size
+#: SEQ_MESSAGE flag: deliver the BATCH message's messages one by one (module docstring).
+SPLIT_BATCH = 1
 
 
 class FramingError(Exception):
@@ -141,7 +145,8 @@ def message_frames(msg: Message) -> tuple[list[bytes | memoryview], int]:
     return frames, body + PREAMBLE_BYTES
 
 
-def sequenced_frames(msg: Message) -> tuple[list[bytes | bytearray | memoryview], int]:
+def sequenced_frames(msg: Message,
+                     flags: int = 0) -> tuple[list[bytes | bytearray | memoryview], int]:
     """Frames of a SEQ_MESSAGE for ``msg`` with its sequence number still blank, and size.
 
     Like :func:`message_frames`; the first frame is a ``bytearray`` (preamble, sequence
@@ -151,7 +156,7 @@ def sequenced_frames(msg: Message) -> tuple[list[bytes | bytearray | memoryview]
     """
     frames = wire.encode(msg)
     body = SEQ_BYTES + wire.frame_length(frames)
-    frames[0] = bytearray(pack_preamble(FrameType.SEQ_MESSAGE, body) + bytes(SEQ_BYTES)
+    frames[0] = bytearray(pack_preamble(FrameType.SEQ_MESSAGE, body, flags) + bytes(SEQ_BYTES)
                           + frames[0])
     return frames, body + PREAMBLE_BYTES
 

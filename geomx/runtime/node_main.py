@@ -121,10 +121,6 @@ class MembersOnly:
     ``dropped_to_strangers``).
     """
 
-    #: no fast path around the filter on the receiving side (``Node`` would listen to the
-    #: inner transport); sends go through ``send_nowait`` below, which filters
-    listen = None
-
     def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
         self._inner_nowait = getattr(inner, "send_nowait", None)
@@ -153,12 +149,34 @@ class MembersOnly:
     async def recv(self) -> Message:
         while True:
             msg = await self._inner.recv()
-            if msg.src in self._members:
+            if self._admit(msg):
                 return msg
-            if self._allow_claims and msg.src.startswith(CLAIM_PREFIX) and msg.kind == Kind.REGISTER:
-                return msg
-            self.dropped_from_strangers += 1
-            self._log("dropped", msg, msg.src, self.dropped_from_strangers)
+
+    async def listen(self, handler: Callable[[Message], None]) -> None:
+        """The inner transport's ``listen`` (no coroutine call per message), for members'
+        messages only; the inner ``recv`` loop where it has none."""
+        inner = getattr(self._inner, "listen", None)
+        if inner is None:
+            while True:
+                handler(await self.recv())
+        members, admit = self._members, self._admit
+
+        def members_only(msg: Message) -> None:
+            if msg.src in members or admit(msg):
+                handler(msg)
+
+        await inner(members_only)
+
+    def _admit(self, msg: Message) -> bool:
+        """A member's message (or a rank claim's REGISTER, where allowed); anything else
+        is dropped, counted and logged."""
+        if msg.src in self._members:
+            return True
+        if self._allow_claims and msg.src.startswith(CLAIM_PREFIX) and msg.kind == Kind.REGISTER:
+            return True
+        self.dropped_from_strangers += 1
+        self._log("dropped", msg, msg.src, self.dropped_from_strangers)
+        return False
 
     def _log(self, what: str, msg: Message, who: str, n: int) -> None:
         if n <= 10 or n % 1000 == 0:

@@ -86,7 +86,7 @@ import logging
 import socket
 import ssl
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from geomx.runtime import security
 from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ, SEQ_BYTES,
@@ -398,10 +398,15 @@ class TcpTransport:
         if self.closed or not 0 <= ch < UNRELIABLE_BASE:
             return False
         out = self._out.get((msg.dst, ch))
+        if out is None:
+            return False
         # msg.nbytes (an estimate of the encoded size) first, so that most refusals
         # cost no encoding
-        if out is None or msg.nbytes > SMALL_MESSAGE_BYTES or not out.idle_unshaped(msg.nbytes):
+        estimate = msg.nbytes
+        if estimate > SMALL_MESSAGE_BYTES or not out.idle_unshaped(estimate):
             return False
+        if out.hold(msg, estimate):  # another small message left in this turn: join it
+            return True
         frames, nbytes = sequenced_frames(msg)
         if (nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes
                 or not out.idle_unshaped(nbytes)):
@@ -436,6 +441,27 @@ class TcpTransport:
                 raise ConnectionError(f"{self.name}: transport is closed")
             event.clear()
             await event.wait()
+        return self._take()
+
+    async def listen(self, handler: Callable[[Message], None]) -> None:
+        """Call ``handler`` with every message, as ``while True: handler(await recv())``
+        would (same order, same places in the loop) without a coroutine call per
+        message; until cancelled, or the transport closes (ConnectionError, as ``recv``).
+        ``recv`` must not be used meanwhile."""
+        event = self._inbox_event
+        if event is None:
+            raise RuntimeError(f"{self.name}: call start() before listen()")
+        inbox = self._inbox
+        while True:
+            while not inbox:
+                if self.closed:
+                    raise ConnectionError(f"{self.name}: transport is closed")
+                event.clear()
+                await event.wait()
+            handler(self._take())
+
+    def _take(self) -> Message:
+        """The inbox's first message (there is one); reading resumes below half full."""
         msg, n = self._inbox.popleft()
         self._inbox_bytes -= n
         if self._paused and self._inbox_bytes <= self.recv_queue_limit_bytes // 2:
@@ -503,8 +529,9 @@ class TcpTransport:
             return None
         return split, sink
 
-    def _on_seq_frame(self, conn: Conn, body: Body) -> None:
-        """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it."""
+    def _on_seq_frame(self, conn: Conn, body: Body, flags: int = 0) -> None:
+        """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it
+        (``SPLIT_BATCH``: the messages of the BATCH the sender made, one by one)."""
         counters = self._counters(conn.peer)  # type: ignore[arg-type]
         counters.bytes_received += PREAMBLE_BYTES + len(body)
         st = conn.stream
@@ -531,7 +558,13 @@ class TcpTransport:
                                      f"connection authenticated as {conn.peer!r}",
                                      "src_mismatch")
                 msg = None
-            if msg is not None:
+            if msg is not None and flags and msg.batch is not None:
+                subs = msg.batch
+                counters.msgs_received += len(subs)
+                self._deliver(subs[0], len(body))  # (the inbox counts the frame's bytes once)
+                for sub in subs[1:]:
+                    self._deliver(sub, 0)
+            elif msg is not None:
                 counters.msgs_received += 1
                 self._deliver(msg, len(body))
         self._streams.delivered(st, len(body))

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
                                    SEQ, SEQ_BYTES, Body, FrameDecoder, FrameType,
-                                   FramingError, RejectLog)
+                                   SPLIT_BATCH, FramingError, RejectLog)
 from geomx.runtime.tcp_liveness import apply_dead_after
 
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
@@ -254,11 +254,11 @@ class Conn(asyncio.BufferedProtocol):
         if self.state == CLOSED:
             return
         if ftype == FrameType.SEQ_MESSAGE and self.state == OPEN and self.stream is not None:
-            if flags:
+            if flags & ~SPLIT_BATCH:
                 self.tr._rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
                                         "bad_flags")
                 return
-            self.tr._on_seq_frame(self, body)
+            self.tr._on_seq_frame(self, body, flags)
             return
         if ftype == FrameType.ACK and self.state == OPEN and self.out is not None:
             if len(body) != SEQ_BYTES or flags:

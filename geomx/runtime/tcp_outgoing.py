@@ -35,10 +35,12 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
+from geomx.runtime.framing import SPLIT_BATCH, sequenced_frames
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner, PeerCounters
 from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
 from geomx.runtime.tcp_resume import SendWindow
+from geomx.wire import Kind, Message
 
 # the transport's logger: these messages have always been the TCP transport's
 log = logging.getLogger("geomx.runtime.tcp")
@@ -52,6 +54,9 @@ SMALL_MESSAGE_BYTES = 16 * 1024
 #: many bytes (:meth:`Outgoing.write_direct`): enough to save most send() calls, small
 #: enough that the receiver starts on a burst while the sender is still producing it.
 CORK_BYTES = 32 * 1024
+#: Most small messages of one turn that travel together as one BATCH frame
+#: (:meth:`Outgoing.hold`); a burst is framed in pieces this long or ``CORK_BYTES``.
+HOLD_MESSAGES = 256
 #: Larger messages are written in batches of this many bytes, waiting for the socket
 #: between batches: the event loop never holds more than one batch (the stock asyncio
 #: loop and TLS transports copy what they are given; uvloop keeps zero-copy views).
@@ -147,6 +152,10 @@ class Outgoing:
         #: None: nothing written directly in this turn yet
         self._cork: list[bytes] | None = None
         self._cork_bytes = 0
+        #: small messages of this turn not yet framed (:meth:`hold`): they leave as one
+        #: BATCH frame, numbered when framed, before anything written after them
+        self._held: list[Message] = []
+        self._held_bytes = 0
         self.connections = 0  # handshakes completed (more than one: reconnected)
 
     # -- connection -------------------------------------------------------------------
@@ -372,6 +381,8 @@ class Outgoing:
         instead of one each, and a lone message (a round trip) leaves at once.
         """
         proto = self.proto
+        if self._held:  # the turn's held messages are numbered (and written) first
+            self._frame_held()
         self.window.assign(frames, nbytes)
         if nbytes <= SMALL_MESSAGE_BYTES:
             data = b"".join(frames)  # a copy now: the sender may reuse its arrays
@@ -395,8 +406,63 @@ class Outgoing:
         counters.msgs_sent += 1
         counters.bytes_sent += nbytes
 
+    def hold(self, msg: Message, nbytes: int) -> bool:
+        """Take small ``msg`` (``nbytes`` its size estimate) for the frame that the turn's
+        other small messages to this peer travel in, if a message was written directly
+        in this turn (:meth:`write_direct`); False: write it as usual. The caller has
+        checked that it may be written now (:meth:`idle_unshaped`).
+
+        Like ZeroMQ's batching of a burst of small messages in one write, and one step
+        further: the held messages become one BATCH message (geomx/wire.py) and so one
+        frame, one sequence number in the resend window and one message for the
+        receiver to take from its socket, instead of one each; the frame's
+        ``SPLIT_BATCH`` flag has the receiving transport deliver them one by one, so
+        nothing but the framing changes. Framed at the end of the turn, when
+        ``CORK_BYTES`` or ``HOLD_MESSAGES`` are held, or before anything else is
+        written or queued on this stream (order and numbering stay those of sending).
+        """
+        held = self._held
+        if self._cork is None or msg.batch is not None or (held and held[0].src != msg.src):
+            return False  # (a BATCH cannot carry a BATCH; one carries one sender's messages)
+        held.append(msg)
+        self._held_bytes += nbytes
+        if self._held_bytes >= CORK_BYTES or len(held) >= HOLD_MESSAGES:
+            self._frame_held()
+        return True
+
+    def _frame_held(self) -> None:
+        """Frame and number the held messages (one BATCH frame when there are several)
+        and add them to the turn's cork."""
+        held, self._held = self._held, []
+        self._held_bytes = 0
+        if len(held) == 1:
+            frames, nbytes = sequenced_frames(held[0])
+        else:
+            frames, nbytes = sequenced_frames(Message(Kind.BATCH, held[0].src, self.peer,
+                                                      channel=self.channel, batch=held),
+                                              SPLIT_BATCH)
+        self.window.assign(frames, nbytes)
+        data = b"".join(frames)  # a copy now: the senders may reuse their arrays
+        cork = self._cork
+        if cork is None:  # (only once the stream broke: the window writes it again)
+            cork = self._cork = []
+            self._cork_bytes = 0
+            asyncio.get_running_loop().call_soon(self._uncork)
+        cork.append(data)
+        self._cork_bytes += nbytes
+        if self._cork_bytes >= CORK_BYTES and self.proto is not None \
+                and self.proto.state == OPEN:
+            self.proto.transport.writelines(cork)  # type: ignore[union-attr]
+            self._cork = []
+            self._cork_bytes = 0
+        counters = self.tr._counters(self.peer)
+        counters.msgs_sent += len(held)
+        counters.bytes_sent += nbytes
+
     def _uncork(self) -> None:
         """Write the small messages held since the first of this turn (in order)."""
+        if self._held:
+            self._frame_held()
         cork, self._cork = self._cork, None
         if cork:
             proto = self.proto
@@ -421,6 +487,8 @@ class Outgoing:
                 self._release(nbytes)
 
     def push(self, priority: int, frames: list, nbytes: int) -> None:
+        if self._held:  # numbered before the queue's messages are
+            self._frame_held()
         heapq.heappush(self.heap, (-priority, next(self._seq), frames, nbytes))
         self._wake.set()
         if self.proto is None and self._connecting is None and not self.tr.closed:
@@ -429,6 +497,8 @@ class Outgoing:
 
     async def flush(self) -> None:
         """Wait until everything queued is written and acknowledged (or dropped)."""
+        if self._held:
+            self._frame_held()
         while True:
             await self._idle.wait()
             if not self.window.entries or not self.active:
@@ -536,6 +606,8 @@ class Outgoing:
         self._writer = None
         proto, self.proto = self.proto, None
         proto.abort()
+        if self._held:  # numbered into the window, which writes them again
+            self._frame_held()
         self._cork = None  # as _resend: the window has them
         self._resend.clear()  # the window has them; the next handshake says which
         unacked, queued = len(self.window.entries), len(self.heap)
