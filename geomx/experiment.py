@@ -65,6 +65,13 @@ class EmuServices(BaseServices):
     """Node services inside the emulator: compute is virtual time; bytes are counted by
     the network model (per physical link), not here."""
 
+    def __init__(self, *args: Any, clock: Callable[[], float] | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        if clock is not None:
+            # the virtual clock itself, not asyncio.get_running_loop().time(): that makes a
+            # getpid() system call per read
+            self.now = clock  # type: ignore[method-assign]
+
     async def compute(self, declared_s: float, measured_s: float) -> None:
         if declared_s > 0:
             await asyncio.sleep(declared_s)
@@ -307,7 +314,7 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
     recorder.add_listener(on_event)
     dgt_tally = DgtTally()
     recorder.add_listener(dgt_tally.on_event)
-    services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of)
+    services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of, clock=loop.time)
     fabric = SimFabric(network)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
 

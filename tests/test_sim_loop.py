@@ -172,6 +172,56 @@ def test_same_program_gives_the_same_callback_order():
     assert run_virtual(main()) == run_virtual(main())
 
 
+def test_plain_entries_run_in_fifo_order_with_handles_and_in_their_context():
+    import contextvars
+
+    var = contextvars.ContextVar("var", default="loop")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        log = []
+        var.set("mine")
+        ctx = contextvars.copy_context()
+        append, entry = loop.soon_plain_entry(ctx.run, lambda: log.append(("plain", var.get())))
+        loop.call_soon(lambda: log.append(("soon1", var.get())))
+        append(entry)
+        loop.call_soon(lambda: log.append(("soon2", var.get())))
+        append(entry)  # reusable: runs once per append
+        loop.call_at_plain(loop.time(), lambda arg: log.append((arg, var.get())), "timer")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return log
+
+    assert run_virtual(main()) == [("soon1", "mine"), ("plain", "mine"), ("soon2", "mine"),
+                                   ("plain", "mine"), ("timer", "loop")]
+
+
+def test_garbage_collection_is_paced_by_callbacks_while_the_loop_runs(monkeypatch):
+    import gc
+    import weakref
+
+    import geomx.sim.loop as sim_loop
+
+    monkeypatch.setattr(sim_loop, "_GC_EVERY_CALLBACKS", 500)
+
+    class Cycle:
+        pass
+
+    async def main():
+        enabled_inside = gc.isenabled()
+        c = Cycle()
+        c.me = c  # cyclic garbage: only the collector frees it
+        gone = weakref.ref(c)
+        del c
+        for _ in range(2000):  # > 500 callbacks
+            await asyncio.sleep(0)
+        return enabled_inside, gone() is None
+
+    assert gc.isenabled()
+    assert run_virtual(main()) == (False, True)
+    assert gc.isenabled()  # restored
+
+
 def test_loop_can_be_driven_directly():
     loop = new_virtual_loop(start_time=10.0)
     assert isinstance(loop, VirtualTimeLoop)

@@ -189,7 +189,8 @@ class Node:
         rid = self._next_request_id
         self._next_request_id += 1
         msg.request_id = rid
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Message] = (self._loop if self._running
+                                        else asyncio.get_running_loop()).create_future()
         self._pending[rid] = fut
         if msg.dst in self.replaceable_peers:
             self._resendable[rid] = msg
@@ -277,7 +278,7 @@ class Node:
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
         if type(coro) is CoroutineType:  # ensure_future's answer, without its checks
-            task = asyncio.get_running_loop().create_task(coro)
+            task = (self._loop if self._running else asyncio.get_running_loop()).create_task(coro)
         else:
             task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -493,6 +494,9 @@ class Node:
             self._stop_event.set()
 
     _stop_event: asyncio.Event | None = None
+    #: the loop ``run`` runs in, read instead of ``asyncio.get_running_loop()`` (a getpid()
+    #: system call each time) by the per-message paths while the node runs
+    _loop: asyncio.AbstractEventLoop | None = None
 
     async def main(self) -> None:
         """The role's own work; the node stops when it returns."""
@@ -500,6 +504,7 @@ class Node:
 
     async def run(self) -> None:
         """Serve until ``main`` returns or ``stop`` is called; re-raise a task failure."""
+        self._loop = asyncio.get_running_loop()
         self._running = True
         self._stop_event = asyncio.Event()
         if self._stopping:  # stop() came first (an abort before the node started): honour it

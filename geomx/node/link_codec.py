@@ -61,6 +61,8 @@ class LinkCodec:
     # -------------------------------------------------------------- encode
     def encode_push(self, key: int, value: Value, *, tier: str,
                     part: int = 0) -> tuple[list[Payload], dict[str, Any]]:
+        if self._policy is None:  # no codec configured: dense, without sizing the value
+            return [_dense(value)], {}
         n = _num_elements(value)
         codec = self._codec(n, tier)
         if codec is None:
@@ -80,6 +82,8 @@ class LinkCodec:
         """Encode a pull reply. ``weights``: the value is a weight vector (a global
         optimizer is installed); it is never sparsified (GeoMX truncates it: a bug we fix),
         though a precision codec (fp16/bf16) still applies."""
+        if self._policy is None:
+            return [_dense(value)], {}
         n = _num_elements(value)
         codec = self._codec(n, tier)
         if codec is None or (weights and codec.name in ("bsc", "onebit")):
@@ -105,6 +109,10 @@ class LinkCodec:
         if len(msg.payloads) != 1:
             raise ValueError(f"dense message needs exactly one payload, got {len(msg.payloads)}")
         p = msg.payloads[0]
+        if p.data is None and (like is None or is_phantom(like)):
+            # a phantom is a size and nothing else, never written: the receiver may hold
+            # the one it got (what from_payload would build is an equal new one)
+            return p
         if like is not None and not is_phantom(like) and p.num_elements != like.size:
             raise ValueError(f"payload has {p.num_elements} elements, key {msg.key} has {like.size}")
         if like is not None and is_phantom(like) != p.is_phantom:

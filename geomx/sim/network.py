@@ -196,7 +196,7 @@ class _Connection:
 
     __slots__ = (
         "src", "dst", "channel", "cls", "reliable", "path", "links", "cap_bps", "loopback",
-        "queue", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
+        "queue", "qheap", "current", "remaining", "t_ref", "rate", "finish", "gen", "packet",
         "in_flight", "last_arrival", "_new", "_fz", "_network", "_aseq", "_vmark",
     )
 
@@ -211,8 +211,12 @@ class _Connection:
         self.links = path.links if path is not None else ()
         self.loopback = path is None
         self.cap_bps = (path.reliable_cap_bps if self.reliable else _INF) if path else _INF
-        # queue entries: (-priority, seq, msg, deliver, nbytes, dropped)
-        self.queue: list[tuple[int, int, Any, Callable[[Any], None], int, bool]] = []
+        # queue entries: (-priority, seq, msg, deliver, nbytes, dropped), served in that
+        # order: a deque while every queued message has one priority (FIFO is that order,
+        # for O(1) instead of a heap's O(log n)), a heap (``qheap``) from a second
+        # priority on until it drains
+        self.queue: deque[Any] | list[Any] = deque()
+        self.qheap = False
         # current message: (msg, deliver, nbytes, dropped, t_start) or None when idle
         self.current: tuple[Any, Callable[[Any], None], int, bool, float] | None = None
         self.remaining = 0.0   # bytes of the current message left at time t_ref
@@ -327,10 +331,13 @@ class Network:
         self._seeds: list[Link] = []  # links whose flows or capacity changed since the last recompute
         self._full = False            # recompute every flow (after a reroute)
         self._order = 0               # activation / busy-link order stamps
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_when = _INF
+        self._timer_when = _INF       # when the completion timer is armed for (inf: not armed)
+        self._timer_gen = 0           # the armed one's number; older ones fire as no-ops
         self._schedule_idle: Callable[..., Any] | None = None
         self._call_at_plain: Callable[[float, Callable[[Any], Any], Any], Any] | None = None
+        # on a VirtualTimeLoop: its timer heap and sequence counter, pushed to directly
+        self._loop_timers: list[Any] | None = None
+        self._loop_seq: Any = None
         # counters
         self.messages_sent = 0
         self.messages_delivered = 0
@@ -537,9 +544,13 @@ class Network:
     def transmit(self, msg: MessageLike, deliver: Callable[[Any], None]) -> None:
         """Send ``msg`` on its ``(src, dst, channel)`` connection; ``deliver(msg)`` is
         called at its arrival time (never, if an unreliable channel drops it)."""
-        loop = _running_loop()
-        if loop is not self._loop:
-            self._bind(loop)
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            # (asyncio.get_running_loop() makes a getpid() system call each time: ask it
+            # only when the loop this network is bound to is not the one running)
+            loop = _running_loop()
+            if loop is not self._loop:
+                self._bind(loop)
         src = msg.src
         dst = msg.dst
         if src == dst:
@@ -564,7 +575,17 @@ class Network:
                 dropped = True
         if conn.current is not None:
             seq = self._seq = self._seq + 1
-            heapq.heappush(conn.queue, (-msg.priority, seq, msg, deliver, nbytes, dropped))
+            entry = (-msg.priority, seq, msg, deliver, nbytes, dropped)
+            queue = conn.queue
+            if conn.qheap:
+                heapq.heappush(queue, entry)
+            elif not queue or queue[0][0] == entry[0]:
+                queue.append(entry)
+            else:
+                heap = list(queue)  # one priority in seq order: a valid heap already
+                heapq.heappush(heap, entry)
+                conn.queue = heap
+                conn.qheap = True
             return
         self._start(conn, msg, deliver, nbytes, dropped, loop.time())
         if conn.packet:
@@ -580,7 +601,9 @@ class Network:
         self._loop = loop
         self._schedule_idle = getattr(loop, "call_when_idle", None) or loop.call_soon
         self._call_at_plain = getattr(loop, "call_at_plain", None) or loop.call_at
-        self._timer = None
+        heap_of = getattr(loop, "plain_timer_heap", None)
+        self._loop_timers, self._loop_seq = heap_of() if heap_of is not None else (None, None)
+        self._timer_gen += 1
         self._timer_when = _INF
         self._dirty = False
         self._heap.clear()
@@ -967,14 +990,19 @@ class Network:
             return
         when = heap[0][0]
         if when < self._timer_when:
-            if self._timer is not None:
-                self._timer.cancel()
+            # A plain timer, not a cancellable handle: one armed earlier for a later time
+            # fires as a no-op (its number is no longer the armed one). It runs alone at
+            # an instant where nothing else happens, or among others as a no-op: the
+            # order of everything else is the same as with a cancelled handle.
             self._timer_when = when
-            self._timer = self._loop.call_at(when, self._on_timer)
+            gen = self._timer_gen = self._timer_gen + 1
+            self._call_at_plain(when, self._on_timer, gen)
 
-    def _on_timer(self) -> None:
+    def _on_timer(self, gen: int) -> None:
         """Finish every message whose last byte has left by now; start the next ones."""
-        self._timer = None
+        if gen != self._timer_gen:
+            return  # re-armed for an earlier time since
+        self._timer_gen = gen + 1
         self._timer_when = _INF
         loop = self._loop
         now = loop.time()
@@ -984,6 +1012,8 @@ class Network:
         heappush = heapq.heappush
         hook = self.on_transfer
         call_at_plain = self._call_at_plain
+        timers = self._loop_timers
+        tseq = self._loop_seq
         while heap and heap[0][0] <= limit:
             finish, _, conn, gen = heappop(heap)
             if gen != conn.gen:
@@ -1005,7 +1035,10 @@ class Network:
                     arrival = conn.last_arrival
                 conn.last_arrival = arrival
                 conn.in_flight.append((msg, deliver))
-                call_at_plain(arrival, _deliver_next, conn)
+                if timers is not None:  # (call_at_plain, inlined)
+                    heappush(timers, (arrival, next(tseq), _deliver_next, conn))
+                else:
+                    call_at_plain(arrival, _deliver_next, conn)
             if hook is not None:
                 hook(msg, t_start, arrival, path.link_names, dropped)
             queue = conn.queue
@@ -1013,12 +1046,14 @@ class Network:
                 conn.packet = False
                 conn.current = None
                 if queue:
-                    _, _, msg, deliver, nbytes, dropped = heappop(queue)
+                    _, _, msg, deliver, nbytes, dropped = (
+                        self._pop_heap(conn) if conn.qheap else queue.popleft())
                     self._start(conn, msg, deliver, nbytes, dropped, finish)
                     heap = self._heap
             elif queue:
                 # The connection stays busy: same rate, no recomputation.
-                _, _, msg, deliver, nbytes, dropped = heappop(queue)
+                _, _, msg, deliver, nbytes, dropped = (
+                    self._pop_heap(conn) if conn.qheap else queue.popleft())
                 conn.current = (msg, deliver, nbytes, dropped, finish)
                 conn.remaining = float(nbytes)
                 conn.t_ref = finish
@@ -1034,6 +1069,16 @@ class Network:
                 conn.current = None
                 self._deactivate(conn, now)
         self._arm_timer()
+
+    @staticmethod
+    def _pop_heap(conn: _Connection) -> tuple[Any, ...]:
+        """The next queued message of a connection whose queue holds several priorities
+        (back to a FIFO deque once it drains)."""
+        entry = heapq.heappop(conn.queue)
+        if not conn.queue:
+            conn.queue = deque()
+            conn.qheap = False
+        return entry
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -21,7 +21,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from geomx.sim.network import Network
+from geomx.sim.loop import VirtualTimeLoop
+from geomx.sim.network import Network, NetworkError
 
 __all__ = ["SimFabric", "SimTransport", "TransportClosed", "fabric_of"]
 
@@ -48,7 +49,7 @@ class _Inbox:
     """
 
     __slots__ = ("name", "messages", "waiters", "closed", "handler", "parked", "context",
-                 "scheduled", "loop", "_drain")
+                 "scheduled", "loop", "_drain", "_ready_append", "_entry")
 
     def __init__(self, name: str = "") -> None:
         self.name = name
@@ -63,13 +64,20 @@ class _Inbox:
         self.scheduled = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self._drain = self.drain  # one bound method, reused per wake-up
+        #: on a VirtualTimeLoop: its ready queue's append and the plain entry that runs
+        #: ``context.run(drain)`` from it (a call_soon without building a Handle)
+        self._ready_append: Callable[[Any], None] | None = None
+        self._entry: tuple[float, int, Callable[[Any], Any], Any] | None = None
 
     def put(self, msg: Any) -> None:
         self.messages.append(msg)
         if self.handler is not None and not self.parked.done():
             if not self.scheduled:
                 self.scheduled = True
-                self.loop.call_soon(self._drain, context=self.context)
+                if self._ready_append is not None:
+                    self._ready_append(self._entry)
+                else:
+                    self.loop.call_soon(self._drain, context=self.context)
             return
         self._wake_one()
 
@@ -140,6 +148,7 @@ class SimFabric:
         #: dropped messages by (reason, destination)
         self.undeliverable: Counter[tuple[str, str]] = Counter()
         self._deliver = self._deliver_impl  # one bound method, reused per message
+        self._transmit = network.transmit
 
     def transport(self, name: str) -> SimTransport:
         """A new transport for node ``name`` (which must be in the network's topology)."""
@@ -170,12 +179,13 @@ class SimFabric:
             inbox.put(msg)
 
     def send(self, msg: Any) -> None:
-        network = self.network
-        dst = msg.dst
-        if dst not in network._hosts and dst not in network._alias:  # (has_node, inlined)
+        try:
+            self._transmit(msg, self._deliver)
+        except NetworkError:
+            # (checked only on failure: the network opens a connection to a known node)
+            if self.network.has_node(msg.dst):
+                raise
             self._drop(msg, "unknown destination node")
-            return
-        network.transmit(msg, self._deliver)
 
 
 _fabrics: weakref.WeakKeyDictionary[Network, SimFabric] = weakref.WeakKeyDictionary()
@@ -196,6 +206,7 @@ class SimTransport:
         self.name = name
         self.network = network
         self._fabric = fabric if fabric is not None else fabric_of(network)
+        self._send = self._fabric.send
         self._inbox = _Inbox(name)
         self._closed = False
         self._fabric._register(name, self._inbox)
@@ -213,7 +224,7 @@ class SimTransport:
         outbox task for a message that would leave immediately anyway."""
         if self._closed or msg.src != self.name:
             return False
-        self._fabric.send(msg)
+        self._send(msg)
         return True
 
     def recv(self) -> Coroutine[Any, Any, Any]:
@@ -243,9 +254,11 @@ class SimTransport:
             handler(messages.popleft())
         if inbox.closed:
             raise TransportClosed(f"transport {self.name!r} is closed")
-        inbox.loop = asyncio.get_running_loop()
-        parked = inbox.parked = inbox.loop.create_future()
-        inbox.context = contextvars.copy_context()
+        loop = inbox.loop = asyncio.get_running_loop()
+        parked = inbox.parked = loop.create_future()
+        context = inbox.context = contextvars.copy_context()
+        if isinstance(loop, VirtualTimeLoop):
+            inbox._ready_append, inbox._entry = loop.soon_plain_entry(context.run, inbox._drain)
         inbox.handler = handler
         try:
             await parked
@@ -254,6 +267,7 @@ class SimTransport:
             inbox.parked = None
             inbox.context = None
             inbox.scheduled = False
+            inbox._ready_append = inbox._entry = None
 
     def pending(self) -> int:
         """Messages delivered but not yet received."""
