@@ -189,8 +189,7 @@ class Node:
         rid = self._next_request_id
         self._next_request_id += 1
         msg.request_id = rid
-        fut: asyncio.Future[Message] = (self._loop if self._running
-                                        else asyncio.get_running_loop()).create_future()
+        fut: asyncio.Future[Message] = (self._loop or asyncio.get_running_loop()).create_future()
         self._pending[rid] = fut
         if msg.dst in self.replaceable_peers:
             self._resendable[rid] = msg
@@ -278,7 +277,7 @@ class Node:
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
         """Run ``coro`` as a task owned by this node; a crash stops the node with the error."""
         if type(coro) is CoroutineType:  # ensure_future's answer, without its checks
-            task = (self._loop if self._running else asyncio.get_running_loop()).create_task(coro)
+            task = (self._loop or asyncio.get_running_loop()).create_task(coro)
         else:
             task = asyncio.ensure_future(coro)
         self._tasks.add(task)
@@ -537,6 +536,7 @@ class Node:
             await asyncio.gather(receiver, stopper, *senders, *list(self._tasks),
                                  return_exceptions=True)
             self._running = False
+            self._loop = None
         if self.failure is not None:
             raise self.failure
 
