@@ -222,6 +222,36 @@ def test_garbage_collection_is_paced_by_callbacks_while_the_loop_runs(monkeypatc
     assert gc.isenabled()  # restored
 
 
+def test_old_cyclic_garbage_goes_during_a_long_run(monkeypatch):
+    """A cycle promoted to the oldest generation (it outlived collections while in use,
+    like a message queued behind a slow WAN link) is freed while the loop still runs."""
+    import gc
+    import weakref
+
+    import geomx.sim.loop as sim_loop
+
+    monkeypatch.setattr(sim_loop, "_GC_EVERY_CALLBACKS", 200)
+
+    class Cycle:
+        pass
+
+    async def main():
+        c = Cycle()
+        c.me = c
+        gone = weakref.ref(c)
+        gc.collect()  # in use during a full collection: now in the oldest generation
+        del c
+        seen = []
+        for _ in range(30_000):  # 150 paced collections: one full one among them
+            await asyncio.sleep(0)
+            if gone() is None:
+                seen.append(True)
+                break
+        return bool(seen)
+
+    assert run_virtual(main()) is True
+
+
 def test_loop_can_be_driven_directly():
     loop = new_virtual_loop(start_time=10.0)
     assert isinstance(loop, VirtualTimeLoop)
