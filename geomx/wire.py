@@ -84,7 +84,6 @@ class Kind(enum.IntEnum):
     BATCH = 64
 
 
-_KIND_VALUES = frozenset(int(k) for k in Kind)
 #: value -> member (a dict lookup: ``Kind(value)`` costs a call into enum per message)
 _KIND_OF = {int(k): k for k in Kind}
 _BATCH = Kind.BATCH
@@ -340,10 +339,7 @@ def _encode_batch(msg: Message, src: bytes, dst: bytes) -> list[bytes | memoryvi
         if m.kind == Kind.BATCH or m.src != msg.src or m.dst != msg.dst:
             raise WireError("a batch carries non-batch messages between its own src and dst")
         frames = encode(m)
-        length = len(frames[0])
-        for f in frames[1:]:  # (the payloads' views)
-            length += f.nbytes
-        head.append(_LEN.pack(length))
+        head.append(_LEN.pack(frame_length(frames)))
         head.append(frames[0])
         if len(frames) > 1:
             out.append(b"".join(head))
@@ -355,8 +351,12 @@ def _encode_batch(msg: Message, src: bytes, dst: bytes) -> list[bytes | memoryvi
 
 
 def frame_length(frames: list[bytes | memoryview]) -> int:
-    """Total byte length of encoded frames."""
-    return sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+    """Total byte length of encoded frames (a loop, not ``sum`` over a generator: it runs
+    for every message, and for every message of a batch)."""
+    n = 0
+    for f in frames:
+        n += len(f) if isinstance(f, bytes) else f.nbytes
+    return n
 
 
 def encode_bytes(msg: Message) -> bytes:
