@@ -349,12 +349,12 @@ def _bf16_to_f32_stream(src, out, nch):
 
 def bf16_to_f32(src: np.ndarray, out: np.ndarray, accumulate: bool, nch: int) -> None:
     """bfloat16 bits -> fp32 (or +=); streaming stores for a large overwrite."""
-    if _streams(out, accumulate) and nch == 1:  # no parallel launch (see f16_to_f32)
-        _bf16_to_f32_stream_range(src, out, 0, src.size)
-    elif _streams(out, accumulate):
-        _bf16_to_f32_stream(src, out, nch)
-    else:
+    if not _streams(out, accumulate):
         _bf16_to_f32(src, out, accumulate, nch)
+    elif nch == 1:  # no parallel launch (see f16_to_f32)
+        _bf16_to_f32_stream_range(src, out, 0, src.size)
+    else:
+        _bf16_to_f32_stream(src, out, nch)
 
 
 # --------------------------------------------------------------------------- Bi-Sparse
