@@ -167,17 +167,24 @@ def test_frame_decoder_routes_a_large_body_into_the_sink():
     assert np.shares_memory(msg.payloads[0].data, sink)
 
 
-def test_transport_receives_a_named_reply_into_the_callers_array():
-    from geomx.runtime import eventloop
+async def _connected_pair():
+    """Two started TcpTransports, "a" and "b", that know each other's address."""
     from geomx.runtime.tcp import TcpTransport
 
+    a, b = TcpTransport("a"), TcpTransport("b")
+    for t in (a, b):
+        await t.start()
+    book = {t.name: t.local_address() for t in (a, b)}
+    for t in (a, b):
+        t.set_address_book(book)
+    return a, b
+
+
+def test_transport_receives_a_named_reply_into_the_callers_array():
+    from geomx.runtime import eventloop
+
     async def main():
-        a, b = TcpTransport("a"), TcpTransport("b")
-        for t in (a, b):
-            await t.start()
-        book = {t.name: t.local_address() for t in (a, b)}
-        for t in (a, b):
-            t.set_address_book(book)
+        a, b = await _connected_pair()
         data = np.random.default_rng(0).standard_normal(600_000).astype(np.float32)
         out = np.zeros_like(data)
         b.receive_into("a", 11, out)
@@ -282,15 +289,9 @@ def test_receiver_reuses_its_buffers_for_frames_of_one_key():
     """A receiver that keeps the latest value it was sent (a server storing pushes)
     needs two receive buffers per key, however the frames' headers vary in length."""
     from geomx.runtime import eventloop
-    from geomx.runtime.tcp import TcpTransport
 
     async def main():
-        a, b = TcpTransport("a"), TcpTransport("b")
-        for t in (a, b):
-            await t.start()
-        book = {t.name: t.local_address() for t in (a, b)}
-        for t in (a, b):
-            t.set_address_book(book)
+        a, b = await _connected_pair()
         data = np.arange(2 << 20, dtype=np.uint8)  # 2 MB: pooled
         stored = None
         for i in range(6):
