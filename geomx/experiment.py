@@ -332,7 +332,9 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
         loop.call_at(state.t_s, _set_link_state, network, recorder, state)
     try:
         # resuming: the clock goes on from the checkpoint; crashes before it are history
-        faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s)
+        # (a fresh run keeps a crash at 0 s: the node dies before it registers)
+        faults = tuple(f for f in s.faults if f.kind != "crash" or f.at_s > start_s
+                       or not s.checkpoint.resume_from)
         loop.run_until_complete(_run_nodes(nodes, faults,
                                            on_crash=lambda n, t: note_crash(run_dir, n, t),
                                            restart=restart))

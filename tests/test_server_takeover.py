@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,18 @@ def test_server_that_never_returns_fails_by_name(tmp_path: Path, node, scheduler
     assert {round(e["t"] - lost[0]["t"], 6) for e in failed} == {5.0}
 
 
+def test_a_crash_at_zero_seconds_is_injected_too(tmp_path: Path) -> None:
+    """``fault.at = 0s`` is a crash as the job starts, not a fault to drop (only a
+    resumed run leaves out the crashes at or before its checkpoint): restarted 3 s later
+    the server is waited for and the job finishes, 3 s later than a clean run."""
+    clean, _, _ = _run(tmp_path / "clean", ["run.iterations=20"])
+    r, _, events = _run(tmp_path / "crash", [*WAIT, "run.iterations=20", "fault.0.at=0s",
+                                              "fault.0.duration=3s"])
+    assert [e["t"] for e in events if e["ev"] == "crash"] == [0.0]
+    assert r.summary.iterations == 20
+    assert r.summary.emulated_seconds > clean.summary.emulated_seconds + 2.5
+
+
 def test_fail_stays_the_default(tmp_path: Path) -> None:
     with pytest.raises(JobFailed, match=r"ls:party-a"):
         _run(tmp_path, ["fault.0.node=ls:party-a", "fault.0.at=3s"])
@@ -210,14 +223,20 @@ def test_real_global_server_killed_and_taken_over_from_its_snapshot(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_real_server_that_never_returns_fails_in_one_line_per_node(tmp_path: Path) -> None:
+@pytest.mark.parametrize("at", ["0s", "6s"])
+def test_real_server_that_never_returns_fails_in_one_line_per_node(tmp_path: Path,
+                                                                   at: str) -> None:
     """Over real sockets a server that is never taken over fails the job by name, after
-    the bound, in plain lines: an expected failure prints no traceback."""
+    the bound, in plain lines: an expected failure prints no traceback. Killed at once
+    (before it registered: only the launcher knows it died, and tells the schedulers) the
+    bound counts from then, not from the 120 s registration timeout; killed at 6 s it
+    usually ran already, and heartbeats find it."""
     sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
             "run.iterations=100000", "membership.on_server_loss=wait",
             "membership.heartbeat_timeout=2s", "membership.server_loss_timeout=2s",
-            "fault.0.node=ls:party-a", "fault.0.at=6s", "fault.0.duration=0"]
+            "fault.0.node=ls:party-a", f"fault.0.at={at}", "fault.0.duration=0"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
                         "--out", str(tmp_path), *[a for s in sets for a in ("--set", s)]],
                        env=env, capture_output=True, text=True, timeout=240)
@@ -225,3 +244,29 @@ def test_real_server_that_never_returns_fails_in_one_line_per_node(tmp_path: Pat
     assert r.returncode == 1, out[-3000:]
     assert "ls:party-a" in out and "not taken over within membership.server_loss_timeout" in out
     assert "Traceback" not in out, out[-3000:]
+    # (not the registration timeout's 120 s; a generous bound for a loaded machine)
+    assert time.monotonic() - t0 < 100, out[-3000:]
+    if at == "0s":
+        gh = next(tmp_path.glob("*/logs/gh.log")).read_text()
+        assert "killed by signal 9 (seen by the launcher) before the job started" in gh, gh
+
+
+@pytest.mark.slow
+def test_real_server_killed_while_starting_and_restarted_lets_the_job_run(
+        tmp_path: Path) -> None:
+    """A server killed before it registered and started again 3 s later (the fault's
+    duration; the launcher runs its command with ``--rejoin``) joins as if it had been
+    slow to start: the job runs to the end."""
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=20", "membership.on_server_loss=wait",
+            "membership.heartbeat_timeout=3s", "membership.server_loss_timeout=30s",
+            "fault.0.node=ls:party-a", "fault.0.at=0s", "fault.0.duration=3s"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
+                        "--out", str(tmp_path), *[a for s in sets for a in ("--set", s)]],
+                       env=env, capture_output=True, text=True, timeout=240)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "ls:party-a restarted" in out, out[-3000:]
+    summary = json.loads(next(tmp_path.glob("*/summary.json")).read_text())
+    assert summary["iterations"] == 20

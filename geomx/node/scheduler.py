@@ -91,6 +91,7 @@ class Scheduler(Node):
             return
         self.addresses[msg.src] = str(msg.meta.get("address", ""))
         self._register_requests[msg.src] = msg
+        self.down.pop(msg.src, None)  # died before the job started; a successor is here
         if self.addresses[msg.src]:
             # members heartbeat while they wait for the others: answer them (an address
             # is only ever installed, never used to reach a stranger)
@@ -208,14 +209,14 @@ class Scheduler(Node):
                      wait: bool = True) -> None:
         """Tell every live member that ``node`` died, then stop with that error (or, for a
         worker the job survives, go on without it: :meth:`lose`)."""
+        if self.dead is not None:
+            return  # the job is failing already
         if node in self.losable and not reported_by and self.registered:
             self.lose(node, reason)  # (one that never registered still fails the job)
             return
         if node in self.replaceable and wait and not reported_by and self.registered \
                 and node not in self.down:
             self._server_down(node, reason)
-            return
-        if self.dead is not None:
             return
         self.dead = node
         if reported_by:
@@ -268,6 +269,24 @@ class Scheduler(Node):
             if m != node and m not in self._left and m in self.addresses:
                 self.post(Message(Kind.NODE_REJOINED, self.name, m,
                                   meta={"node": node, "address": self.addresses[node]}))
+
+    def member_died(self, node: str, reason: str) -> None:
+        """The process of ``node`` died, as the launcher that started it saw (a node killed
+        before it registered is otherwise indistinguishable from a slow starter; see
+        :mod:`geomx.runtime.launcher`). Once the book is out, heartbeats decide, as they do
+        on any host. Before, a server the job waits for starts its
+        ``server_loss_timeout`` now (a process that registers under its name in time lets
+        the job start); any other member fails the job at once, by name."""
+        if self.registered or self.dead is not None or node not in self.members \
+                or node in self._left:
+            return
+        self._register_requests.pop(node, None)  # the book must wait for its successor
+        reason = f"its process {reason} before the job started"
+        if node in self.replaceable:
+            if node not in self.down:
+                self._server_down(node, reason)
+            return
+        self.declare_dead(node, reason)
 
     def _server_down(self, node: str, reason: str) -> None:
         """A server the job can wait for is lost: hold (its peers' requests stay parked

@@ -11,10 +11,13 @@ the run folder's standard files, so a real run leaves the same schema as an emul
 
 Children get a pipe as stdin and watch it (``--watch-stdin``): if the launcher dies
 without cleaning up, every node sees end-of-file and exits instead of lingering. The same
-pipe carries one more thing: when a node dies, the launcher writes an *abort line* (JSON,
-``{"abort": NODE, "how": ...}``) to every other node, which then fails naming it. Nodes
-notice a death themselves (heartbeats, failure notices to their schedulers), but not that
-of a node killed before it ever registered: only the process that started it knows.
+pipe carries deaths: when a node dies, the launcher writes an *abort line* (JSON,
+``{"abort": NODE, "how": ...}``) to every other node, which then fails naming it; when the
+job may survive that node (a worker with ``on_worker_loss = "continue"``, a server with
+``on_server_loss = "wait"``), a *died line* (``{"died": NODE, ...}``) instead, for its
+schedulers to judge. Nodes notice a death themselves (heartbeats, failure notices to their
+schedulers), but not that of a node killed before it ever registered: only the process
+that started it knows.
 """
 
 from __future__ import annotations
@@ -362,6 +365,10 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                       and (n not in replaceable or procs[n].returncode < 0)]:
                 # [membership] on_worker_loss = "continue": its DC goes on without it
                 bad.remove(n)
+                if n not in lost:
+                    _tell_died(procs, n, f"was killed by signal {-procs[n].returncode}"
+                               if procs[n].returncode < 0
+                               else f"exited with code {procs[n].returncode}")
                 if n not in lost and n in replaceable:
                     lost.append(n)
                     print(f"geomx: server {n} died (code {procs[n].returncode}); the job "
@@ -417,11 +424,16 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
 
 #: What the launcher writes on a node's stdin when another node died (node_main reads it).
 ABORT_KEY = "abort"
+#: ... and when a node died whose loss the job may survive (its schedulers decide).
+DIED_KEY = "died"
 
 
 def _tell_abort(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None:
     """Write an abort line naming ``dead`` on every running node's stdin (best effort)."""
-    line = (json.dumps({ABORT_KEY: dead, "how": how}) + "\n").encode()
+    _write_line(procs, dead, (json.dumps({ABORT_KEY: dead, "how": how}) + "\n").encode())
+
+
+def _write_line(procs: dict[str, subprocess.Popen], dead: str, line: bytes) -> None:
     for name, p in procs.items():
         if name == dead or p.poll() is not None or p.stdin is None:
             continue
@@ -430,6 +442,13 @@ def _tell_abort(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None
             p.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # it is exiting already
+
+
+def _tell_died(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None:
+    """Write a died line naming ``dead`` (a node whose loss the job may survive) on every
+    running node's stdin: its schedulers decide (before the job started, only this tells
+    them it is gone rather than slow; :meth:`geomx.node.scheduler.Scheduler.member_died`)."""
+    _write_line(procs, dead, (json.dumps({DIED_KEY: dead, "how": how}) + "\n").encode())
 
 
 def _follow_progress(path: Path, offset: int, bar: ProgressBar) -> int:

@@ -334,35 +334,49 @@ class _ParentLink:
     line (``{"abort": NODE, "how": ...}``, see :func:`geomx.runtime.launcher._tell_abort`):
     another node of the job died, so this one fails naming it -- the only way to learn of
     a node killed before it registered, which no scheduler can tell from a slow starter.
+    A died line (``{"died": NODE, "how": ...}``, :func:`geomx.runtime.launcher._tell_died`):
+    a node whose loss the job may survive died; a scheduler decides what that means
+    (:meth:`geomx.node.scheduler.Scheduler.member_died`), other nodes ignore it.
     The watcher is a thread; the node lives on the event loop, so delivery goes through
-    ``call_soon_threadsafe`` (an abort read before the node exists waits for it).
+    ``call_soon_threadsafe`` (lines read before the node exists wait for it).
     """
+
+    #: died lines kept at most while the node does not exist yet (one per node of a job
+    #: is all a launcher sends)
+    MAX_PENDING = 4096
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._target: tuple[asyncio.AbstractEventLoop, Any] | None = None
-        self._pending: tuple[str, str] | None = None
+        self._pending: list[tuple[Callable[[Any, str, str], None], str, str]] = []
         self.leftover = b""
 
     def attach(self, loop: asyncio.AbstractEventLoop, node: Any) -> None:
         with self._lock:
             self._target = (loop, node)
-            pending, self._pending = self._pending, None
-        if pending is not None:
-            self._deliver(*pending)
+            pending, self._pending = self._pending, []
+        for item in pending:
+            self._deliver(*item)
 
     def abort(self, dead: str, how: str) -> None:
+        self._post(_fail_node, dead, how)
+
+    def died(self, dead: str, how: str) -> None:
+        self._post(_member_died, dead, how)
+
+    def _post(self, act: Callable[[Any, str, str], None], dead: str, how: str) -> None:
         with self._lock:
             if self._target is None:
-                self._pending = self._pending or (dead, how)
+                if len(self._pending) < self.MAX_PENDING:
+                    self._pending.append((act, dead, how))
                 return
-        self._deliver(dead, how)
+        self._deliver(act, dead, how)
 
-    def _deliver(self, dead: str, how: str) -> None:
+    def _deliver(self, act: Callable[[Any, str, str], None], dead: str, how: str) -> None:
         assert self._target is not None
         loop, node = self._target
         try:
-            loop.call_soon_threadsafe(_fail_node, node, dead, how)
+            loop.call_soon_threadsafe(act, node, dead, how)
         except RuntimeError:
             pass  # the loop is closed: the node is done anyway
 
@@ -376,8 +390,12 @@ class _ParentLink:
                 doc = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(doc, dict) and isinstance(doc.get("abort"), str):
+            if not isinstance(doc, dict):
+                continue
+            if isinstance(doc.get("abort"), str):
                 self.abort(doc["abort"][:200], str(doc.get("how", "died"))[:200])
+            elif isinstance(doc.get("died"), str):
+                self.died(doc["died"][:200], str(doc.get("how", "died"))[:200])
 
 
 def _fail_node(node: Any, dead: str, how: str) -> None:
@@ -385,6 +403,12 @@ def _fail_node(node: Any, dead: str, how: str) -> None:
         node.failed_node, node.failed_reason = dead, f"{how} (seen by the launcher)"
         node.failure = NodeFailure(f"node {dead} {how} (seen by the launcher)")
         node.stop()
+
+
+def _member_died(node: Any, dead: str, how: str) -> None:
+    died = getattr(node, "member_died", None)
+    if died is not None and node.failure is None:
+        died(dead, f"{how} (seen by the launcher)")
 
 
 _PARENT = _ParentLink()
