@@ -93,6 +93,9 @@ class Node:
         self._collect_dst: str | None = None
         self._collected: list[Message] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: requests in flight as futures, not tasks (geomx/node/calls.py): cancelled with
+        #: the tasks when the node stops
+        self._calls: set[asyncio.Future[Any]] = set()
         self._stopping = False
         self.failure: BaseException | None = None
         #: nodes lost while the job went on ([membership] on_worker_loss = "continue")
@@ -529,6 +532,9 @@ class Node:
             senders = list(self._senders.values())
             for t in (receiver, stopper, *senders, *self._tasks):
                 t.cancel()
+            for call in list(self._calls):
+                call.cancel()
+            self._calls.clear()
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(NodeStopped(self.name))

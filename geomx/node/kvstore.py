@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from geomx.node.calls import request_soon
 from geomx.node.push_snapshots import PushSnapshots
 from geomx.node.values import flat_slice, freeze, is_phantom, write_slice
 from geomx.sched.p3 import FUSE_META, P3Config, P3Error, slices_of
@@ -307,8 +308,9 @@ class KVStore:
         self._fence = task
         return task
 
-    def push(self, key: Any, value: Any, priority: int = 0) -> asyncio.Task[Any]:
-        """Start pushing ``value`` for ``key`` and return at once (await the task to wait).
+    def push(self, key: Any, value: Any, priority: int = 0) -> asyncio.Future[Any]:
+        """Start pushing ``value`` for ``key`` and return at once (await the returned future
+        -- a task, or for a one-part key a plain future, :mod:`geomx.node.calls` -- to wait).
 
         ``value`` is read now (a later write to it does not change what is sent); a list
         of arrays for one key is summed first, as MXNet sums per-device values."""
@@ -332,8 +334,14 @@ class KVStore:
                 prev = self._inflight.get(wk)
                 if (fence is None or fence.done()) and (prev is None or prev.done()):
                     # nothing to wait for: what _ordered would do, without its list
-                    task = self._inflight[wk] = self._node.spawn(
-                        self._push_one(wk, v, priority, user_key=k, ready=ready))
+                    if self._plain(wk):
+                        # one message, one reply: a future and callbacks, not a task
+                        task = request_soon(self._node, functools.partial(
+                            self._push_msg, wk, v), self._learn_one)
+                    else:
+                        task = self._node.spawn(
+                            self._push_one(wk, v, priority, user_key=k, ready=ready))
+                    self._inflight[wk] = task
                     tasks.append(task)
                     continue
             for i, (wk, lo, hi) in enumerate(wire):
@@ -367,16 +375,7 @@ class KVStore:
             return
         if len(parts) == 1 and not p3:
             # the common case, without a coroutine per part (what ``one`` below does)
-            p = parts[0]
-            payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,
-                                                     part=p.index)
-            if meta:
-                m.update(meta)
-            if self._number_rounds:
-                m["round"] = self._rounds.get(key, 0) + 1
-            self._learn((await node.request(Message(
-                _PUSH, node.name, self._servers[p.server], key=key, part=p.index,
-                version=node.iteration, meta=m, payloads=payloads)),))
+            self._learn((await node.request(self._push_msg(key, value)[0]),))
             return
 
         async def one(p) -> Message:
@@ -402,9 +401,45 @@ class KVStore:
                         skey=key, prio=priority, msg=f"prio {priority}",
                         bytes=sent[0])
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0) -> asyncio.Task[Any]:
+    def _plain(self, key: int) -> bool:
+        """Whether a push or pull of wire key ``key`` is one request and its reply (no
+        P3 slices or fused replies, no TSEngine overlay, one server part)."""
+        return self._ts is None and not self.p3.enabled and len(self._parts(key)) == 1
+
+    def _push_msg(self, key: int, value: Any) -> tuple[Message, None]:
+        """The PUSH of a one-part key, built when the call starts (``value`` is read then,
+        as the task did)."""
+        node = self._node
+        p = self._parts(key)[0]
+        payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,
+                                                 part=p.index)
+        if getattr(node, "stop_wanted", False):
+            m["stop"] = True
+        if self._loss is not None and self._carry_loss:
+            m["loss"] = self._loss  # DGT's adaptive K at the local server
+        if self._number_rounds:
+            m["round"] = self._rounds.get(key, 0) + 1
+        return Message(_PUSH, node.name, self._servers[p.server], key=key, part=p.index,
+                       version=node.iteration, meta=m, payloads=payloads), None
+
+    def _learn_one(self, reply: Message) -> None:
+        self._learn((reply,))
+
+    def _pull_msg(self, key: int, out: Any) -> tuple[Message, Any]:
+        """The PULL of a one-part key, and where its dense reply may be received."""
+        node = self._node
+        p = self._parts(key)[0]
+        return (Message(_PULL, node.name, self._servers[p.server], key=key, part=p.index),
+                _sink(out, self._wire_shapes[key][1]))
+
+    def _pulled_one(self, key: int, out: Any, reply: Message) -> Any:
+        self._learn((reply,))
+        shape, dtype = self._wire_shapes[key]
+        return self._pulled(self._parts(key), shape, dtype, [reply], out)
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0) -> asyncio.Future[Any]:
         """Fetch the current value of ``key`` (after this worker's last push of it) into
-        ``out``; await the returned task for the value (a list for a list of keys)."""
+        ``out``; await the returned future for the value (a list for a list of keys)."""
         tasks = []
         pairs = self._keys(key, out)
         if (len(pairs) > 1 and not any(isinstance(o, (list, tuple)) for _, o in pairs)
@@ -423,7 +458,13 @@ class KVStore:
                 # the common case: what _ordered does below, without its lists and closures
                 wk = wire[0][0]
                 prev = self._inflight.get(wk)
-                if prev is None or prev.done():
+                if self._plain(wk):
+                    # one message, one reply: a future and callbacks, not a task
+                    task = request_soon(self._node, functools.partial(self._pull_msg, wk, o),
+                                        functools.partial(self._pulled_one, wk, o),
+                                        after=None if prev is None or prev.done() else prev,
+                                        after_failed=_earlier_failed)
+                elif prev is None or prev.done():
                     task = self._node.spawn(self._pull_one(wk, o, priority))
                 else:
                     task = self._node.spawn(self._pull_after(prev, wk, o, priority))
@@ -469,7 +510,8 @@ class KVStore:
             raise KVStoreError(f"an earlier kvstore call failed: {e}") from e
         return await self._pull_one(key, out, priority)
 
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> asyncio.Task[Any]:
+    def pushpull(self, key: Any, value: Any, out: Any = None,
+                 priority: int = 0) -> asyncio.Future[Any]:
         """``push`` then ``pull`` of the same keys (MXNet's ``pushpull``); ``out`` defaults
         to ``value`` itself, as in MXNet."""
         self.push(key, value, priority=priority)
@@ -695,6 +737,13 @@ class KVStore:
         await asyncio.gather(*(self._node.request(Message(Kind.COMMAND, self._node.name, gs,
                                                           meta=meta))
                                for gs in self._job.global_servers))
+
+
+def _earlier_failed(exc: BaseException) -> BaseException:
+    """A call that waited for this worker's previous call on its key, which failed."""
+    err = KVStoreError(f"an earlier kvstore call failed: {exc}")
+    err.__cause__ = exc
+    return err
 
 
 async def _nothing() -> None:

@@ -1,0 +1,170 @@
+"""One request as a future and callbacks, not a task: the kvstore's per-key push and pull.
+
+``kv.push(key, value)`` used to spawn a task that built the message, awaited
+:meth:`~geomx.node.base.Node.request` and learnt from the reply. A task costs the loop a
+first step, a wake-up and a done callback per call, plus a coroutine frame; for a program
+that pushes and pulls thousands of small keys (MXNet-style per-key calls) that is most of
+the per-message work. :func:`request_soon` does the same with one call_soon'd start and the
+reply future's callback, in the same places of the loop's ready queue as the task's first
+step and its wake-up, so the emulator's order of events (and hence every emulated time) is
+what the task gave.
+
+Failures follow :meth:`Node.spawn`'s rule: the returned future fails with the error, and
+the node stops with it unless it was caused by the node stopping. Futures still open when
+the node stops are cancelled, as its tasks are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, Callable
+
+from geomx.node.base import (_ERROR, Node, NodeFailure, RemoteError, _caused_by_stop,
+                             _time_out)
+from geomx.wire import Message
+
+log = logging.getLogger(__name__)
+
+#: builds the request when the call starts: the message and an array its reply's dense
+#: payload may be received into (or None)
+Start = Callable[[], "tuple[Message, Any]"]
+
+
+def request_soon(node: Node, start: Start, then: Callable[[Message], Any], *,
+                 after: asyncio.Future[Any] | None = None,
+                 after_failed: Callable[[BaseException], BaseException] | None = None
+                 ) -> asyncio.Future[Any]:
+    """What ``node.spawn(c())`` gives for ``async def c(): await after; msg, sink = start();
+    return then(await node.request(msg, sink=sink))``, without the task.
+
+    ``after``: a call this one must follow (this worker's previous call on the key); its
+    failure fails this one with ``after_failed(exc)``.
+    """
+    loop = node._loop or asyncio.get_running_loop()
+    done = loop.create_future()
+    node._calls.add(done)
+    # the task's first step would run on the next turn: so does this start
+    loop.call_soon(_first_step, node, start, then, done, after, after_failed)
+    return done
+
+
+def _first_step(node: Node, start: Start, then: Callable[[Message], Any],
+                done: asyncio.Future[Any], after: asyncio.Future[Any] | None,
+                after_failed: Callable[[BaseException], BaseException] | None) -> None:
+    if done.done():
+        return  # cancelled: the node stopped
+    if after is not None and not after.done():
+        after.add_done_callback(functools.partial(_after_done, node, start, then, done,
+                                                  after_failed))
+        return
+    if after is not None:
+        _after_done(node, start, then, done, after_failed, after)
+        return
+    _send(node, start, then, done)
+
+
+def _after_done(node: Node, start: Start, then: Callable[[Message], Any],
+                done: asyncio.Future[Any],
+                after_failed: Callable[[BaseException], BaseException] | None,
+                after: asyncio.Future[Any]) -> None:
+    if done.done():
+        return
+    if after.cancelled():
+        _cancel(node, done)
+        return
+    exc = after.exception()
+    if exc is not None:
+        _fail(node, done, after_failed(exc) if after_failed is not None else exc)
+        return
+    _send(node, start, then, done)
+
+
+def _send(node: Node, start: Start, then: Callable[[Message], Any],
+          done: asyncio.Future[Any]) -> None:
+    """:meth:`Node.request`'s part before its ``await``."""
+    try:
+        msg, sink = start()
+    except BaseException as e:  # (as a task's exception would be)
+        _fail(node, done, e)
+        return
+    rid = node._next_request_id
+    node._next_request_id += 1
+    msg.request_id = rid
+    loop = node._loop or asyncio.get_running_loop()
+    fut: asyncio.Future[Message] = loop.create_future()
+    node._pending[rid] = fut
+    if msg.dst in node.replaceable_peers:
+        node._resendable[rid] = msg
+    into = None if sink is None else getattr(node.transport, "receive_into", None)
+    if into is not None:
+        into(msg.dst, rid, sink)
+    try:
+        node.post(msg)
+    except BaseException as e:
+        node._pending.pop(rid, None)
+        node._resendable.pop(rid, None)
+        if into is not None:
+            node.transport.forget_receive(rid)
+        _fail(node, done, e)
+        return
+    timer = None
+    if node.request_timeout_s > 0 and node.request_timeout_s != float("inf"):
+        timer = loop.call_later(node.request_timeout_s, _time_out, fut)
+    fut.add_done_callback(functools.partial(_replied, node, msg, then, done, timer,
+                                            into is not None))
+
+
+def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
+             done: asyncio.Future[Any], timer: asyncio.TimerHandle | None, into: bool,
+             fut: asyncio.Future[Message]) -> None:
+    """:meth:`Node.request`'s part after its ``await``, then ``then``."""
+    if timer is not None:
+        timer.cancel()
+    rid = msg.request_id
+    node._pending.pop(rid, None)
+    node._resendable.pop(rid, None)
+    if into:
+        node.transport.forget_receive(rid)
+    if done.done():
+        return
+    if fut.cancelled():
+        _cancel(node, done)
+        return
+    exc = fut.exception()
+    if exc is not None:
+        if isinstance(exc, asyncio.TimeoutError):
+            what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
+            exc = NodeFailure(f"{node.name}: no reply from {msg.dst} to {what} within "
+                              f"{node.request_timeout_s:g} s (membership.request_timeout)")
+        _fail(node, done, exc)
+        return
+    reply = fut.result()
+    if reply.kind == _ERROR:
+        _fail(node, done, RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
+                                      f"{reply.meta.get('reason', '?')}"))
+        return
+    try:
+        result = then(reply)
+    except BaseException as e:
+        _fail(node, done, e)
+        return
+    node._calls.discard(done)
+    done.set_result(result)
+
+
+def _cancel(node: Node, done: asyncio.Future[Any]) -> None:
+    node._calls.discard(done)
+    done.cancel()
+
+
+def _fail(node: Node, done: asyncio.Future[Any], exc: BaseException) -> None:
+    """Fail the call, and the node with it (what :meth:`Node._task_done` does for a task)."""
+    node._calls.discard(done)
+    done.set_exception(exc)
+    done.exception()  # retrieved: the node reports it, as it does a task's
+    if not _caused_by_stop(exc) and node.failure is None:
+        node.failure = exc
+        log.error("%s: request failed: %r", node.name, exc, exc_info=exc)
+        node.stop()
