@@ -88,7 +88,11 @@ class TrainingConfig(Section):
     batch_size: int = setting(Integer(min=1), 32, "Samples per worker per iteration.")
     lr: float = setting(Real(min=0, min_open=True), 0.01, "Learning rate of the global-server optimizer.")
     optimizer: str = setting(Choice(*SERVER_OPTIMIZERS), "adam",
-                             "Optimizer run by the global servers (`none`: store the pushed values).")
+                             "Optimizer run by the global servers (`none`: store the pushed values). "
+                             "The built-in trainer installs it; a training program's "
+                             "servers store the pushed values (as GeoMX's and MXNet's do) "
+                             "until its master worker calls `kv.set_optimizer` -- "
+                             "`kv.set_optimizer(ctx.optimizer_config)` installs this one.")
     momentum: float = setting(Real(min=0, max=1, max_open=True), 0.9, "Momentum for momentum / nesterov / signum.")
     weight_decay: float = setting(Real(min=0), 0.0, "L2 weight decay.")
     optimizer_options: tuple[str, ...] = setting(ListOf(Text(_OPTION_PATTERN, "name=value")), [],
