@@ -214,9 +214,7 @@ class Node:
             except asyncio.TimeoutError:
                 if timeout_s is not None:
                     raise
-                what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
-                raise NodeFailure(f"{self.name}: no reply from {msg.dst} to {what} within "
-                                  f"{bound:g} s (membership.request_timeout)") from None
+                raise no_reply(self.name, msg, bound) from None
         finally:
             if timer is not None:
                 timer.cancel()
@@ -225,8 +223,7 @@ class Node:
             if into is not None:
                 self.transport.forget_receive(rid)
         if reply.kind == _ERROR:
-            raise RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
-                              f"{reply.meta.get('reason', '?')}")
+            raise refused(msg, reply)
         return reply
 
     async def request_many(self, msgs: list[Message]) -> list[Message]:
@@ -261,10 +258,7 @@ class Node:
                     replies = await asyncio.wait_for(asyncio.gather(*futs), self.request_timeout_s)
                 except asyncio.TimeoutError:
                     late = next(m for m, f in zip(msgs, futs) if not f.done())
-                    raise NodeFailure(f"{self.name}: no reply from {late.dst} to "
-                                      f"{late.kind.name} key={late.key} within "
-                                      f"{self.request_timeout_s:g} s (membership.request_timeout)"
-                                      ) from None
+                    raise no_reply(self.name, late, self.request_timeout_s) from None
             else:
                 replies = await asyncio.gather(*futs)
         finally:
@@ -273,8 +267,7 @@ class Node:
                 self._resendable.pop(m.request_id, None)
         for m, reply in zip(msgs, replies):
             if reply.kind == Kind.ERROR:
-                raise RemoteError(f"{reply.src} refused {m.kind.name} key={m.key}: "
-                                  f"{reply.meta.get('reason', '?')}")
+                raise refused(m, reply)
         return list(replies)
 
     def spawn(self, coro: Awaitable[Any], name: str = "") -> asyncio.Task[Any]:
@@ -558,6 +551,19 @@ def _caused_by_stop(exc: BaseException) -> bool:
         exc = exc.__cause__ or exc.__context__
         seen += 1
     return False
+
+
+def no_reply(node: str, msg: Message, bound_s: float) -> NodeFailure:
+    """The failure of a request ``msg`` that ``node`` sent and got no reply to in time."""
+    what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
+    return NodeFailure(f"{node}: no reply from {msg.dst} to {what} within {bound_s:g} s "
+                       f"(membership.request_timeout)")
+
+
+def refused(msg: Message, reply: Message) -> RemoteError:
+    """The error of a request ``msg`` its peer answered with ERROR ``reply``."""
+    return RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
+                       f"{reply.meta.get('reason', '?')}")
 
 
 def _time_out(fut: asyncio.Future[Any]) -> None:

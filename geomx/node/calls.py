@@ -21,8 +21,7 @@ import functools
 import logging
 from typing import Any, Callable
 
-from geomx.node.base import (_ERROR, Node, NodeFailure, RemoteError, _caused_by_stop,
-                             _time_out)
+from geomx.node.base import _ERROR, Node, _caused_by_stop, _time_out, no_reply, refused
 from geomx.wire import Message
 
 log = logging.getLogger(__name__)
@@ -135,15 +134,12 @@ def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
     exc = fut.exception()
     if exc is not None:
         if isinstance(exc, asyncio.TimeoutError):
-            what = msg.kind.name + (f" key={msg.key}" if msg.key >= 0 else "")
-            exc = NodeFailure(f"{node.name}: no reply from {msg.dst} to {what} within "
-                              f"{node.request_timeout_s:g} s (membership.request_timeout)")
+            exc = no_reply(node.name, msg, node.request_timeout_s)
         _fail(node, done, exc)
         return
     reply = fut.result()
     if reply.kind == _ERROR:
-        _fail(node, done, RemoteError(f"{reply.src} refused {msg.kind.name} key={msg.key}: "
-                                      f"{reply.meta.get('reason', '?')}"))
+        _fail(node, done, refused(msg, reply))
         return
     try:
         result = then(reply)
