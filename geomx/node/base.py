@@ -189,16 +189,8 @@ class Node:
         come must not hang the job). An explicit ``timeout_s`` raises
         :class:`asyncio.TimeoutError` to the caller instead; ``math.inf`` waits forever.
         """
-        rid = self._next_request_id
-        self._next_request_id += 1
-        msg.request_id = rid
-        fut: asyncio.Future[Message] = (self._loop or asyncio.get_running_loop()).create_future()
-        self._pending[rid] = fut
-        if msg.dst in self.replaceable_peers:
-            self._resendable[rid] = msg
-        into = None if sink is None else getattr(self.transport, "receive_into", None)
-        if into is not None:
-            into(msg.dst, rid, sink)
+        fut, into = self._open_request(msg, sink)
+        rid = msg.request_id
         self.post(msg)
         bound = timeout_s
         if bound is None and self.request_timeout_s > 0:
@@ -218,13 +210,33 @@ class Node:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._pending.pop(rid, None)
-            self._resendable.pop(rid, None)
-            if into is not None:
-                self.transport.forget_receive(rid)
+            self._close_request(rid, into)
         if reply.kind == _ERROR:
             raise refused(msg, reply)
         return reply
+
+    def _open_request(self, msg: Message, sink: Any) -> tuple[asyncio.Future[Message], bool]:
+        """Give ``msg`` a fresh request id and register the future its reply resolves, its
+        copy to resend to a server's successor, and ``sink`` for a dense reply when the
+        transport can receive into it (whether it can is the second value);
+        :meth:`_close_request` undoes it. (:meth:`request` and geomx/node/calls.py.)"""
+        rid = self._next_request_id
+        self._next_request_id += 1
+        msg.request_id = rid
+        fut: asyncio.Future[Message] = (self._loop or asyncio.get_running_loop()).create_future()
+        self._pending[rid] = fut
+        if msg.dst in self.replaceable_peers:
+            self._resendable[rid] = msg
+        into = None if sink is None else getattr(self.transport, "receive_into", None)
+        if into is not None:
+            into(msg.dst, rid, sink)
+        return fut, into is not None
+
+    def _close_request(self, rid: int, into: bool) -> None:
+        self._pending.pop(rid, None)
+        self._resendable.pop(rid, None)
+        if into:
+            self.transport.forget_receive(rid)
 
     async def request_many(self, msgs: list[Message]) -> list[Message]:
         """:meth:`request` for many messages, those to one peer sent as one BATCH.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 from typing import Any, Callable
 
 from geomx.node.base import _ERROR, Node, _caused_by_stop, _time_out, no_reply, refused
@@ -68,16 +69,30 @@ def _after_done(node: Node, start: Start, then: Callable[[Message], Any],
                 done: asyncio.Future[Any],
                 after_failed: Callable[[BaseException], BaseException] | None,
                 after: asyncio.Future[Any]) -> None:
-    if done.done():
-        return
-    if after.cancelled():
-        _cancel(node, done)
-        return
-    exc = after.exception()
-    if exc is not None:
-        _fail(node, done, after_failed(exc) if after_failed is not None else exc)
+    if done.done() or _settled_by(node, done, after, after_failed):
         return
     _send(node, start, then, done)
+
+
+def _settled_by(node: Node, done: asyncio.Future[Any], fut: asyncio.Future[Any],
+                failure: Callable[[BaseException], BaseException] | None) -> bool:
+    """Cancel ``done`` if ``fut`` was cancelled, fail it with ``failure(exc)`` (or the
+    exception itself) if ``fut`` failed; whether either happened."""
+    if fut.cancelled():
+        _cancel(node, done)
+        return True
+    exc = fut.exception()
+    if exc is None:
+        return False
+    _fail(node, done, failure(exc) if failure is not None else exc)
+    return True
+
+
+def _no_reply(node: Node, msg: Message, exc: BaseException) -> BaseException:
+    """A reply future's failure as the caller sees it: its timeout names the peer."""
+    if isinstance(exc, asyncio.TimeoutError):
+        return no_reply(node.name, msg, node.request_timeout_s)
+    return exc
 
 
 def _send(node: Node, start: Start, then: Callable[[Message], Any],
@@ -88,31 +103,18 @@ def _send(node: Node, start: Start, then: Callable[[Message], Any],
     except BaseException as e:  # (as a task's exception would be)
         _fail(node, done, e)
         return
-    rid = node._next_request_id
-    node._next_request_id += 1
-    msg.request_id = rid
-    loop = node._loop or asyncio.get_running_loop()
-    fut: asyncio.Future[Message] = loop.create_future()
-    node._pending[rid] = fut
-    if msg.dst in node.replaceable_peers:
-        node._resendable[rid] = msg
-    into = None if sink is None else getattr(node.transport, "receive_into", None)
-    if into is not None:
-        into(msg.dst, rid, sink)
+    fut, into = node._open_request(msg, sink)
     try:
         node.post(msg)
     except BaseException as e:
-        node._pending.pop(rid, None)
-        node._resendable.pop(rid, None)
-        if into is not None:
-            node.transport.forget_receive(rid)
+        node._close_request(msg.request_id, into)
         _fail(node, done, e)
         return
     timer = None
-    if node.request_timeout_s > 0 and node.request_timeout_s != float("inf"):
-        timer = loop.call_later(node.request_timeout_s, _time_out, fut)
-    fut.add_done_callback(functools.partial(_replied, node, msg, then, done, timer,
-                                            into is not None))
+    if node.request_timeout_s > 0 and node.request_timeout_s != math.inf:
+        timer = (node._loop or asyncio.get_running_loop()).call_later(
+            node.request_timeout_s, _time_out, fut)
+    fut.add_done_callback(functools.partial(_replied, node, msg, then, done, timer, into))
 
 
 def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
@@ -121,21 +123,8 @@ def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
     """:meth:`Node.request`'s part after its ``await``, then ``then``."""
     if timer is not None:
         timer.cancel()
-    rid = msg.request_id
-    node._pending.pop(rid, None)
-    node._resendable.pop(rid, None)
-    if into:
-        node.transport.forget_receive(rid)
-    if done.done():
-        return
-    if fut.cancelled():
-        _cancel(node, done)
-        return
-    exc = fut.exception()
-    if exc is not None:
-        if isinstance(exc, asyncio.TimeoutError):
-            exc = no_reply(node.name, msg, node.request_timeout_s)
-        _fail(node, done, exc)
+    node._close_request(msg.request_id, into)
+    if done.done() or _settled_by(node, done, fut, functools.partial(_no_reply, node, msg)):
         return
     reply = fut.result()
     if reply.kind == _ERROR:
