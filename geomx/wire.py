@@ -273,6 +273,10 @@ MAX_META_BYTES = 1 << 20
 #: Most messages one BATCH carries.
 MAX_BATCH = 1 << 16
 _LEN = struct.Struct("<Q")
+#: a one-dimensional payload's descriptor and its one dimension, read in one call
+_DESC_1D = struct.Struct("<BBBq")
+#: a frame's name bytes (source then destination) -> (source length, source, destination)
+_NAMES_OF: dict[bytes, tuple[int, str, str]] = {}
 
 
 def _json_default(o: Any) -> Any:
@@ -305,6 +309,17 @@ def encode(msg: Message) -> list[bytes | memoryview]:
             _NAME_BYTES[msg.dst] = dst
     if msg.kind == _BATCH:
         return _encode_batch(msg, src, dst)
+    payloads = msg.payloads
+    if not msg.meta and len(payloads) == 1:
+        p = payloads[0]
+        data = p.data
+        if data is not None and len(p.shape) == 1:
+            # the common message (a push, a pull reply): one 1-D array, no meta
+            head = _HEADER.pack(MAGIC, WIRE_VERSION, msg.kind, msg.channel, 1, 0, len(src),
+                                len(dst), 0, msg.key, msg.part, msg.version, msg.request_id,
+                                msg.priority) + src + dst + _DESC_1D.pack(
+                                    _DTYPE_CODES[p.dtype], 1, 0, p.shape[0])
+            return [head, memoryview(data).cast("B")] if p.nbytes else [head]
     meta = json.dumps(msg.meta, separators=(",", ":"), sort_keys=True,
                       default=_json_default).encode() if msg.meta else b""
     if len(msg.payloads) > MAX_PAYLOADS:
@@ -434,11 +449,18 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     end = off + src_len + dst_len + meta_len
     if end > n:
         raise WireError("truncated frame: names/meta run past the end")
-    try:
-        src = str(mv[off:off + src_len], "utf-8")
-        dst = str(mv[off + src_len:off + src_len + dst_len], "utf-8")
-    except UnicodeDecodeError as e:
-        raise WireError(f"node name is not UTF-8: {e}") from None
+    names = mv[off:off + src_len + dst_len].tobytes()
+    known = _NAMES_OF.get(names)
+    if known is not None and known[0] == src_len:
+        _, src, dst = known
+    else:
+        try:
+            src = str(names[:src_len], "utf-8")
+            dst = str(names[src_len:], "utf-8")
+        except UnicodeDecodeError as e:
+            raise WireError(f"node name is not UTF-8: {e}") from None
+        if len(_NAMES_OF) < 4096:  # (a job has few name pairs; strangers must not grow it)
+            _NAMES_OF[names] = (src_len, src, dst)
     meta: dict[str, Any] = {}
     if meta_len:
         try:
@@ -451,6 +473,29 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     if kind_ is _BATCH:
         return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
                              max_bytes, copy, owned)
+    if n_payloads == 1 and external is None and off + _DESC_1D.size <= n:
+        # the common message (a push, a pull reply): one 1-D array, read in one unpack
+        code, ndim, phantom, dim = _DESC_1D.unpack_from(mv, off)
+        dt = _CODE_DTYPES.get(code)
+        if ndim == 1 and dt is not None and dim >= 0 and not phantom:
+            off += _DESC_1D.size
+            size = _ITEMSIZE[dt] * dim
+            if size > n - off:
+                raise WireError(f"truncated frame: payload 0 needs {size} bytes, "
+                                f"{n - off} left")
+            if size < n - off:
+                raise WireError(f"{n - off - size} trailing bytes after the last payload")
+            arr = np.frombuffer(mv[off:], dtype=dt)
+            if copy:
+                arr = arr.copy()
+            p = Payload.__new__(Payload)
+            p.dtype = dt
+            p.shape = (dim,)
+            p.data = arr
+            p.nbytes = size
+            p.owned = copy or (owned and not mv.readonly)
+            return Message(kind_, src, dst, key, part, ver, request_id, priority, channel,
+                           meta, [p])
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:
