@@ -359,12 +359,11 @@ class GlobalServer(Node):
         if wants_fused_reply(msg.meta):
             # P3 push/pull fusion: the acknowledgement is also the pull of the new value
             payloads, meta = self._pull_payloads(msg, slot)
-            self.post(msg.reply(_PUSH_ACK, version=slot.version, meta=meta,
-                                payloads=payloads))
+            self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
             return
         meta = {"stop": True} if self.stop_requested else {}
         self._mark_checkpoint(meta, slot)
-        self.post(msg.reply(_PUSH_ACK, version=slot.version, meta=meta))
+        self.post(msg.answer(_PUSH_ACK, slot.version, meta))
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -384,8 +383,7 @@ class GlobalServer(Node):
 
     def _serve_pull(self, msg: Message, slot: Slot) -> None:
         payloads, meta = self._pull_payloads(msg, slot)
-        self.post(msg.reply(_PULL_REPLY, version=slot.version, meta=meta,
-                            payloads=payloads))
+        self.post(msg.answer(_PULL_REPLY, slot.version, meta, payloads))
 
     def _pull_payloads(self, msg: Message, slot: Slot) -> tuple[list[Any], dict[str, Any]]:
         """The encoded current value of a slot, for a pull (or a fused P3 push reply)."""

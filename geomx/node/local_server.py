@@ -508,11 +508,11 @@ class LocalServer(Node):
                 # P3 push/pull fusion: the acknowledgement carries the new value
                 payloads, meta = self.codec.encode_pull(req.key, slot.store, tier="lan")
                 meta.update(reply_meta)
-                self.post(req.reply(_PUSH_ACK, version=slot.round,
-                                    meta=self._tell_codec(req.src, meta), payloads=payloads))
+                self.post(req.answer(_PUSH_ACK, slot.round, self._tell_codec(req.src, meta),
+                                     payloads))
             else:
-                self.post(req.reply(_PUSH_ACK, version=slot.round,
-                                    meta=self._tell_codec(req.src, dict(reply_meta))))
+                self.post(req.answer(_PUSH_ACK, slot.round,
+                                     self._tell_codec(req.src, dict(reply_meta))))
         if round_:
             self._answered_checkpoint_round(round_, slot.key)
 
@@ -628,7 +628,7 @@ class LocalServer(Node):
         if self.global_stop:
             meta["stop"] = True
         self._tell_codec(msg.src, meta)
-        self.post(msg.reply(_PULL_REPLY, version=slot.round, meta=meta, payloads=payloads))
+        self.post(msg.answer(_PULL_REPLY, slot.round, meta, payloads))
 
     # ------------------------------------------------------------------ lifecycle
     def _on_stop(self, msg: Message) -> None:
