@@ -14,8 +14,11 @@ time (> 1 means the emulator runs faster than the system it emulates).
 own. Next to it, measured in the same run on geomx's VirtualTimeLoop, the ceiling any
 Python emulator on this loop can reach: a bare ``call_soon`` chain (one callback per
 message), an ``asyncio.Queue`` put/get pair, and a Queue hand-off to a task waiting for
-it (what a node's receive loop costs at least), all per wall second; the last columns
-are the emulator's msg/s as a fraction of the first two.
+it (what a node's receive loop costs at least), and the least a request and its reply
+cost with the node code's primitives alone (a Message, a reply future and its callback,
+two call_soon hand-offs: no network model, kvstore or server logic), all per wall second;
+the last columns are the emulator's msg/s as a fraction of the first two and of that
+floor.
 
     python bench/emulator.py [--iterations 20] [--profile]
     python bench/emulator.py --scale [--sizes 2x4,4x8,8x16,16x32,16x64] [--tensors 161]
@@ -165,6 +168,50 @@ def queue_handoff_per_s(n: int = 200_000) -> float:
     return run_virtual(main())
 
 
+def request_reply_floor_per_s(n: int = 100_000) -> float:
+    """Messages per wall second of the least a request and its reply can cost with the
+    node code's primitives and nothing else: build a ``Message``, register a reply
+    future, hand the request over with ``call_soon``, answer it with
+    :meth:`Message.answer`, resolve the future, run its done callback (no network model,
+    no kvstore, no server logic). Two messages per exchange; the floor under any design
+    that keeps a future per request in shared asyncio node code."""
+    from geomx.wire import Kind, Message
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        pending: dict[int, asyncio.Future[Message]] = {}
+        left = [n]
+
+        def serve(msg: Message) -> None:  # the server: answer at once
+            loop.call_soon(receive, msg.answer(Kind.PUSH_ACK, 0, {}))
+
+        def receive(reply: Message) -> None:  # the client's receive path
+            pending.pop(reply.request_id).set_result(reply)
+
+        def replied(fut: asyncio.Future[Message]) -> None:
+            left[0] -= 1
+            if left[0]:
+                send()
+            else:
+                done.set_result(None)
+
+        def send() -> None:
+            msg = Message(Kind.PUSH, "w:dc1:0", "ls:dc1", key=left[0] % 161,
+                          request_id=left[0])
+            fut = loop.create_future()
+            pending[msg.request_id] = fut
+            fut.add_done_callback(replied)
+            loop.call_soon(serve, msg)
+
+        t0 = time.perf_counter()
+        send()
+        await done
+        return 2 * n / (time.perf_counter() - t0)
+
+    return run_virtual(main())
+
+
 def _best(fn: Any, repeat: int = 3) -> float:
     return max(fn() for _ in range(repeat))
 
@@ -220,6 +267,7 @@ def main_scale(args: argparse.Namespace) -> int:
     soon = _best(call_soon_chain_per_s)
     queue = _best(queue_put_get_per_s)
     handoff = _best(queue_handoff_per_s)
+    floor = _best(request_reply_floor_per_s)
     rows = []
     for size in args.sizes.split(","):
         cmd = [sys.executable, __file__, "--row", size, "--tensors", str(args.tensors)]
@@ -230,10 +278,12 @@ def main_scale(args: argparse.Namespace) -> int:
     print(f"phantom ResNet-50 ({args.tensors} tensors, 25.6M params), FSA, HiPS; "
           f"ceiling on VirtualTimeLoop: call_soon chain {soon / 1e3:.0f}k/s, "
           f"asyncio.Queue put/get {queue / 1e3:.0f}k/s, Queue hand-off to a waiting task "
-          f"{handoff / 1e3:.0f}k/s (wall, best of 3)")
+          f"{handoff / 1e3:.0f}k/s, request/reply with a future and nothing else "
+          f"{floor / 1e3:.0f}k msg/s (wall, best of 3; /floor: the emulator's msg/s as a "
+          "fraction of the last)")
     print(f"{'DCs x w':>8} {'workers':>7} {'iters':>5} {'tensors':>7} {'messages':>9} {'wall s':>7} "
           f"{'msg/s':>8} {'msg/CPUs':>8} {'us/msg':>7} {'emu/wall':>8} {'wall s/it':>9} "
-          f"{'RSS MiB':>8} {'cb/msg':>6} {'/soon':>6} {'/queue':>6}")
+          f"{'RSS MiB':>8} {'cb/msg':>6} {'/soon':>6} {'/queue':>6} {'/floor':>6}")
     for r in rows:
         print(f"{r['dcs']:>3} x {r['workers_per_dc']:<3} {r['dcs'] * r['workers_per_dc']:7d} "
               f"{r['iterations']:5d} {args.tensors:7d} {r['messages']:9d} {r['wall_s']:7.2f} "
@@ -241,7 +291,8 @@ def main_scale(args: argparse.Namespace) -> int:
               f"{r['emu_over_wall']:8.2f} "
               f"{r['wall_s'] / r['iterations']:9.3f} {r['rss_mib']:8.0f} "
               f"{r['callbacks_per_msg']:6.2f} "
-              f"{r['msgs_per_wall_s'] / soon:6.3f} {r['msgs_per_wall_s'] / queue:6.3f}")
+              f"{r['msgs_per_wall_s'] / soon:6.3f} {r['msgs_per_wall_s'] / queue:6.3f} "
+              f"{r['msgs_per_wall_s'] / floor:6.3f}")
     return 0
 
 
