@@ -469,7 +469,8 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             dst = str(names[src_len:], "utf-8")
         except UnicodeDecodeError as e:
             raise WireError(f"node name is not UTF-8: {e}") from None
-        if len(_NAMES_OF) < 4096:  # (a job has few name pairs; strangers must not grow it)
+        if len(_NAMES_OF) < 4096 and len(names) <= 128:
+            # (a job has few name pairs, all short; strangers must not grow it: ~1 MB at most)
             _NAMES_OF[names] = (src_len, src, dst)
     meta: dict[str, Any] = {}
     if meta_len:
