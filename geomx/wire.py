@@ -239,12 +239,8 @@ class Message:
     def reply(self, kind: Kind, **kw: Any) -> "Message":
         """A reply to this message: swapped endpoints, same key/part/request id/channel."""
         if kw.keys() <= _REPLY_FIELDS:  # what servers give (one call per reply: no dicts)
-            return Message(kind, self.dst, self.src, self.key, self.part,
-                           kw["version"] if "version" in kw else self.version,
-                           self.request_id, self.priority,
-                           self.channel if self.channel < UNRELIABLE_BASE else 0,
-                           kw["meta"] if "meta" in kw else {},
-                           kw["payloads"] if "payloads" in kw else [])
+            return self.answer(kind, kw["version"] if "version" in kw else self.version,
+                               kw["meta"] if "meta" in kw else {}, kw.get("payloads"))
         base = dict(kind=kind, src=self.dst, dst=self.src, key=self.key, part=self.part,
                     version=self.version, request_id=self.request_id,
                     priority=self.priority, channel=self.channel if self.reliable else 0)
@@ -499,14 +495,9 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             arr = np.frombuffer(mv[off:], dtype=dt)
             if copy:
                 arr = arr.copy()
-            p = Payload.__new__(Payload)
-            p.dtype = dt
-            p.shape = (dim,)
-            p.data = arr
-            p.nbytes = size
-            p.owned = copy or (owned and not mv.readonly)
             return Message(kind_, src, dst, key, part, ver, request_id, priority, channel,
-                           meta, [p])
+                           meta, [Payload._checked(dt, (dim,), arr, size,
+                                                   copy or (owned and not mv.readonly))])
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:

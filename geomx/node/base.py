@@ -250,16 +250,7 @@ class Node:
             by_dst.setdefault(m.dst, []).append(m)
         if all(len(group) == 1 for group in by_dst.values()):
             return list(await asyncio.gather(*(self.request(m) for m in msgs)))
-        loop = asyncio.get_running_loop()
-        futs: list[asyncio.Future[Message]] = []
-        for m in msgs:
-            m.request_id = self._next_request_id
-            self._next_request_id += 1
-            fut = loop.create_future()
-            self._pending[m.request_id] = fut
-            if m.dst in self.replaceable_peers:
-                self._resendable[m.request_id] = m
-            futs.append(fut)
+        futs = [self._open_request(m, None)[0] for m in msgs]
         for dst, group in by_dst.items():
             self.post(group[0] if len(group) == 1 else
                       Message(Kind.BATCH, self.name, dst, priority=max(m.priority for m in group),
@@ -275,8 +266,7 @@ class Node:
                 replies = await asyncio.gather(*futs)
         finally:
             for m in msgs:
-                self._pending.pop(m.request_id, None)
-                self._resendable.pop(m.request_id, None)
+                self._close_request(m.request_id, False)
         for m, reply in zip(msgs, replies):
             if reply.kind == Kind.ERROR:
                 raise refused(m, reply)

@@ -356,6 +356,10 @@ class KVStore:
     async def _push_one(self, key: int, value: Any, priority: int, *, user_key: int = -1,
                         index: int = 0, ready: float = 0.0) -> None:
         node = self._node
+        if self._plain(key):
+            # the common case: one message, without a coroutine per part (``one`` below)
+            self._learn((await node.request(self._push_msg(key, value)[0]),))
+            return
         parts = self._parts(key)
         meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
         if self._loss is not None and self._carry_loss:
@@ -372,10 +376,6 @@ class KVStore:
             self._ts_pushed.add(key)
             v = value if isinstance(value, Payload) else np.array(value, copy=True)
             self._learn([await self._ts.contribute(key, 0, rnd, v, meta)])
-            return
-        if len(parts) == 1 and not p3:
-            # the common case, without a coroutine per part (what ``one`` below does)
-            self._learn((await node.request(self._push_msg(key, value)[0]),))
             return
 
         async def one(p) -> Message:
