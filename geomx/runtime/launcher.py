@@ -366,9 +366,10 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 # [membership] on_worker_loss = "continue": its DC goes on without it
                 bad.remove(n)
                 if n not in lost:
-                    _tell_died(procs, n, f"was killed by signal {-procs[n].returncode}"
-                               if procs[n].returncode < 0
-                               else f"exited with code {procs[n].returncode}")
+                    _tell(procs, DIED_KEY, n,
+                          f"was killed by signal {-procs[n].returncode}"
+                          if procs[n].returncode < 0
+                          else f"exited with code {procs[n].returncode}")
                 if n not in lost and n in replaceable:
                     lost.append(n)
                     print(f"geomx: server {n} died (code {procs[n].returncode}); the job "
@@ -389,7 +390,7 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
                 how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
                 failure = f"node {first} {how}:\n{_tail(logs / f'{safe_name(first)}.log')}"
                 drain_deadline = now + grace_s
-                _tell_abort(procs, first, how)
+                _tell(procs, ABORT_KEY, first, how)
             if not running:
                 break
             if drain_deadline is not None and now > drain_deadline:
@@ -428,12 +429,12 @@ ABORT_KEY = "abort"
 DIED_KEY = "died"
 
 
-def _tell_abort(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None:
-    """Write an abort line naming ``dead`` on every running node's stdin (best effort)."""
-    _write_line(procs, dead, (json.dumps({ABORT_KEY: dead, "how": how}) + "\n").encode())
-
-
-def _write_line(procs: dict[str, subprocess.Popen], dead: str, line: bytes) -> None:
+def _tell(procs: dict[str, subprocess.Popen], key: str, dead: str, how: str) -> None:
+    """Write a line naming ``dead`` on every other running node's stdin (best effort):
+    ``key`` :data:`ABORT_KEY` fails them; :data:`DIED_KEY` tells its schedulers of a node
+    whose loss the job may survive (before the job started, only this tells them it is
+    gone rather than slow; :meth:`geomx.node.scheduler.Scheduler.member_died`)."""
+    line = (json.dumps({key: dead, "how": how}) + "\n").encode()
     for name, p in procs.items():
         if name == dead or p.poll() is not None or p.stdin is None:
             continue
@@ -442,13 +443,6 @@ def _write_line(procs: dict[str, subprocess.Popen], dead: str, line: bytes) -> N
             p.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # it is exiting already
-
-
-def _tell_died(procs: dict[str, subprocess.Popen], dead: str, how: str) -> None:
-    """Write a died line naming ``dead`` (a node whose loss the job may survive) on every
-    running node's stdin: its schedulers decide (before the job started, only this tells
-    them it is gone rather than slow; :meth:`geomx.node.scheduler.Scheduler.member_died`)."""
-    _write_line(procs, dead, (json.dumps({DIED_KEY: dead, "how": how}) + "\n").encode())
 
 
 def _follow_progress(path: Path, offset: int, bar: ProgressBar) -> int:

@@ -331,10 +331,10 @@ class _ParentLink:
     """The launcher's end of stdin, as a node sees it.
 
     End-of-file: the launcher (or the ssh session) is gone, so the node exits. An abort
-    line (``{"abort": NODE, "how": ...}``, see :func:`geomx.runtime.launcher._tell_abort`):
+    line (``{"abort": NODE, "how": ...}``, see :func:`geomx.runtime.launcher._tell`):
     another node of the job died, so this one fails naming it -- the only way to learn of
     a node killed before it registered, which no scheduler can tell from a slow starter.
-    A died line (``{"died": NODE, "how": ...}``, :func:`geomx.runtime.launcher._tell_died`):
+    A died line (``{"died": NODE, "how": ...}``, :func:`geomx.runtime.launcher._tell`):
     a node whose loss the job may survive died; a scheduler decides what that means
     (:meth:`geomx.node.scheduler.Scheduler.member_died`), other nodes ignore it.
     The watcher is a thread; the node lives on the event loop, so delivery goes through
