@@ -222,6 +222,43 @@ def test_garbage_collection_is_paced_by_callbacks_while_the_loop_runs(monkeypatc
     assert gc.isenabled()  # restored
 
 
+def test_garbage_collection_spaces_out_when_much_is_in_flight(monkeypatch):
+    """A young collection walks every young object still alive; with many in flight the
+    loop waits proportionally longer before the next one (counted, not timed)."""
+    import gc
+
+    import geomx.sim.loop as sim_loop
+
+    monkeypatch.setattr(sim_loop, "_GC_EVERY_CALLBACKS", 500)
+
+    def collections_with(in_flight: int) -> int:
+        seen = []
+
+        def count(phase, info):
+            if phase == "start":
+                seen.append(info["generation"])
+
+        async def main():
+            held = [[] for _ in range(in_flight)]  # young, alive across collections
+            for _ in range(20_000):
+                await asyncio.sleep(0)
+            return len(held)
+
+        gc.callbacks.append(count)
+        try:
+            assert run_virtual(main()) == in_flight
+        finally:
+            gc.callbacks.remove(count)
+        return len(seen)
+
+    few = collections_with(0)
+    assert few >= 15  # every 500 callbacks, as before
+    # 10k objects walked by the first collection: the next is >= 80k callbacks away
+    assert collections_with(10_000) <= 2
+    monkeypatch.setattr(sim_loop, "_GC_CALLBACKS_PER_YOUNG_OBJECT", 0)
+    assert collections_with(10_000) >= 15
+
+
 def test_old_cyclic_garbage_goes_during_a_long_run(monkeypatch):
     """A cycle promoted to the oldest generation (it outlived collections while in use,
     like a message queued behind a slow WAN link) is freed while the loop still runs."""
