@@ -11,9 +11,13 @@ on a flat PS, two workers, Adam on the server, 300 iterations, no shaping):
   update (where a Numba kernel would load);
 * **the launch timeline**, from the run's own files: ``geomx run`` starting to the
   launcher spawning the nodes (``launch.json``'s ``start_epoch``), each node's
-  registration, the first iteration, the last and the job's end.
+  registration, the first iteration, the last and the job's end -- once with the nodes
+  forked from the launcher (the default, geomx/runtime/forked.py) and once exec'd as
+  fresh interpreters (``GEOMX_NODE_START=exec``, the baseline), alternating, in the
+  same run. ``--nodes-per-dc N`` gives each of the two party DCs N workers (more
+  processes: 5 + 2N with the flat PS's schedulers and server).
 
-    python bench/startup_timeline.py [--rounds 3]
+    python bench/startup_timeline.py [--rounds 3] [--nodes-per-dc 1]
 """
 
 from __future__ import annotations
@@ -74,13 +78,15 @@ def phases(python: str) -> dict[str, float]:
             "model": data, "first update": opt, "total": total}
 
 
-def launch(out: Path) -> dict[str, float]:
-    """Run the job once; its timeline in seconds since ``geomx run`` started."""
+def launch(out: Path, how: str = "fork", sets: list[str] = SETS) -> dict[str, float]:
+    """Run the job once, its nodes started ``how`` (``fork`` or ``exec``); its timeline in
+    seconds since ``geomx run`` started."""
     t0 = time.time()
     r = subprocess.run([sys.executable, "-m", "geomx", "run",
                         str(ROOT / "scenarios/vanilla_ps.toml"), "--runtime", "real",
-                        "--quiet", "--out", str(out), *[a for kv in SETS for a in ("--set", kv)]],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+                        "--quiet", "--out", str(out), *[a for kv in sets for a in ("--set", kv)]],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600,
+                       env={**os.environ, "GEOMX_NODE_START": how})
     end = time.time() - t0
     if r.returncode != 0:
         raise RuntimeError(f"geomx failed: {r.stderr[-2000:]}")
@@ -106,22 +112,31 @@ def launch(out: Path) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--nodes-per-dc", type=int, default=1,
+                   help="workers in each of the two party DCs (default 1)")
     args = p.parse_args(argv)
+    n = args.nodes_per_dc
+    sets = [f"dc.party-a.workers={n}", f"dc.party-b.workers={n}", *SETS[2:]]
     env_note = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     per: list[dict[str, float]] = []
-    lines: list[dict[str, float]] = []
+    lines: dict[str, list[dict[str, float]]] = {"fork": [], "exec": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.rounds):
+        for i in range(args.rounds):
             per.append(phases(sys.executable))
-            lines.append(launch(Path(tmp)))
+            for how in (("fork", "exec") if i % 2 == 0 else ("exec", "fork")):
+                lines[how].append(launch(Path(tmp), how, sets))
     print(f"per process, one at a time (medians of {args.rounds}; {env_note} at start):")
     for k in per[0]:
         print(f"  {k:16s} {statistics.median(r[k] for r in per) * 1e3:7.0f} ms")
-    print(f"launch timeline, seconds since `geomx run` started "
-          f"(medians of {args.rounds}; {lines[0]['processes']:.0f} processes):")
-    for k in lines[0]:
+    print(f"launch timeline, seconds since `geomx run` started (medians of {args.rounds}; "
+          f"{lines['fork'][0]['processes']:.0f} processes), nodes forked from the launcher "
+          f"vs exec'd (GEOMX_NODE_START=exec):")
+    print(f"  {'':16s} {'fork':>6s} {'exec':>6s} {'fork/exec':>9s}")
+    for k in lines["fork"][0]:
         if k != "processes":
-            print(f"  {k:16s} {statistics.median(r[k] for r in lines):6.2f} s")
+            f = statistics.median(r[k] for r in lines["fork"])
+            e = statistics.median(r[k] for r in lines["exec"])
+            print(f"  {k:16s} {f:6.2f} {e:6.2f} {f / e:9.2f}")
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
 

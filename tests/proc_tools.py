@@ -33,14 +33,20 @@ def descendants(pid: int) -> list[int]:
 
 
 def command_lines() -> Iterator[tuple[int, list[bytes]]]:
-    """``(pid, argv)`` of every live process, read from /proc."""
+    """``(pid, argv)`` of every live process, read from /proc. A node the launcher forked
+    shows its command line as one string (setproctitle): that is split at spaces here, so
+    both kinds read alike."""
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            yield int(d.name), (d / "cmdline").read_bytes().split(b"\0")
+            raw = (d / "cmdline").read_bytes()
         except OSError:
             continue
+        args = raw.rstrip(b"\0").split(b"\0")
+        if len(args) == 1:
+            args = args[0].split(b" ")
+        yield int(d.name), args
 
 
 def pid_of(node: str, marker: str) -> int | None:

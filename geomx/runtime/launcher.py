@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, IO
+from typing import IO, Any, Callable, Iterable
 
 from geomx.cluster import plan_job
 from geomx.errors import JobFailed
@@ -45,6 +45,7 @@ from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
 from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
+from geomx.runtime.forked import fork_command, fork_usable, preload
 from geomx.scenario import Scenario, scenario_to_toml
 
 #: Seconds the launcher waits for the job before declaring it hung (unless the scenario
@@ -154,10 +155,20 @@ class RemoteOptions:
 
 
 def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
-           stdin_doc: bytes = b"") -> _Child:
+           stdin_doc: bytes = b"", *, fork: bool = False,
+           siblings: Iterable[_Child] = ()) -> _Child:
+    """Start one node's process. With ``fork`` a local ``python -m geomx node ...`` command is
+    forked from this process instead of exec'd (geomx/runtime/forked.py: the same
+    process, without a fresh interpreter's imports); ``siblings``, the nodes started
+    before it, have their stdin pipes closed in it."""
     log_file = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.PIPE, start_new_session=True)
+    proc: Any
+    if fork and cmd[:4] == [sys.executable, "-m", "geomx", "node"]:
+        others = list(siblings)
+        proc = fork_command(cmd[3:], log_file, env, lambda: _close_in_child(others))
+    else:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                                stdin=subprocess.PIPE, start_new_session=True)
     if stdin_doc:
         try:
             proc.stdin.write(stdin_doc)  # type: ignore[union-attr]
@@ -165,6 +176,18 @@ def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
         except (BrokenPipeError, OSError):
             pass  # it died at once; the supervisor reports it
     return _Child(name, proc, log_file, stdin_doc)
+
+
+def _close_in_child(others: list[_Child]) -> None:
+    """In a forked node: the launcher's ends of the other nodes' stdin pipes (so each
+    node still sees end-of-file when the launcher is gone) and their log files."""
+    for c in others:
+        for f in (c.proc.stdin, c.log):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
 
 
 def _local_commands(s: Scenario, plan: Any, run_dir: Path, book: dict[str, str],
@@ -275,8 +298,12 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
         commands, book = _remote_commands(s, plan, run_dir, start_epoch, remote)
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    # local nodes are forked from here where that is safe (no ssh, no network namespace)
+    fork = kernel is None and remote is None and fork_usable()
+    if fork:
+        preload()
     (run_dir / "launch.json").write_text(json.dumps(
-        {"start_epoch": start_epoch, "schedulers": book,
+        {"start_epoch": start_epoch, "start": "fork" if fork else "exec", "schedulers": book,
          "commands": {n: shlex.join(c) for n, (c, _) in commands.items()}}, indent=1))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -284,14 +311,17 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     wall0 = time.perf_counter()
     for name in _start_order(plan):
         cmd, doc = commands[name]
-        children[name] = _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc)
+        children[name] = _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc,
+                                fork=fork, siblings=children.values())
+
     def relaunch(name: str) -> subprocess.Popen:
         """A crash fault with a duration: the node's command again, with ``--rejoin`` (a
         new process takes over its name)."""
         cmd, doc = commands[name]
         children[name].log.close()
         children[name] = _start([*cmd, "--rejoin"], logs / f"{safe_name(name)}.rejoined.log",
-                                env, name, doc)
+                                env, name, doc, fork=fork and fork_usable(),
+                                siblings=children.values())
         return children[name].proc
 
     try:

@@ -1,0 +1,238 @@
+"""Start a local node by ``fork()`` from the launcher, without ``exec``.
+
+A node started as ``python -m geomx node ...`` spends about 0.6 s of CPU importing numpy,
+Numba, uvloop and geomx before it does anything, and a 13-node job on a 2-core machine
+spends 8 s of wall time on that before the first node registers. The launcher has made
+those imports once; a child forked from it starts with them done, and then runs exactly
+what ``geomx node`` would run, with the same arguments, environment, standard streams,
+session and exit code. It is still one process per node.
+
+This follows Python's own ``multiprocessing`` fork start method (``popen_fork.py`` and
+``BaseProcess._bootstrap``): the child runs its work, flushes its streams and leaves with
+``os._exit`` -- never by unwinding into the launcher's frames or running the launcher's
+``atexit`` handlers (which could, for instance, delete a temporary directory the launcher
+still uses). It differs in what the child inherits: its standard streams are the node's
+log file and a pipe from the launcher, as ``subprocess.Popen`` would set them, and the
+other nodes' stdin pipes are closed in it, so a node still sees end-of-file when the
+launcher is gone.
+
+Forking is only safe from a process with a single thread (another thread could hold a
+lock the child then waits on forever), so :func:`fork_usable` falls back to ``exec`` when
+the launcher runs threads (a Jupyter kernel does), off Linux, and when
+``GEOMX_NODE_START=exec`` asks for it.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from typing import IO, Any, Callable, Sequence
+
+#: Environment variable choosing how the local launcher starts nodes: ``fork`` (the
+#: default where it is safe) or ``exec`` (a fresh interpreter per node, always safe).
+ENV_VAR = "GEOMX_NODE_START"
+_CHOICES = ("fork", "exec")
+
+
+def start_method() -> str:
+    """``"fork"`` or ``"exec"``: what ``GEOMX_NODE_START`` asks for (default ``fork``)."""
+    value = os.environ.get(ENV_VAR, "").strip().lower() or "fork"
+    if value not in _CHOICES:
+        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected one of "
+                         f"{', '.join(_CHOICES)}")
+    return value
+
+
+def fork_usable() -> bool:
+    """Whether this process may start nodes by fork: asked for (or by default), on Linux,
+    only one Python thread running here, and no Numba parallel thread pool started: the
+    pool a parallel kernel leaves behind (an emulated run with a codec, earlier in the
+    same process) makes a forked child abort ("fork() called from a process already
+    using GNU OpenMP"). OpenBLAS's pool, which numpy starts on import, is fork-safe: it
+    shuts down in the child (the case every ``multiprocessing`` fork with numpy relies
+    on)."""
+    return (start_method() == "fork" and sys.platform.startswith("linux")
+            and hasattr(os, "fork") and threading.active_count() == 1
+            and not _numba_pool_started())
+
+
+def _numba_pool_started() -> bool:
+    if "numba" not in sys.modules:
+        return False
+    try:
+        from numba.np.ufunc import parallel
+    except ImportError:  # a Numba without it: cannot tell, so do not fork
+        return True
+    return bool(getattr(parallel, "_is_initialized", True))
+
+
+def preload() -> None:
+    """Import what every node imports, once, before the first fork (each child then
+    starts with it done)."""
+    import geomx.runtime.eventloop  # noqa: F401  (uvloop)
+    import geomx.runtime.node_main  # noqa: F401
+    import geomx.runtime.tcp  # noqa: F401
+
+
+class ForkedProcess:
+    """What the launcher's supervisor uses of ``subprocess.Popen``, for a forked child:
+    ``pid``, ``stdin``, ``returncode`` (negative: killed by that signal), ``poll()`` and
+    ``wait(timeout)`` (``subprocess.TimeoutExpired`` when it runs past it)."""
+
+    def __init__(self, pid: int, stdin: IO[bytes], args: Sequence[str]):
+        self.pid = pid
+        self.stdin: IO[bytes] | None = stdin
+        self.args = list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, cause unknown
+                self.returncode = 255
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.001
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+    def __repr__(self) -> str:
+        return f"ForkedProcess(pid={self.pid}, returncode={self.returncode})"
+
+
+def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
+                 close_in_child: Callable[[], None] = lambda: None,
+                 title: str | None = None) -> ForkedProcess:
+    """Start ``geomx node ...`` (``argv``: the arguments after ``python -m geomx``, from
+    ``node`` on) in a forked child:
+    its stdout and stderr go to ``log_file``, its stdin is a new pipe (the returned
+    process's ``stdin``), ``env`` is its environment, and it leads a new session (as
+    ``Popen(..., start_new_session=True)``). ``close_in_child`` runs first in the child:
+    close there what belongs to the launcher (the other nodes' stdin pipes). ``title``
+    (default: ``python -m geomx`` and the arguments) is the command line ``ps`` and
+    ``pgrep -f`` show for it, as they would for an exec'd node."""
+    read_fd, write_fd = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is printed twice
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.close(write_fd)
+            _become_node(read_fd, log_file.fileno(), env, close_in_child,
+                         title or shlex.join([sys.executable, "-m", "geomx", *argv]))
+            code = _run_cli(list(argv))
+        except BaseException:  # noqa: BLE001 - the child must reach os._exit
+            try:
+                traceback.print_exc()
+            except BaseException:  # noqa: BLE001
+                pass
+        finally:
+            _leave(code)
+    os.close(read_fd)
+    return ForkedProcess(pid, os.fdopen(write_fd, "wb"), ["geomx", *argv])
+
+
+def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
+                 close_in_child: Callable[[], None], title: str) -> None:
+    """The child's set-up: what ``exec`` would have given it (session, command line,
+    streams, signal dispositions, environment, logging)."""
+    os.setsid()
+    _set_title(title)  # before the environment changes: setproctitle finds argv through it
+    os.dup2(stdin_fd, 0)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(stdin_fd)
+    close_in_child()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1,
+                signal.SIGUSR2, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
+                      else signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    os.environ.clear()
+    os.environ.update(env)
+    # fresh streams on the new descriptors (the launcher's may be a test runner's capture
+    # objects), line-buffered as PYTHONUNBUFFERED makes a fresh interpreter's
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True,
+                                  write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True,
+                                  write_through=True)
+    if faulthandler.is_enabled():
+        faulthandler.enable(sys.stderr)
+    root = logging.getLogger()
+    for handler in list(root.handlers):  # the CLI configures logging as a new process does
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
+    sys.argv = ["geomx"]
+    cwd = os.getcwd()  # `python -m` puts the working directory first on the path
+    if not sys.path or sys.path[0] != cwd:
+        sys.path.insert(0, cwd)
+    numpy = sys.modules.get("numpy")  # (``random`` reseeds itself after a fork; numpy's
+    if numpy is not None:             # legacy global generator does not)
+        numpy.random.seed()
+
+
+def _set_title(title: str) -> None:
+    """The command line other tools see (``/proc/PID/cmdline``): without it every node
+    would show the launcher's. One string, as setproctitle writes it (up to the space of
+    the launcher's own arguments and environment)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # not on Linux, or not installed: ps shows the launcher's
+        return
+    setproctitle(title)
+
+
+def _run_cli(argv: list[str]) -> int:
+    """``geomx node ARGS`` (the only command the launcher forks)."""
+    from geomx.runtime.node_args import node_command_main
+
+    if not argv or argv[0] != "node":
+        raise ValueError(f"only `geomx node ...` is forked, not `geomx {' '.join(argv[:1])}`")
+    sys.argv = ["geomx", *argv]
+    try:
+        code: Any = node_command_main(argv[1:])
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _leave(code: int) -> None:
+    """End the child as an interpreter exit would, without the launcher's exit handlers:
+    join the node's own non-daemon threads, flush logging and the streams, ``_exit``."""
+    try:
+        shutdown = getattr(threading, "_shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
+    os._exit(code & 0xFF)
