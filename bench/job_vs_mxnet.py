@@ -9,8 +9,10 @@ ps-lite over ZeroMQ) in the Python given by ``--mxnet-python`` (a venv with
 
 Printed per system: wall seconds for the whole job (process start to the last exit),
 seconds per iteration in the steady state (median gap between a worker's iterations
-after the first 10%), and the final test accuracy; then geomx's ratios to MXNet. Rounds
-alternate the order of the two systems.
+after the first 10%), and the final test accuracy; then geomx's ratios to MXNet. geomx
+runs twice per round: with its nodes forked from the launcher (the default,
+geomx/runtime/forked.py) and exec'd as fresh interpreters (``GEOMX_NODE_START=exec``).
+Rounds rotate the order of the three.
 
 Both run from byte-compiled modules, as installed packages do (pip compiles them at
 install; MXNet's venv has them): geomx's are compiled first into its ``__pycache__``,
@@ -115,7 +117,9 @@ def run_mxnet(python: str, data: Path, work: Path) -> dict:
             "accuracy": results[0]["accuracy"]}
 
 
-def run_geomx(work: Path) -> dict:
+def run_geomx(work: Path, start: str = "fork") -> dict:
+    """The job through ``geomx run --runtime real``, nodes forked from the launcher (the
+    default) or exec'd (``GEOMX_NODE_START=exec``, how every node started before)."""
     sys.path.insert(0, str(ROOT))
     from geomx.fidelity import iteration_times
 
@@ -130,7 +134,8 @@ def run_geomx(work: Path) -> dict:
          "--set", f"run.iterations={ITERS}", "--set", f"run.eval_every={ITERS // 2}",
          "--set", "training.hidden=[64]", "--set", "metrics.plot=false",
          "--set", "metrics.trace=false"],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+        env={**os.environ, "GEOMX_NODE_START": start})
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise RuntimeError(f"geomx failed: {r.stderr[-2000:]}")
@@ -172,27 +177,30 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         data = work / "digits.npz"
         np.savez(data, x_train=x[:cut], y_train=y[:cut], x_test=x[cut:], y_test=y[cut:])
-        rows: dict[str, list[dict]] = {"mxnet": [], "geomx": []}
+        systems = ("mxnet", "geomx", "geomx exec")
+        rows: dict[str, list[dict]] = {s: [] for s in systems}
         for rnd in range(args.rounds):
-            order_ = ("mxnet", "geomx") if rnd % 2 == 0 else ("geomx", "mxnet")
+            order_ = systems[rnd % 3:] + systems[:rnd % 3]  # rotate who goes first
             for system in order_:
-                res = run_mxnet(args.mxnet_python, data, work) if system == "mxnet" \
-                    else run_geomx(work)
+                res = (run_mxnet(args.mxnet_python, data, work) if system == "mxnet"
+                       else run_geomx(work, "exec" if system == "geomx exec" else "fork"))
                 rows[system].append(res)
-                print(f"round {rnd + 1} {system:6s} wall {res['wall_s']:6.2f} s  "
+                print(f"round {rnd + 1} {system:10s} wall {res['wall_s']:6.2f} s  "
                       f"{res['s_per_iter'] * 1e3:7.2f} ms/iter  accuracy {res['accuracy']:.4f}",
                       flush=True)
     load = os.getloadavg()[0]
     med = {s: {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "s_per_iter", "accuracy")}
            for s, rs in rows.items()}
     print(f"\nmedians over {args.rounds} rounds (load average {load:.1f} on {os.cpu_count()} CPUs):")
-    for s in ("mxnet", "geomx"):
+    for s in systems:
         m = med[s]
-        print(f"  {s:6s} whole job {m['wall_s']:6.2f} s, {m['s_per_iter'] * 1e3:6.2f} ms per "
+        print(f"  {s:10s} whole job {m['wall_s']:6.2f} s, {m['s_per_iter'] * 1e3:6.2f} ms per "
               f"iteration, accuracy {m['accuracy']:.4f}")
-    g, m = med["geomx"], med["mxnet"]
-    print(f"  geomx / MXNet: whole job {g['wall_s'] / m['wall_s']:.2f}x the time, per iteration "
-          f"{g['s_per_iter'] / m['s_per_iter']:.2f}x the time")
+    m = med["mxnet"]
+    for s in systems[1:]:
+        g = med[s]
+        print(f"  {s} / MXNet: whole job {g['wall_s'] / m['wall_s']:.2f}x the time, per "
+              f"iteration {g['s_per_iter'] / m['s_per_iter']:.2f}x the time")
     return 0
 
 
