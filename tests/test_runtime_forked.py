@@ -211,3 +211,33 @@ def test_native_threads_rule_fork_out_too():
     r = _in_fresh_python(code)
     assert r.returncode == 0, r.stderr
     assert "usable after a parallel kernel: False" in r.stdout
+
+
+#: Armed by the test below: send this process SIGINT from inside os.fork()'s parent-side
+#: at-fork callbacks, where CPython would report the KeyboardInterrupt as "Exception
+#: ignored" and drop it. (Registered once; it does nothing unless armed.)
+_SIGINT_IN_FORK: list[bool] = []
+os.register_at_fork(after_in_parent=lambda: _SIGINT_IN_FORK and _SIGINT_IN_FORK.pop()
+                    and os.kill(os.getpid(), signal.SIGINT))
+
+
+def test_ctrl_c_while_a_node_is_forked_is_not_lost(tmp_path, delegated):
+    """Found with Ctrl-C right after `geomx run --runtime real` started (the launcher then
+    ran on forever): the interrupt must reach the launcher, after the new node is in its
+    table so that it can be stopped."""
+    if delegated:
+        return
+    from geomx.runtime.launcher import _start
+
+    table: dict = {}
+    cmd = [sys.executable, "-m", "geomx", "node", str(QUICKSTART), "--name", "gh",
+           "--print-config"]
+    _SIGINT_IN_FORK.append(True)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _start(cmd, tmp_path / "gh.log", dict(os.environ), "gh", fork=True, into=table)
+    finally:
+        _SIGINT_IN_FORK.clear()
+    assert isinstance(table["gh"].proc, ForkedProcess)
+    assert table["gh"].proc.wait(60) == 0
+    table["gh"].log.close()

@@ -236,7 +236,8 @@ def test_nodes_exit_when_the_launcher_dies(tmp_path):
     marker = str(out)
     try:
         _wait_for("*/nodes/w_party-b_1.events.jsonl", out)
-        assert len(_nodes_of(marker)) == 11
+        # all 11, or 10 once the master worker has initialised the model and left
+        assert len(_nodes_of(marker)) >= 10
         os.kill(p.pid, signal.SIGKILL)  # the launcher only, not its children
         p.wait()
         deadline = time.time() + 20

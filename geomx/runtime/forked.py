@@ -24,6 +24,7 @@ the launcher runs threads (a Jupyter kernel does), off Linux, and when
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import logging
@@ -35,7 +36,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence
 
 #: Environment variable choosing how the local launcher starts nodes: ``fork`` (the
 #: default where it is safe) or ``exec`` (a fresh interpreter per node, always safe).
@@ -73,6 +74,26 @@ def _numba_pool_started() -> bool:
     except ImportError:  # a Numba without it: cannot tell, so do not fork
         return True
     return bool(getattr(parallel, "_is_initialized", True))
+
+
+#: Signals held while a node is forked and recorded (see :func:`signals_deferred`).
+_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM, SIGHUP and SIGQUIT until the block ends; one that came
+    meanwhile is delivered then. Around ``os.fork()`` this is a correctness matter:
+    a Ctrl-C that lands while the interpreter runs its at-fork callbacks (logging's
+    lock release, for one) raises KeyboardInterrupt inside the callback, where CPython
+    reports it as "Exception ignored" and drops it -- the launcher then never stops.
+    The launcher also keeps them held until the new node is in its table, so an
+    interrupt cannot leave a node it does not know about."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def preload() -> None:
@@ -137,7 +158,8 @@ def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    pid = os.fork()
+    with signals_deferred():  # (the child unblocks them in _become_node)
+        pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
@@ -172,6 +194,7 @@ def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                       else signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)  # held by the launcher
     os.environ.clear()
     os.environ.update(env)
     # fresh streams on the new descriptors (the launcher's may be a test runner's capture

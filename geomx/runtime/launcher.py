@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable
+from typing import IO, Any, Callable
 
 from geomx.cluster import plan_job
 from geomx.errors import JobFailed
@@ -45,7 +45,7 @@ from geomx.metrics.recorder import iter_events, merge_event_files
 from geomx.metrics.summary import Summary, build_summary
 from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
-from geomx.runtime.forked import fork_command, fork_usable, preload
+from geomx.runtime.forked import fork_command, fork_usable, preload, signals_deferred
 from geomx.scenario import Scenario, scenario_to_toml
 
 #: Seconds the launcher waits for the job before declaring it hung (unless the scenario
@@ -156,26 +156,30 @@ class RemoteOptions:
 
 def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
            stdin_doc: bytes = b"", *, fork: bool = False,
-           siblings: Iterable[_Child] = ()) -> _Child:
-    """Start one node's process. With ``fork`` a local ``python -m geomx node ...`` command is
-    forked from this process instead of exec'd (geomx/runtime/forked.py: the same
-    process, without a fresh interpreter's imports); ``siblings``, the nodes started
-    before it, have their stdin pipes closed in it."""
+           into: dict[str, _Child] | None = None) -> _Child:
+    """Start one node's process and put it in ``into`` under ``name``. With ``fork`` a
+    local ``python -m geomx node ...`` command is forked from this process instead of
+    exec'd (geomx/runtime/forked.py: the same process, without a fresh interpreter's
+    imports); the nodes already in ``into`` have their stdin pipes closed in it, and
+    Ctrl-C waits until it is in ``into`` (so the launcher can stop it)."""
     log_file = open(log_path, "w")
-    proc: Any
+    table = {} if into is None else into
     if fork and cmd[:4] == [sys.executable, "-m", "geomx", "node"]:
-        others = list(siblings)
-        proc = fork_command(cmd[3:], log_file, env, lambda: _close_in_child(others))
+        others = list(table.values())
+        with signals_deferred():
+            proc = fork_command(cmd[3:], log_file, env, lambda: _close_in_child(others))
+            child = table[name] = _Child(name, proc, log_file, stdin_doc)
     else:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.PIPE, start_new_session=True)
+        child = table[name] = _Child(name, proc, log_file, stdin_doc)
     if stdin_doc:
         try:
             proc.stdin.write(stdin_doc)  # type: ignore[union-attr]
             proc.stdin.flush()  # type: ignore[union-attr]
         except (BrokenPipeError, OSError):
             pass  # it died at once; the supervisor reports it
-    return _Child(name, proc, log_file, stdin_doc)
+    return child
 
 
 def _close_in_child(others: list[_Child]) -> None:
@@ -309,20 +313,24 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     env.setdefault("PYTHONUNBUFFERED", "1")
     children: dict[str, _Child] = {}
     wall0 = time.perf_counter()
-    for name in _start_order(plan):
-        cmd, doc = commands[name]
-        children[name] = _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc,
-                                fork=fork, siblings=children.values())
+    try:
+        for name in _start_order(plan):
+            cmd, doc = commands[name]
+            _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc, fork=fork,
+                   into=children)
+    except BaseException:  # Ctrl-C while starting: stop what started
+        _stop_all({n: c.proc for n, c in children.items()})
+        for c in children.values():
+            c.log.close()
+        raise
 
     def relaunch(name: str) -> subprocess.Popen:
         """A crash fault with a duration: the node's command again, with ``--rejoin`` (a
         new process takes over its name)."""
         cmd, doc = commands[name]
         children[name].log.close()
-        children[name] = _start([*cmd, "--rejoin"], logs / f"{safe_name(name)}.rejoined.log",
-                                env, name, doc, fork=fork and fork_usable(),
-                                siblings=children.values())
-        return children[name].proc
+        return _start([*cmd, "--rejoin"], logs / f"{safe_name(name)}.rejoined.log", env, name,
+                      doc, fork=fork and fork_usable(), into=children).proc
 
     try:
         failure = _supervise(s, plan, children, run_dir, wall0, progress, timeout_s,
