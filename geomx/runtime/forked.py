@@ -77,23 +77,39 @@ def _numba_pool_started() -> bool:
 
 
 #: Signals held while a node is forked and recorded (see :func:`signals_deferred`).
-_DEFERRED = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT}
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM, SIGHUP and SIGQUIT until the block ends; one that came
-    meanwhile is delivered then. Around ``os.fork()`` this is a correctness matter:
-    a Ctrl-C that lands while the interpreter runs its at-fork callbacks (logging's
-    lock release, for one) raises KeyboardInterrupt inside the callback, where CPython
-    reports it as "Exception ignored" and drops it -- the launcher then never stops.
-    The launcher also keeps them held until the new node is in its table, so an
-    interrupt cannot leave a node it does not know about."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _DEFERRED)
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends; one that came meanwhile is
+    raised then, to the handler that was in place. Around ``os.fork()`` this is a
+    correctness matter: a Ctrl-C that lands while the interpreter runs its at-fork
+    callbacks (logging's lock release, for one) raises KeyboardInterrupt inside the
+    callback, where CPython reports it as "Exception ignored" and drops it -- the
+    launcher then never stops. The launcher also holds them until the new node is in
+    its table, so an interrupt cannot leave a node it does not know about.
+
+    The Python-level handlers are swapped for one that only notes the signal, rather
+    than the signal being blocked: a blocked signal sent to the process is delivered to
+    another thread (numpy's OpenBLAS pool), whose C handler still has the main thread
+    run the Python handler at its next check -- inside the at-fork callback again.
+    Main thread only (``signal.signal``)."""
+    noted: list[int] = []
+    old: dict[int, Any] = {}
+    for sig in _DEFERRED:
+        handler = signal.getsignal(sig)
+        if handler is None or handler == signal.SIG_IGN:
+            continue  # not ours to swap, or ignored anyway
+        old[sig] = handler
+        signal.signal(sig, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(noted):
+            signal.raise_signal(sig)
 
 
 def preload() -> None:
@@ -158,7 +174,7 @@ def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    with signals_deferred():  # (the child unblocks them in _become_node)
+    with signals_deferred():  # (the child resets the handlers in _become_node)
         pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
@@ -194,7 +210,6 @@ def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT
                       else signal.SIG_DFL)
     signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _DEFERRED)  # held by the launcher
     os.environ.clear()
     os.environ.update(env)
     # fresh streams on the new descriptors (the launcher's may be a test runner's capture
