@@ -102,7 +102,10 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
                           "--runtime", "real", "--quiet", "--out", str(tmp_path),
                           "--set", "run.iterations=100000", "--set", "run.target_accuracy=0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True,
+                         # as from a terminal: a suite run as a background job of a
+                         # non-interactive shell has SIGINT ignored, and children inherit it
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not list(tmp_path.glob("*/logs/*.log")) and time.monotonic() < deadline:
         time.sleep(0.2)  # the nodes are being started

@@ -313,16 +313,6 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     env.setdefault("PYTHONUNBUFFERED", "1")
     children: dict[str, _Child] = {}
     wall0 = time.perf_counter()
-    try:
-        for name in _start_order(plan):
-            cmd, doc = commands[name]
-            _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc, fork=fork,
-                   into=children)
-    except BaseException:  # Ctrl-C while starting: stop what started
-        _stop_all({n: c.proc for n, c in children.items()})
-        for c in children.values():
-            c.log.close()
-        raise
 
     def relaunch(name: str) -> subprocess.Popen:
         """A crash fault with a duration: the node's command again, with ``--rejoin`` (a
@@ -333,8 +323,15 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
                       doc, fork=fork and fork_usable(), into=children).proc
 
     try:
+        for name in _start_order(plan):
+            cmd, doc = commands[name]
+            _start(cmd, logs / f"{safe_name(name)}.log", env, name, doc, fork=fork,
+                   into=children)
         failure = _supervise(s, plan, children, run_dir, wall0, progress, timeout_s,
                              relaunch)
+    except BaseException:  # Ctrl-C, while starting or after: stop every node started
+        _stop_all({n: c.proc for n, c in children.items()})
+        raise
     finally:
         for c in children.values():
             c.log.close()
