@@ -1,6 +1,7 @@
 """The geomx command line as a user runs it."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -106,12 +107,17 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
                          # as from a terminal: a suite run as a background job of a
                          # non-interactive shell has SIGINT ignored, and children inherit it
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not list(tmp_path.glob("*/logs/*.log")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # the nodes are being started
-    time.sleep(1.0)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("*/logs/*.log")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the nodes are being started
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:  # a launcher that ignored it must not train on after the test
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # its nodes then see stdin close
+            p.wait()
     assert p.returncode == 130, err
     assert "geomx: interrupted" in err and "Traceback" not in err, err
     left = subprocess.run(["pgrep", "-f", f"geomx node .*{tmp_path}"], capture_output=True,
