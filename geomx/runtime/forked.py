@@ -174,22 +174,22 @@ def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    with signals_deferred():  # (the child resets the handlers in _become_node)
+    with signals_deferred():
         pid = os.fork()
-    if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.close(write_fd)
-            _become_node(read_fd, log_file.fileno(), env, close_in_child,
-                         title or shlex.join([sys.executable, "-m", "geomx", *argv]))
-            code = _run_cli(list(argv))
-        except BaseException:  # noqa: BLE001 - the child must reach os._exit
-            try:
-                traceback.print_exc()
-            except BaseException:  # noqa: BLE001
-                pass
-        finally:
-            _leave(code)
+        if pid == 0:  # the child: never returns, nor leaves this block (whose exit could
+            code = 1  # raise a noted signal outside the try, into the launcher's frames);
+            try:      # _become_node resets the handlers
+                os.close(write_fd)
+                _become_node(read_fd, log_file.fileno(), env, close_in_child,
+                             title or shlex.join([sys.executable, "-m", "geomx", *argv]))
+                code = _run_cli(list(argv))
+            except BaseException:  # noqa: BLE001 - the child must reach os._exit
+                try:
+                    traceback.print_exc()
+                except BaseException:  # noqa: BLE001
+                    pass
+            finally:
+                _leave(code)
     os.close(read_fd)
     return ForkedProcess(pid, os.fdopen(write_fd, "wb"), ["geomx", *argv])
 
