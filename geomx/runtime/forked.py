@@ -158,16 +158,14 @@ class ForkedProcess:
 
 
 def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
-                 close_in_child: Callable[[], None] = lambda: None,
-                 title: str | None = None) -> ForkedProcess:
+                 close_in_child: Callable[[], None] = lambda: None) -> ForkedProcess:
     """Start ``geomx node ...`` (``argv``: the arguments after ``python -m geomx``, from
     ``node`` on) in a forked child:
     its stdout and stderr go to ``log_file``, its stdin is a new pipe (the returned
     process's ``stdin``), ``env`` is its environment, and it leads a new session (as
     ``Popen(..., start_new_session=True)``). ``close_in_child`` runs first in the child:
-    close there what belongs to the launcher (the other nodes' stdin pipes). ``title``
-    (default: ``python -m geomx`` and the arguments) is the command line ``ps`` and
-    ``pgrep -f`` show for it, as they would for an exec'd node."""
+    close there what belongs to the launcher (the other nodes' stdin pipes). ``ps`` and
+    ``pgrep -f`` show it as ``python -m geomx`` and the arguments, as for an exec'd node."""
     read_fd, write_fd = os.pipe()
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is printed twice
         try:
@@ -181,7 +179,7 @@ def fork_command(argv: Sequence[str], log_file: IO[str], env: dict[str, str],
             try:      # _become_node resets the handlers
                 os.close(write_fd)
                 _become_node(read_fd, log_file.fileno(), env, close_in_child,
-                             title or shlex.join([sys.executable, "-m", "geomx", *argv]))
+                             shlex.join([sys.executable, "-m", "geomx", *argv]))
                 code = _run_cli(list(argv))
             except BaseException:  # noqa: BLE001 - the child must reach os._exit
                 try:
@@ -225,7 +223,6 @@ def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
     for handler in list(root.handlers):  # the CLI configures logging as a new process does
         root.removeHandler(handler)
     root.setLevel(logging.WARNING)
-    sys.argv = ["geomx"]
     cwd = os.getcwd()  # `python -m` puts the working directory first on the path
     if not sys.path or sys.path[0] != cwd:
         sys.path.insert(0, cwd)

@@ -155,24 +155,22 @@ class RemoteOptions:
 
 
 def _start(cmd: list[str], log_path: Path, env: dict[str, str], name: str,
-           stdin_doc: bytes = b"", *, fork: bool = False,
-           into: dict[str, _Child] | None = None) -> _Child:
+           stdin_doc: bytes = b"", *, into: dict[str, _Child], fork: bool = False) -> _Child:
     """Start one node's process and put it in ``into`` under ``name``. With ``fork`` a
     local ``python -m geomx node ...`` command is forked from this process instead of
     exec'd (geomx/runtime/forked.py: the same process, without a fresh interpreter's
     imports); the nodes already in ``into`` have their stdin pipes closed in it, and
     Ctrl-C waits until it is in ``into`` (so the launcher can stop it)."""
     log_file = open(log_path, "w")
-    table = {} if into is None else into
     if fork and cmd[:4] == [sys.executable, "-m", "geomx", "node"]:
-        others = list(table.values())
+        others = list(into.values())
         with signals_deferred():
             proc = fork_command(cmd[3:], log_file, env, lambda: _close_in_child(others))
-            child = table[name] = _Child(name, proc, log_file, stdin_doc)
+            child = into[name] = _Child(name, proc, log_file, stdin_doc)
     else:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.PIPE, start_new_session=True)
-        child = table[name] = _Child(name, proc, log_file, stdin_doc)
+        child = into[name] = _Child(name, proc, log_file, stdin_doc)
     if stdin_doc:
         try:
             proc.stdin.write(stdin_doc)  # type: ignore[union-attr]
