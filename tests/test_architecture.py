@@ -13,11 +13,9 @@ import sys
 import tomllib
 from pathlib import Path
 
+import grimp
 import networkx as nx
 import pytest
-
-grimp = pytest.importorskip("grimp")
-pytest.importorskip("importlinter")
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "

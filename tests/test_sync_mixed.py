@@ -153,13 +153,7 @@ def test_mixed_with_a_sparse_wan_codec_completes(scenario_of, monkeypatch):
 
 
 def test_mixed_with_bsc(scenario_of):
-    """The real Bi-Sparse codec, once the codec package provides the link policy."""
-    from geomx.node.link_codec import LinkCodec
-
-    try:
-        LinkCodec({"type": "bsc", "threshold": 0.1, "size_lower_bound": 1000}, num_dcs=2)
-    except (ImportError, AttributeError, NotImplementedError) as e:
-        pytest.skip(f"Bi-Sparse link codec not available yet: {e}")
+    """MixedSync with the real Bi-Sparse codec on the WAN hop trains to the end."""
     r = run_scenario(scenario_of("mixed.toml", "run.iterations=40", "run.target_accuracy=0",
                                  "codec.type=bsc", "codec.threshold=0.1",
                                  "codec.size_lower_bound=1000", *FAST))
