@@ -10,7 +10,7 @@ after one warm-up, kernel and numpy repetitions interleaved (the host is shared,
 load changes during a run), with any mutated state restored before each repetition
 (outside the timed region). Throughput is bytes of fp32 *input* (4 * N) per second, whatever
 the operation reads or writes, so rows compare with each other and with link speeds
-(1 Gbps = 0.125 GB/s). The targets are the issue's, for this 2-core machine.
+(1 Gbps = 0.125 GB/s). The target column is each row's goal on a 2-core machine.
 
 Two more columns put each row against ceilings measured in the same run: "of copy" is
 ``np.copyto`` of the same 25M array over the kernel's time (the machine's memory copy

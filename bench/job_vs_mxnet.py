@@ -1,4 +1,4 @@
-"""A whole training job, geomx's real runtime against MXNet 1.9.1 ``dist_sync`` (issue 16).
+"""A whole training job, geomx's real runtime against MXNet 1.9.1 ``dist_sync``.
 
 The same job both ways: an MLP 64-64-10 on scikit-learn's 8x8 digits, batch 32, Adam
 (lr 0.005) on one parameter server, two workers, each key pushed then pulled every
@@ -119,7 +119,7 @@ def run_mxnet(python: str, data: Path, work: Path) -> dict:
 
 def run_geomx(work: Path, start: str = "fork") -> dict:
     """The job through ``geomx run --runtime real``, nodes forked from the launcher (the
-    default) or exec'd (``GEOMX_NODE_START=exec``, how every node started before)."""
+    default) or exec'd as fresh interpreters (``GEOMX_NODE_START=exec``)."""
     sys.path.insert(0, str(ROOT))
     from geomx.fidelity import iteration_times
 

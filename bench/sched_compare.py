@@ -1,10 +1,10 @@
-"""Every transfer scheduler's bench in one run (issue 10): each against the same scenario
+"""Every transfer scheduler's bench in one run: each against the same scenario
 with the scheduler off, measured in the same run, next to its paper's band.
 
 Each scheduler has a ``bench/sched_<name>.py`` with ``rows(...)`` (its figures, a list of
 dicts; ``quick=True`` for a short sweep where the bench offers one) and either
 ``table(rows) -> str`` or ``print_table(rows)``. This driver runs them in turn, so the
-issue-10 figures come from one command. Add a scheduler by adding its name to
+figures of every scheduler come from one command. Add a scheduler by adding its name to
 ``SCHEDULERS``; a bench that does not exist yet is skipped with a note.
 
     python bench/sched_compare.py [--quick] [--only p3 --only dgt]

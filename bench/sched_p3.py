@@ -26,7 +26,7 @@ bandwidth", with the PS sharded over the worker machines. Each workload runs twi
   different link directions, so P3's slice-by-slice fused replies run the pull of one
   slice while the next is pushed -- FIFO without fusion does all pushes, then all pulls.
 * **PS on the workers' hosts** (the paper's arrangement, server ``i`` on worker ``i``'s
-  machine, see :func:`colocated_servers`): a machine's uplink now carries its worker's
+  machine, see :func:`colocated_servers`): a machine's uplink carries its worker's
   pushes *and* its shard's replies, so less can overlap. ResNet-50 at 5 Gbps: +28%,
   next to the paper's +25%. VGG-19 gains less than the paper's +66% here (+14..+35%):
   its 102M-parameter fc6 is three quarters of the bytes and sits at the end of the

@@ -1,13 +1,15 @@
 """Start the real runtime many times in a row under CPU load: no start may hang.
 
-Issue 9's start-up race (a reply sent before the address book arrived was dropped, and
-its requester waited forever) showed in about one real start in six on a loaded 2-core
-machine. This bench starts ``geomx run SCENARIO --runtime real`` ``--runs`` times while a
+The race it looks for: a peer can send a request before this node's copy of the address
+book has arrived; a reply dropped for want of the peer's address leaves its requester
+waiting forever (``geomx/runtime/membership.py`` makes the reply wait for the book
+instead). On a loaded 2-core machine, dropping such replies hangs about one real start
+in six. This bench starts ``geomx run SCENARIO --runtime real`` ``--runs`` times while a
 busy loop spins on every core, and reports per run: exit code, wall seconds, and the
 start-up time (launch to the first worker's first compute span, from the run's merged
 event log). A run that does not finish within ``--timeout`` counts as a hang.
 
-    python bench/startup_stress.py --runs 30            # the issue's figure
+    python bench/startup_stress.py --runs 30            # 30 starts under load
     python bench/startup_stress.py --runs 5 --no-load   # baseline without the busy loops
 
 The baseline for the figures is the same command without load (``--no-load``), measured in

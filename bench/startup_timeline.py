@@ -1,4 +1,4 @@
-"""Where a real job's start-up goes (issue 16): per-process costs and the launch timeline.
+"""Where a real job's start-up goes: per-process costs and the launch timeline.
 
 Two parts, both on the whole-job bench's job (``bench/job_vs_mxnet.py``: the digits MLP
 on a flat PS, two workers, Adam on the server, 300 iterations, no shaping):

@@ -1,10 +1,10 @@
 """What a stranger can make a node hold: resident memory of a victim process under attack.
 
-Issue 12 measured these attacks against a running ``gs:0`` before the transport was
-bounded: 2,500 13-byte UDP datagrams claiming chunk 0 of 65,535 grew it by 300-730 MB;
-8 connections announcing 128 MiB frames by ~1 GB (which stayed after they closed);
-2,000 connections that never finish the handshake (secret set) by 264 MB. This bench
-repeats each against a victim process -- a node's transport with the defaults ``geomx
+The attacks, and what each costs a transport that holds whatever a peer announces
+(measured against a running ``gs:0`` with no bounds): 2,500 13-byte UDP datagrams
+claiming chunk 0 of 65,535 grow it by 300-730 MB; 8 connections announcing 128 MiB
+frames by ~1 GB (which stays after they close); 2,000 connections that never finish the
+handshake (secret set) by 264 MB. This bench repeats each against a victim process -- a node's transport with the defaults ``geomx
 node`` uses (UDP on, as with DGT's "udp" bands; a node without them binds none) -- and
 prints the growth of its resident set (VmRSS before, the peak VmHWM during, VmRSS after;
 the peak is reset between attacks through /proc/PID/clear_refs, Linux >= 4.0). Target: <

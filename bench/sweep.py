@@ -1,6 +1,6 @@
 """`geomx sweep` in parallel processes vs one process: wall time for the same grid.
 
-The issue's sweep: the quickstart over 3 WAN bandwidths (both links) x 3 codecs (none,
+The sweep: the quickstart over 3 WAN bandwidths (both links) x 3 codecs (none,
 fp16, Bi-Sparse with the bound scaled to the small model) x 2 seeds = 18 emulator runs,
 each with its full run folder (events, trace, plots). It is run with `--jobs 1` (in this
 process) and with `--jobs N` (spawned processes, each with its share of the Numba kernel

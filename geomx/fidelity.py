@@ -16,7 +16,7 @@ Both figures come from the evaluator's events, excluding start-up:
 
 ``python -m geomx.fidelity SCENARIO [--set ...]`` runs the scenario on both
 runtimes and prints them; ``geomx fidelity SCENARIO_OR_SUITE... [--shaper
-userspace,kernel]`` runs many (``scenarios/fidelity/suite.toml``: the shapes of issue 13)
+userspace,kernel]`` runs many (``scenarios/fidelity/suite.toml``: the suite's topology shapes)
 and writes a report (``fidelity.md``, ``fidelity.json``, ``fidelity.png``).
 """
 
@@ -215,7 +215,7 @@ def report_table(rows: Sequence[dict], shapers: Sequence[str]) -> str:
 
 def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.PathLike) -> None:
     """Two panels: seconds per iteration (emulated and real, per case) and the real runs'
-    relative error against the emulator, with the +-10% band issue 13 asks for."""
+    relative error against the emulator, with the +-10% band the real runtime is held to."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""Machine-learning algorithms trained through the kvstore (issue 15, part B).
+"""Machine-learning algorithms trained through the kvstore.
 
 Each algorithm is one module written against the training-program API
 (``async def main(kv, ctx)``, ``geomx/node/program.py``): its shared state -- weights,

@@ -9,7 +9,7 @@ them into ``summary.json`` ``extra.tsengine``: per overlay, how often it exploit
 explored, how pushes were paired, and per edge how often it was chosen, its measured
 throughput (median over the transfers of the largest tensor, where latency matters
 least) next to the bandwidth of the link it crossed -- so a reader can check that
-exploration found the faster edges (issue 10).
+exploration found the faster edges.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Checkpoints: each server's and worker's state at a global round every node agrees on.
 
-Why this shape (issue 12; Horovod Elastic / torchrun resume from checkpoints, ps-lite
+Why this shape (as Horovod Elastic / torchrun resume from checkpoints, ps-lite
 recovers servers from theirs):
 
 * **When.** Global server 0's decision (every ``every`` rounds, or the first round that

@@ -408,7 +408,7 @@ class KVStore:
 
     def _push_msg(self, key: int, value: Any) -> tuple[Message, None]:
         """The PUSH of a one-part key, built when the call starts (``value`` is read then,
-        as the task did)."""
+        so a later write to it does not change what is sent)."""
         node = self._node
         p = self._parts(key)[0]
         payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,

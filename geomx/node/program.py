@@ -52,7 +52,7 @@ def _import_module(name: str) -> Any:
     """Import ``name`` as ``python -m`` would find it: from ``sys.path``, else from the
     working directory. A real node is started with ``python -m geomx``, which puts the
     working directory on the path, and the ``geomx`` command does not; without the
-    fallback, ``program = "train:main"`` ran over sockets but not in the emulator."""
+    fallback, ``program = "train:main"`` would run over sockets but not in the emulator."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:

@@ -4,8 +4,8 @@ GeoMX turns features on with environment variables read by each process
 (geomx-behaviour.md §5: ``MXNET_KVSTORE_USE_HFA``, ``MXNET_KVSTORE_HFA_K1``/``_K2``,
 ``MXNET_KVSTORE_BIGARRAY_BOUND``, ...); geomx keeps the job's set-up in the scenario.
 Accepting such a variable silently is the worst outcome (a ``cnn_hfa.py`` job with
-``MXNET_KVSTORE_USE_HFA=1`` ran FSA with a summing server and its model doubled every
-sync), so every switch in :data:`SWITCHES` either becomes the ``--set`` override of the
+``MXNET_KVSTORE_USE_HFA=1`` would run FSA with a summing server, and its model would
+double every sync), so every switch in :data:`SWITCHES` either becomes the ``--set`` override of the
 field it means, or is refused with an error that names the field to use instead.
 
 One row per variable; ``geomx node`` (``runtime/dmlc_env.py``) and ``geomx run``/``launch``

@@ -4,8 +4,8 @@ Why: the emulator (``geomx/sim/network.py``) shares each directed link max-min b
 the flows crossing it. A shaper that keeps one token bucket per (sending process, peer)
 gives every such flow the whole link: two workers of a DC pushing at once, a local
 server sending a split tensor's halves to two global servers, a DC whose traffic reaches
-the centre through another DC's link -- each ran 35-44% faster over sockets than in the
-emulator (issue 13). Here every directed link of the scenario (a WAN direction, or a
+the centre through another DC's link -- each runs 35-44% faster over sockets than in
+the emulator under such a shaper. Here every directed link of the scenario (a WAN direction, or a
 node's NIC up- or downlink where the DC's ``lan_bandwidth`` is low enough to matter)
 has one *virtual finish time*, the same arithmetic as :class:`geomx.runtime.shaper.TokenBucket`:
 sending ``n`` bytes over a route reserves ``n / rate`` seconds on each of its links, from
@@ -19,7 +19,7 @@ further on, a Mathis cap) reserves the shared link only at its own pace and leav
 rest to the others -- what max-min fair sharing gives it. What is not reproduced: within
 one pacing lead (50 ms) the order is first come, first served.
 
-Why a shared file and not a relay process per link (the other design issue 13 offers): a
+Why a shared file and not a relay process per link (the other way to share a link): a
 relay adds a hop, a copy of every byte and a process per link to a 2-core machine; a
 reservation is two ``fcntl`` byte-range lock calls and a 16-byte read-modify-write in a
 memory-mapped file, a few microseconds per 64 KiB piece. Processes on one host share

@@ -96,7 +96,7 @@ class AddressBook:
         A peer can talk to us before our own copy of the address book has arrived: the
         scheduler answers every member's registration at once, and one member may get its
         answer and send us a request while ours is still in flight. Dropping our reply
-        then would leave that peer waiting forever (the start-up hang of issue 9), so a
+        then would leave that peer waiting forever (a start-up hang), so a
         send to a peer we cannot place yet waits for ``set_address_book`` instead; past
         the bound it fails with :class:`UnknownPeer`, which names the peer.
         """

@@ -260,7 +260,7 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
 
 
 def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
-    """What a node's transport may be made to hold, from the job (issue 12):
+    """What a node's transport may be made to hold, from the job:
 
     * a UDP socket only where a scheduler sends datagrams (DGT's ``"udp"`` bands), so
       there is no reassembly for strangers to feed otherwise;

@@ -24,7 +24,7 @@ class RealServices(BaseServices):
 
     Padding and the emulator: the emulator charges exactly ``declared_s`` per step. A
     real ``asyncio.sleep`` wakes on the event loop's 1 ms timer grid, late when the
-    machine is busy, so padding each step independently ran ~1-2 ms long per step (a
+    machine is busy, so padding each step independently runs ~1-2 ms long per step (a
     measured 1.7 ms of a 133 ms quickstart iteration). The error of each pad is carried
     into the next one instead, so the *average* compute time matches the profile the
     way the shaper keeps the average link rate exact.
