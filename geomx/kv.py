@@ -1,4 +1,6 @@
-"""The user-facing training API, shaped like MXNet/GeoMX's kvstore (geomx-behaviour.md §2.1).
+"""The user-facing training API, shaped like MXNet/GeoMX's kvstore.
+
+The calls follow GeoMX's (docs/geomx-behaviour.md §2.1).
 
 ``import geomx.kv`` then ``kv = geomx.kv.create("dist_sync")`` from code a geomx worker
 runs (a training program, or a notebook cell through ``geomx run``). The store is

@@ -1,6 +1,6 @@
 """Linear models trained by distributed SGD through the parameter server.
 
-Two ways, both GeoMX's (geomx-behaviour.md §2.2):
+Two ways, both GeoMX's (docs/geomx-behaviour.md §2.2):
 
 * the scenario names a global optimizer (``[training] optimizer``, ``lr``): the master
   installs it on the global servers, workers push their mini-batch gradients and pull

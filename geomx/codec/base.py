@@ -37,7 +37,8 @@ Tier = Literal["lan", "wan"]
 #: "lan": worker <-> local server inside a DC; "wan": local server <-> global server.
 TIERS: tuple[str, ...] = ("lan", "wan")
 
-#: GeoMX's environment variable for the dense/sparse size boundary (§4.1, §4.3).
+#: GeoMX's environment variable for the dense/sparse size boundary
+#: (docs/geomx-behaviour.md §4.1, §4.3).
 SIZE_BOUND_ENV = "MXNET_KVSTORE_SIZE_LOWER_BOUND"
 #: GeoMX's server-side default for that boundary (the demo scripts set 1000).
 DEFAULT_SIZE_LOWER_BOUND = 200_000

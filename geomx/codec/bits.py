@@ -2,10 +2,11 @@
 
 Why bit manipulation: numba (0.68) cannot type ``float16`` arrays on the CPU, so the
 half-precision codecs work on ``uint32`` views of the fp32 data and ``uint16`` views of
-the wire data (see peers.md §(e), "Codec kernels"). The functions here are plain Python
-on integers so that the *same source* is compiled by ``numba.njit`` (``cpu_kernels``) and
-by ``numba.cuda.jit(device=True)`` (``cuda_kernels``), and can also be run by the CUDA
-simulator. Every argument and result is a non-negative ``int64`` holding the bit pattern.
+the wire data (``bench/codecs.py`` times these kernels against numpy). The functions
+here are plain Python on integers so that the *same source* is compiled by
+``numba.njit`` (``cpu_kernels``) and by ``numba.cuda.jit(device=True)``
+(``cuda_kernels``), and can also be run by the CUDA simulator. Every argument and result
+is a non-negative ``int64`` holding the bit pattern.
 
 Rounding is IEEE round-to-nearest-even (RNE), the rounding of numpy's
 ``astype(np.float16)``; overflow goes to ±inf, underflow to ±0 or a subnormal, exactly

@@ -1,8 +1,9 @@
 """``fp16``: transmit in IEEE half precision, compute in float32.
 
-GeoMX's FP16 (§4.2) is a dtype choice: every hop carries fp16 and the servers even sum
-in fp16. Here only the wire is 16-bit: tensors are converted on encode and decoded back
-to float32 (or added into a float32 accumulator), so servers aggregate in fp32.
+GeoMX's FP16 (docs/geomx-behaviour.md §4.2) is a dtype choice: every hop carries fp16 and
+the servers even sum in fp16. Here only the wire is 16-bit: tensors are converted on
+encode and decoded back to float32 (or added into a float32 accumulator), so servers
+aggregate in fp32.
 
 The conversion is round-to-nearest-even and bit-exact against numpy's
 ``astype(np.float16)`` for every input, special values included (±0, ±inf, NaN payloads,

@@ -2,8 +2,8 @@
 
 This is what GeoMX sends when no accelerator applies: every worker <-> local-server hop
 under Bi-Sparse, and tensors below ``MXNET_KVSTORE_SIZE_LOWER_BOUND`` on the WAN
-(§4.1: "smaller tensors go dense in their own dtype"). ``encode`` copies, so the caller
-may reuse its gradient buffer while the message is in flight.
+(docs/geomx-behaviour.md §4.1). ``encode`` copies, so the caller may reuse its gradient
+buffer while the message is in flight.
 """
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ class DenseCodec(Codec):
 class WanAboveBound:
     """Policy of the compressing codecs that GeoMX confines to the WAN (Bi-Sparse, and
     onebit after it): compress only on the local <-> global server hop and only tensors of
-    at least ``size_lower_bound`` elements; everything else travels dense (§4.1)."""
+    at least ``size_lower_bound`` elements; everything else travels dense
+    (docs/geomx-behaviour.md §4.1)."""
 
     size_lower_bound: int
 

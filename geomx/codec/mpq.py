@@ -1,4 +1,4 @@
-"""``mpq``: GeoMX's mixed-precision quantisation policy (geomx-behaviour.md §4.3).
+"""``mpq``: GeoMX's mixed-precision quantisation policy (docs/geomx-behaviour.md §4.3).
 
 MPQ is not a codec but a rule that picks one per tensor and hop:
 

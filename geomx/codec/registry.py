@@ -1,9 +1,9 @@
 """Choosing a codec by name or by a GeoMX-style config dict.
 
 ``kv.set_gradient_compression({"type": "bsc", "threshold": 0.01})`` is how GeoMX turns
-Bi-Sparse on (§2.1, §4.1); :func:`codec_from_config` accepts the same dicts (and the
-scenario's ``[codec]`` table), validating every key and value with an error that names
-the codec, the field and what is allowed.
+Bi-Sparse on (docs/geomx-behaviour.md §2.1, §4.1); :func:`codec_from_config` accepts the
+same dicts (and the scenario's ``[codec]`` table), validating every key and value with an
+error that names the codec, the field and what is allowed.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Datasets for the training examples: shipped, user-provided, or generated.
 
 geomx never downloads data. GeoMX's demo lets gluon fetch MNIST on first use, and the
-first run may fail and need a restart (geomx-behaviour.md §2.2); CI machines have no
+first run may fail and need a restart (docs/geomx-behaviour.md §2.2); CI machines have no
 network at all. So:
 
 * ``digits``: scikit-learn's 8x8 digits, shipped inside the scikit-learn wheel;
@@ -356,7 +356,7 @@ def iter_batches(indices: np.ndarray, batch_size: int, *, drop_last: bool = Fals
     """Consecutive slices of ``indices`` of ``batch_size``, in order, no shuffle.
 
     The demo's DataLoader keeps a short last batch (``last_batch='keep'``: 15000
-    samples give 469 batches, the last of 24; geomx-behaviour.md §2.2); ``drop_last``
+    samples give 469 batches, the last of 24; docs/geomx-behaviour.md §2.2); ``drop_last``
     drops it instead.
     """
     if batch_size <= 0:

@@ -6,7 +6,7 @@ and no framework install. The layers are *stateless*: parameters are passed in a
 whatever backward needs is returned from forward as an opaque ``cache``. A model can
 therefore keep its parameters in the flat list that the kvstore addresses by index.
 
-Layout follows MXNet/gluon, which GeoMX uses (geomx-behaviour.md §2.2): images are
+Layout follows MXNet/gluon, which GeoMX uses (docs/geomx-behaviour.md §2.2): images are
 NCHW, convolution weights are ``(out_channels, in_channels, kh, kw)`` and dense weights
 are ``(out_features, in_features)``.
 
@@ -45,7 +45,7 @@ def xavier_uniform(
     MXNet computes ``fan_in = shape[1] * prod(shape[2:])`` and
     ``fan_out = shape[0] * prod(shape[2:])``, takes their average ("avg") and draws from
     ``U(-s, s)`` with ``s = sqrt(magnitude / avg)``. That is the demo model's
-    initialiser (geomx-behaviour.md §2.2).
+    initialiser (docs/geomx-behaviour.md §2.2).
     """
     if len(shape) < 2:
         raise ValueError(f"xavier_uniform needs a weight of rank >= 2, got shape {shape}")

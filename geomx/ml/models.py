@@ -3,12 +3,12 @@
 Every model exposes its parameters as ``params``: a list of C-contiguous arrays whose
 *indices are the kvstore keys* (0..n-1), in gluon's ``collect_params()`` order, so a
 worker can push ``grads[k]`` and pull into ``params[k]`` exactly as the GeoMX demo does
-(geomx-behaviour.md §2.1, §2.2).
+(docs/geomx-behaviour.md §2.1, §2.2).
 
 ``loss_and_grads`` returns the *mean* softmax cross-entropy and the gradients of that
 mean: the demo pushes ``grad / num_samples`` (the mean gradient) to its servers.
 
-The ``cnn`` model is the demo model of geomx-behaviour.md §2.2 (178,762 parameters for
+The ``cnn`` model is the demo model of docs/geomx-behaviour.md §2.2 (178,762 parameters for
 1x28x28 inputs). ``padding="same"`` keeps it usable on 8x8 ``digits`` images, where two
 unpadded 5x5 convolutions would not fit.
 """
@@ -35,7 +35,7 @@ __all__ = [
 
 MODEL_NAMES: tuple[str, ...] = ("softmax", "mlp", "cnn")
 
-# The seed's CNN (geomx-behaviour.md §2.2).
+# The seed's CNN (docs/geomx-behaviour.md §2.2).
 CNN_DEFAULT_CONV_CHANNELS: tuple[int, ...] = (16, 32)
 CNN_DEFAULT_DENSE_UNITS: tuple[int, ...] = (256, 128)
 MLP_DEFAULT_HIDDEN: tuple[int, ...] = (128,)
@@ -193,7 +193,7 @@ class SequentialModel:
     def accuracy(self, x: np.ndarray, y: np.ndarray, batch_size: int = 500) -> float:
         """Fraction of correct predictions over *all* samples.
 
-        GeoMX's demo averages per-batch accuracies (geomx-behaviour.md §2.2), which
+        GeoMX's demo averages per-batch accuracies (docs/geomx-behaviour.md §2.2), which
         over-weights a short last batch; we count samples instead.
         """
         labels = np.asarray(y, dtype=np.int64)
@@ -232,7 +232,7 @@ def cnn_layers(
 ) -> list[Layer]:
     """The demo CNN: [conv k x k (ReLU) -> maxpool] per channel count -> dense (ReLU)... -> dense.
 
-    Defaults give the seed's model (geomx-behaviour.md §2.2).
+    Defaults give the seed's model (docs/geomx-behaviour.md §2.2).
     """
     if len(input_shape) != 3:
         raise ValueError(f"cnn needs image inputs (C, H, W), got input_shape={input_shape}")

@@ -2,7 +2,7 @@
 
 GeoMX's demo cuts the training set into ``num_all_workers`` contiguous slices, optionally
 after grouping the samples by label, which makes the split non-IID
-(``--split-by-class``, geomx-behaviour.md §2.2). We offer that split (``by_class``), the
+(``--split-by-class``, docs/geomx-behaviour.md §2.2). We offer that split (``by_class``), the
 plain in-order one (``contiguous``), a shuffled IID one (``iid``) and the Dirichlet
 label-skew split common in federated-learning studies (``dirichlet``; Hsu et al. 2019,
 "Measuring the Effects of Non-Identical Data Distribution").

@@ -1,6 +1,6 @@
 """Global server (GS): aggregates the DCs' pushes and runs the global step.
 
-Follows geomx-behaviour.md §3.1–3.3. For each (key, part) the GS keeps ``store`` (the
+Follows docs/geomx-behaviour.md §3.1–3.3. For each (key, part) the GS keeps ``store`` (the
 weights when an optimizer is installed, otherwise the aggregated sum). When a push is
 applied and answered is the job's sync policy (``geomx/sync``): under FSA the GS collects
 one push per contributor (a local server per DC in HiPS; every worker in the flat-PS
@@ -298,8 +298,8 @@ class GlobalServer(Node):
         return True
 
     def _ts_receive(self, msg: Message, value: Value, count: int, senders: list[str]) -> None:
-        """TSEngine: a merged push of ``count`` local servers' sums (§4.5 step 5: the
-        server records it as that many pushes)."""
+        """TSEngine: a merged push of ``count`` local servers' sums (docs/geomx-behaviour.md
+        §4.5, aggregation step 5: the server records it as that many pushes)."""
         slot = self.slots[(msg.key, msg.part)]
         assert slot.store is not None
         if not is_phantom(value) and (is_phantom(slot.store) or value.size != slot.store.size):

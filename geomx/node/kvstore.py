@@ -1,4 +1,6 @@
-"""The user-facing training API, shaped like MXNet/GeoMX's kvstore (geomx-behaviour.md §2.1).
+"""The user-facing training API, shaped like MXNet/GeoMX's kvstore.
+
+The calls follow GeoMX's (docs/geomx-behaviour.md §2.1).
 
 A training loop written for GeoMX reads almost the same here, with numpy arrays and
 ``await`` where the MXNet engine would have blocked::

@@ -1,6 +1,6 @@
 """Applies the job's gradient codec on the links GeoMX applies it to.
 
-GeoMX (geomx-behaviour.md §4.1–4.3): Bi-Sparse only between local and global servers
+GeoMX (docs/geomx-behaviour.md §4.1–4.3): Bi-Sparse only between local and global servers
 (push: the DC sum sparsified with momentum correction and error feedback; pull: the
 global sum re-sparsified), and only for tensors of at least ``size_lower_bound``
 elements; FP16 on both tiers; MPQ mixes the two by tensor size. The codec package

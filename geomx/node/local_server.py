@@ -1,8 +1,8 @@
 """Local server (LS): aggregates its DC's workers and speaks for the DC across the WAN.
 
-geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers and park their
-requests; then the job's local sync policy (``geomx/sync``) decides what the round is.
-For FSA, MixedSync and ESync it pushes the DC sum to the global server(s) owning the key
+Follows docs/geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers
+and park their requests; then the job's local sync policy (``geomx/sync``) decides what
+the round is. For FSA, MixedSync and ESync it pushes the DC sum to the global server(s) owning the key
 (split by the placement rule), waits for every part's acknowledgement, pulls the new
 value back, stores it, and only then acknowledges the parked worker pushes — so only
 LS<->GS traffic crosses the WAN. For HFA most rounds are answered locally.
@@ -407,7 +407,7 @@ class LocalServer(Node):
     def _ts_intra_receive(self, msg: Message, value: Value, count: int,
                           senders: list[str]) -> None:
         """TSEngine inside the DC: a merged push of ``count`` workers' gradients counts as
-        that many pushes (geomx-behaviour.md §4.5 steps 5-7)."""
+        that many pushes (docs/geomx-behaviour.md §4.5, aggregation steps 5-7)."""
         slot = self.slots.get(msg.key)
         if slot is None or not slot.initialized:
             raise ValueError(f"key {msg.key} is not initialised yet")
@@ -433,7 +433,8 @@ class LocalServer(Node):
     async def _ts_exchange(self, key: int, slot: LocalSlot, value: Value,
                            meta: dict[str, Any]) -> Value:
         """TSEngine across DCs: each part joins its global server's merge tree, and the
-        new value comes by the overlay broadcast (no pull, §4.5 step 5)."""
+        new value comes by the overlay broadcast (no pull: docs/geomx-behaviour.md §4.5,
+        broadcast step 5)."""
         parts = self._parts(key, slot)
         assert self.ts_inter is not None
         peer = self.ts_inter
@@ -583,7 +584,8 @@ class LocalServer(Node):
         return new
 
     async def _initialise(self, key: int, slot: LocalSlot) -> None:
-        """§3.1: every DC starts from the global initial value (also under HFA)."""
+        """Every DC starts from the global initial value, also under HFA
+        (docs/geomx-behaviour.md §3.1)."""
         slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
         self.policy.on_initialized(self, key, slot)

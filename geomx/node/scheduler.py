@@ -1,4 +1,4 @@
-"""Scheduler role and the member side of the rendezvous (geomx-behaviour.md §1.4).
+"""Scheduler role and the member side of the rendezvous (docs/geomx-behaviour.md §1.4).
 
 A scheduler waits for every expected member to ``REGISTER`` (with the address it listens
 on), then answers each with the full address book. Barriers are counted per group name;

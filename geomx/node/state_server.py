@@ -7,7 +7,7 @@ once every worker's query for a round is in, the SS answers each with a
 ``STATE_REPLY`` holding its step budget for that round, computed with the paper's ready
 rule (``geomx/sync/esync.py``). Everything travels through the Transport, so the SS runs
 unchanged in the emulator and over sockets. GeoMX itself has no state server: ESync is
-"to be integrated" there (geomx-behaviour.md §4.8).
+"to be integrated" there (docs/geomx-behaviour.md §4.8).
 """
 
 from __future__ import annotations

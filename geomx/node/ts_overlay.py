@@ -1,5 +1,5 @@
 """TSEngine's node-side mechanics: the coordinator's message handling and a member's
-merge buffer and relay loop (geomx-behaviour.md §4.5; the decisions are
+merge buffer and relay loop (docs/geomx-behaviour.md §4.5; the decisions are
 ``geomx/sched/tsengine.py``).
 
 Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` = round):

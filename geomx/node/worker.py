@@ -3,8 +3,9 @@
 The program is ordinary async code written against ``geomx.kv`` (see ``geomx/node/
 trainer.py`` for the built-in one, shaped like GeoMX's ``examples/cnn.py``). The node
 registers with its schedulers, makes itself the ``current_node`` so ``geomx.kv.create``
-finds it, runs the program, and then ends the job the GeoMX way (§1.4): a barrier of the
-DC's workers, the DC's rank-0 worker tells its local server to stop, everyone leaves.
+finds it, runs the program, and then ends the job the GeoMX way
+(docs/geomx-behaviour.md §1.4): a barrier of the DC's workers, the DC's rank-0 worker
+tells its local server to stop, everyone leaves.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Server-side optimizers: how a store is updated from a received gradient.
 
 Chosen by name (``create_optimizer``) and shipped as JSON (``OptimizerConfig``).
-MXNet 1.x semantics, geomx-behaviour.md §2.2; the family and its formulas are listed in
+MXNet 1.x semantics, docs/geomx-behaviour.md §2.2; the family and its formulas are listed in
 docs/optimizers.md. Elementwise updates run as Numba kernels (``kernels.py``) with a
 numpy reference path.
 """

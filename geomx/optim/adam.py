@@ -1,4 +1,4 @@
-"""Adam as MXNet 1.x runs it on GeoMX's global server (geomx-behaviour.md §2.2).
+"""Adam as MXNet 1.x runs it on GeoMX's global server (docs/geomx-behaviour.md §2.2).
 
     g   = clip(rescale_grad * grad + wd * w)
     m  <- beta1 * m + (1 - beta1) * g

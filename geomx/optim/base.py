@@ -1,7 +1,7 @@
 """The optimizer protocol: how a server turns a received gradient into new weights.
 
 GeoMX installs the optimizer on the global servers (``kv.set_optimizer``) and runs
-``updater(key, received, stored)`` once per key and round (geomx-behaviour.md §2.1,
+``updater(key, received, stored)`` once per key and round (docs/geomx-behaviour.md §2.1,
 §3.2). We keep MXNet 1.x's shape of the contract:
 
 * ``create_state(key, weight)`` makes the per-key state (momentum buffers, ...);

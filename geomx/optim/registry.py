@@ -1,7 +1,7 @@
 """Optimizers by name, and their JSON form for shipping to servers.
 
 GeoMX pickles the optimizer object and sends it to the global servers
-(geomx-behaviour.md §2.1); unpickling network input runs arbitrary code, so geomx ships
+(docs/geomx-behaviour.md §2.1); unpickling network input runs arbitrary code, so geomx ships
 ``{"name": ..., "lr": ..., ...}`` as JSON instead and rebuilds the optimizer with
 :func:`optimizer_from_config`, which accepts only known names and known options.
 """

@@ -1,7 +1,7 @@
 """An updater: an optimizer plus the per-key states it needs (MXNet's ``get_updater``).
 
 A global server calls ``updater(key, received, stored)`` when a round for ``key`` is
-complete (geomx-behaviour.md §3.2); the state for a key is created on its first update
+complete (docs/geomx-behaviour.md §3.2); the state for a key is created on its first update
 from the stored weight, as MXNet does.
 """
 

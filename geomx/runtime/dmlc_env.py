@@ -1,6 +1,6 @@
 """GeoMX's and ps-lite's environment variables, mapped onto a geomx node and its scenario.
 
-GeoMX (geomx-behaviour.md §1.1, §1.4, §5) starts each process with its identity and the
+GeoMX (docs/geomx-behaviour.md §1.1, §1.4, §5) starts each process with its identity and the
 job's shape in the environment -- ``DMLC_ROLE``, ``DMLC_ROLE_GLOBAL``,
 ``DMLC_ROLE_MASTER_WORKER``, ``DMLC_PS_ROOT_URI/PORT``, ``DMLC_PS_GLOBAL_ROOT_URI/PORT``,
 ``DMLC_NUM_*``, ``DMLC_NODE_HOST``, ``DMLC_INTERFACE``, ``PORT``, ``PS_HEARTBEAT_*``,
@@ -134,7 +134,8 @@ def interface_ipv4(name: str) -> str:
 # ------------------------------------------------------------------ who this process is
 
 def role_from_dmlc(env: Mapping[str, str]) -> tuple[str, str] | None:
-    """GeoMX's role variables (§1.1) -> (geomx role, description of the source)."""
+    """GeoMX's role variables (docs/geomx-behaviour.md §1.1) -> (geomx role, description of
+    the source)."""
     g = env_value(env, "DMLC_ROLE_GLOBAL")
     r = env_value(env, "DMLC_ROLE")
     master = bool_env(env, "DMLC_ROLE_MASTER_WORKER")
@@ -180,7 +181,7 @@ def split_name(name: str) -> tuple[str | None, str | None]:
 
 def dmlc_count_overrides(env: Mapping[str, str], s: Scenario, role: str | None,
                          name: str | None, dc_flag: str | None) -> list[tuple[str, str]]:
-    """GeoMX's per-process counts as ``--set`` assignments (geomx-behaviour.md §5)."""
+    """GeoMX's per-process counts as ``--set`` assignments (docs/geomx-behaviour.md §5)."""
     out: list[tuple[str, str]] = []
     central = s.central_dc.name
     if bool_env(env, "DMLC_ENABLE_CENTRAL_WORKER"):
@@ -234,7 +235,7 @@ def ps_lite_overrides(env: Mapping[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-#: GeoMX's DGT switches (geomx-behaviour.md §4.4) -> ``[sched]`` keys; the scenario
+#: GeoMX's DGT switches (docs/geomx-behaviour.md §4.4) -> ``[sched]`` keys; the scenario
 #: validates the values (an error names the variable and the field).
 DGT_ENV = (
     ("ENABLE_DGT", "dgt"),

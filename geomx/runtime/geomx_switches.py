@@ -1,7 +1,7 @@
 """GeoMX's feature switches in the environment, mapped onto scenario fields or refused.
 
 GeoMX turns features on with environment variables read by each process
-(geomx-behaviour.md §5: ``MXNET_KVSTORE_USE_HFA``, ``MXNET_KVSTORE_HFA_K1``/``_K2``,
+(docs/geomx-behaviour.md §5: ``MXNET_KVSTORE_USE_HFA``, ``MXNET_KVSTORE_HFA_K1``/``_K2``,
 ``MXNET_KVSTORE_BIGARRAY_BOUND``, ...); geomx keeps the job's set-up in the scenario.
 Accepting such a variable silently is the worst outcome (a ``cnn_hfa.py`` job with
 ``MXNET_KVSTORE_USE_HFA=1`` would run FSA with a summing server, and its model would

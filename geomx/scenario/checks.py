@@ -267,7 +267,7 @@ def _check_sync(s: Scenario) -> None:
             "allowed with flat: 'fsa', 'mixed'",
             path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'mixed'")
     if s.sync.algorithm == "mixed" and s.training.optimizer == "none":
-        # GeoMX hits a check failure mid-run here (geomx-behaviour.md §6, bug 12)
+        # GeoMX hits a check failure mid-run here (docs/geomx-behaviour.md §6, bug 12)
         allowed = quote_list(o for o in SERVER_OPTIMIZERS if o != "none")
         raise ScenarioError(
             "sync.algorithm = 'mixed' applies each DC's push as its own global step and needs a "

@@ -35,7 +35,8 @@ class SchedConfig(Section):
                                      "unsliced; the P3 paper argues for finer slices (tens of thousands "
                                      "of parameters) so a high-priority slice waits less behind a "
                                      "low-priority one.")
-    # DGT (geomx/sched/dgt.py; GeoMX's ENABLE_DGT, DMLC_K, ... -- geomx-behaviour.md §4.4)
+    # DGT (geomx/sched/dgt.py; GeoMX's ENABLE_DGT, DMLC_K, ...:
+    # docs/geomx-behaviour.md §4.4)
     dgt: str = setting(Choice(*DGT_MODES), "off",
                        "Differential gradient transmission of local -> global server pushes: "
                        "`udp`: low-contribution blocks on unreliable datagram channels "
@@ -60,7 +61,7 @@ class SchedConfig(Section):
                                "(DGT_CONTRIBUTION_ALPHA).")
 
     # TSEngine (geomx/sched/tsengine.py; GeoMX's ENABLE_INTER_TS / ENABLE_INTRA_TS /
-    # MAX_GREED_RATE_TS -- geomx-behaviour.md §4.5, algorithms.md §2)
+    # MAX_GREED_RATE_TS -- docs/geomx-behaviour.md §4.5, algorithms.md §2)
     tsengine_inter: bool = setting(Flag(), False,
                                    "TSEngine across DCs (GeoMX ENABLE_INTER_TS): the global "
                                    "scheduler pairs local servers into a merge tree for their "

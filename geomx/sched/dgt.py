@@ -1,7 +1,7 @@
 """DGT: differential gradient transmission of local -> global server pushes.
 
 Follows the DGT paper (Zhou et al., FGCS 2021) as GeoMX wires it in (algorithms.md §3,
-geomx-behaviour.md §4.4): a pushed tensor (one key, or this global server's part of a
+docs/geomx-behaviour.md §4.4): a pushed tensor (one key, or this global server's part of a
 split key) is cut into blocks of ``block_bytes`` of sent values; each block's
 *contribution* is an EWMA of its mean absolute value across rounds; blocks that never
 contributed are not sent; the rest are ranked, the top ``K`` fraction goes on channel 0
@@ -17,12 +17,12 @@ emulator); ``tcp`` -- bands on reliable channels ``band`` (lower priority classe
 ``quant`` -- like ``tcp`` with the band blocks 4-bit quantised with error feedback
 (:mod:`geomx.sched.dgt_quant`).
 
-What we do that GeoMX does not (its bugs, §4.4 and §4.7): adaptive K
-``K_t = max(k_min, k * loss_t / loss_0)`` from the loss the workers report with their
-pushes (GeoMX parses the flag and ignores it); under MultiGPS each global server gets
-only its part (GeoMX resends the whole key to every server); mode 3 packs nibbles
-correctly; the send order is GeoMX's strict "important queue first": channel-0 blocks,
-then the end block, then the bands, so the end block never waits behind a band.
+What we do that GeoMX does not (its bugs, docs/geomx-behaviour.md §4.4 and §4.7):
+adaptive K ``K_t = max(k_min, k * loss_t / loss_0)`` from the loss the workers report
+with their pushes (GeoMX parses the flag and ignores it); under MultiGPS each global
+server gets only its part (GeoMX resends the whole key to every server); mode 3 packs
+nibbles correctly; the send order is GeoMX's strict "important queue first": channel-0
+blocks, then the end block, then the bands, so the end block never waits behind a band.
 
 Node code calls :class:`DgtSender` (local server) and :class:`DgtReceiver` (global
 server); neither knows which runtime it runs in.

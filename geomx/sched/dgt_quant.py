@@ -1,6 +1,6 @@
 """4-bit quantisation with error feedback for DGT's low-priority blocks (ENABLE_DGT=3).
 
-What GeoMX intends (geomx-behaviour.md §4.4, sender step 6): per (key, block) a residual
+What GeoMX intends (docs/geomx-behaviour.md §4.4, sender step 6): per (key, block) a residual
 ``r`` accumulates what was not sent; the block sent is ``r + x`` quantised to 16 uniform
 bins over its own ``[min, max]``; each value travels as its bin's index (4 bits) and the
 receiver rebuilds the bin's midpoint; the residual keeps the quantisation error for the

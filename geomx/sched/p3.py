@@ -1,5 +1,5 @@
 """P3, priority-based parameter propagation (Jayarajan et al., MLSys 2019; algorithms.md §4,
-geomx-behaviour.md §4.6).
+docs/geomx-behaviour.md §4.6).
 
 Three mechanisms, and where each lives:
 

@@ -1,4 +1,4 @@
-"""Key -> server placement, as GeoMX/ps-lite does it (geomx-behaviour.md §1.2, §4.7).
+"""Key -> server placement, as GeoMX/ps-lite does it (docs/geomx-behaviour.md §1.2, §4.7).
 
 A tensor of fewer than ``bigarray_bound`` elements goes whole to server
 ``(key * 9973) % S``; a larger one is cut into ``S`` contiguous parts, part ``i``

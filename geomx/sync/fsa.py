@@ -1,4 +1,4 @@
-"""FSA, fully synchronous aggregation (GeoMX ``dist_sync``; geomx-behaviour.md §3.2).
+"""FSA, fully synchronous aggregation (GeoMX ``dist_sync``; docs/geomx-behaviour.md §3.2).
 
 Three parts, one per tier:
 

@@ -1,6 +1,6 @@
 """HFA, hierarchical frequency aggregation (GeoMX ``MXNET_KVSTORE_USE_HFA=1``).
 
-geomx-behaviour.md §3.4, algorithms.md §6.2. Workers take a local optimizer step every
+docs/geomx-behaviour.md §3.4, algorithms.md §6.2. Workers take a local optimizer step every
 iteration and every ``K1`` iterations push ``params / n_local``; the local server sums
 them (the DC average) and answers at once -- a *local sync* that never leaves the DC.
 Every ``K2``-th local sync it instead pushes ``(average - milestone) / D`` to the global
@@ -9,7 +9,7 @@ server, which sums over the ``D`` DCs without an optimizer, and serves
 global sync therefore happens every ``K1 * K2`` worker iterations, and right after it
 every worker of every DC holds the same model.
 
-Fixes relative to GeoMX (geomx-behaviour.md §6, bug 1):
+Fixes relative to GeoMX (docs/geomx-behaviour.md §6, bug 1):
 
 * the milestone starts at the *global* initial model pulled at initialisation (GeoMX
   discards it and keeps its own rank-0 init, so DCs can start and stay offset);

@@ -1,6 +1,6 @@
 """MixedSync: synchronous inside each DC, asynchronous across DCs (GeoMX ``dist_async``).
 
-geomx-behaviour.md §3.3: the local servers stay synchronous over their workers
+docs/geomx-behaviour.md §3.3: the local servers stay synchronous over their workers
 (:class:`~geomx.sync.fsa.ForwardEveryRound`); the global server applies each DC's push
 the moment it arrives -- one optimizer step per push, so an optimizer is required -- and
 answers it, after which that DC pulls the current weights and goes on. With DC-ASGD as

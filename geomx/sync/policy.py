@@ -3,7 +3,7 @@
 A synchronisation algorithm touches three places, and each gets one policy object:
 
 * the **global server** (:class:`GlobalSyncPolicy`): when a pushed value is applied and
-  when the push is answered (geomx-behaviour.md §3.2 FSA, §3.3 MixedSync);
+  when the push is answered (docs/geomx-behaviour.md §3.2 FSA, §3.3 MixedSync);
 * the **local server** (:class:`LocalSyncPolicy`): what it does once every worker of its
   DC has pushed a key -- forward the DC sum across the WAN (FSA, MixedSync, ESync) or
   average locally and only every K2-th time talk to the global tier (HFA, §3.4);

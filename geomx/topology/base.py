@@ -2,7 +2,7 @@
 
 A *topology* decides which nodes a job has, in which data centre each runs, which role
 each plays and which scheduler each registers with. GeoMX has one (HiPS: a local tier per
-party DC under a global tier in the central DC, geomx-behaviour.md §1); the vanilla
+party DC under a global tier in the central DC, docs/geomx-behaviour.md §1); the vanilla
 parameter-server baseline another (every worker talks to the global servers); the mesh
 kinds (NETSTORM's multi-root trees, MLNET, ``geomx/topology/mesh.py``) are planners
 beside them.

@@ -1,4 +1,4 @@
-"""HiPS: GeoMX's hierarchical parameter server (geomx-behaviour.md §1, ARCHITECTURE.md).
+"""HiPS: GeoMX's hierarchical parameter server (docs/geomx-behaviour.md §1, docs/architecture.md).
 
 Every party DC gets a local scheduler (``lh:<dc>``) and a local server (``ls:<dc>``); its
 workers register with and push to them, and only the local server crosses the WAN to the
