@@ -4,7 +4,9 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__version__ = "0.1.0"
+#: The release (semantic versioning; CHANGELOG.md says what each one changed). pyproject.toml
+#: reads it from here, so this is the one place it is written.
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -2,8 +2,8 @@
 
 :class:`ScenarioError` names the field path as it appears in the file
 (``wan[0].bandwidth``), the bad value and what is allowed, with a "did you mean" from
-:mod:`difflib` for misspelt keys and enum values. Keys that moved to another section
-(:data:`MOVED_KEYS`) get an error that says where they went.
+:mod:`difflib` for misspelt keys and enum values. Keys that moved to another section get
+an error that says where they went (:func:`geomx.scenario.schema.moved_key_error`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ScenarioError", "quote_list", "did_you_mean", "show_value", "type_name_of",
-           "MOVED_KEYS", "moved_key_error"]
+__all__ = ["ScenarioError", "quote_list", "did_you_mean", "show_value", "type_name_of"]
 
 
 class ScenarioError(ValueError):
@@ -65,27 +64,3 @@ def show_value(value: Any) -> str:
 def type_name_of(value: Any) -> str:
     return {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
             dict: "table"}.get(type(value), type(value).__name__)
-
-
-
-#: ``section.key`` that a scenario may still say -> (where it lives now, how old values
-#: are written there). Kept so that an old file fails with the fix, not "unknown key".
-MOVED_KEYS: dict[str, tuple[str, dict[str, str]]] = {
-    "training.mode": ("topology.kind", {"hips": "hips", "flat_ps": "flat"}),
-}
-
-
-def moved_key_error(section: str, key: str, value: Any, path: str) -> ScenarioError | None:
-    """The error for a key of :data:`MOVED_KEYS` (``None`` for any other key)."""
-    moved = MOVED_KEYS.get(f"{section}.{key}")
-    if moved is None:
-        return None
-    target, translate = moved
-    new_section, new_key = target.split(".")
-    if isinstance(value, str):
-        shown = '"' + translate.get(value, value) + '"'
-    else:
-        shown = show_value(value)
-    return ScenarioError(
-        f"{section}.{key} has moved to {target}; allowed: write {new_key} = {shown} in "
-        f"[{new_section}] (or --set {target}=...) instead", path=path, value=value, allowed=target)

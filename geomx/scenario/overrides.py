@@ -12,10 +12,11 @@ import tomllib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from geomx.scenario.errors import ScenarioError, did_you_mean, moved_key_error, quote_list
+from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.kinds import Kind, setting_by_key
 from geomx.scenario.model import Scenario, SectionSpec, scenario_to_dict, section_by_key, sections, table_to_dict
 from geomx.scenario.parse import parse_scenario
+from geomx.scenario.schema import moved_key_error
 
 __all__ = ["apply_override", "override_scenario"]
 

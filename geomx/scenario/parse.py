@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from geomx.scenario.checks import SCENARIO_CHECKS
-from geomx.scenario.errors import (ScenarioError, did_you_mean, moved_key_error, show_value,
-                                   type_name_of)
+from geomx.scenario.errors import ScenarioError, did_you_mean, show_value, type_name_of
 from geomx.scenario.kinds import setting_by_key
 from geomx.scenario.model import Scenario, section_by_key, sections
 from geomx.scenario.real import SecurityConfig
+from geomx.scenario.schema import moved_key_error, upgrade_raw
 
 __all__ = ["parse_scenario"]
 
@@ -75,6 +75,7 @@ def parse_scenario(raw: Mapping[str, Any], source: str = "<string>") -> Scenario
 def _parse(raw: Mapping[str, Any], source: str) -> Scenario:
     if not isinstance(raw, Mapping):
         raise ScenarioError(f"expected a table of sections, got {type_name_of(raw)}")
+    raw = upgrade_raw(raw)
     by_key = section_by_key()
     for key in raw:
         if key not in by_key:

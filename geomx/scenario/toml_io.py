@@ -1,6 +1,7 @@
 """Scenario files: read one (:func:`load_scenario`) and write one (:func:`scenario_to_toml`).
 
-A resolved scenario is written with every setting, defaults included, in readable units
+A resolved scenario is written with the schema it follows (geomx/scenario/schema.py) and
+every setting, defaults included, in readable units
 (by ``tomli-w``, so the text is TOML by construction); loading that text gives an equal
 :class:`Scenario`, so a run directory's ``scenario.toml`` is a complete recipe.
 """
@@ -17,12 +18,13 @@ from geomx.scenario.errors import ScenarioError
 from geomx.scenario.model import Scenario, scenario_to_dict
 from geomx.scenario.overrides import apply_override
 from geomx.scenario.parse import parse_scenario
+from geomx.scenario.schema import SCHEMA_KEY, SCHEMA_VERSION, upgrade_raw
 
 __all__ = ["load_scenario", "scenario_to_toml"]
 
 
 def load_scenario(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Scenario:
-    """Read, override and validate a scenario file."""
+    """Read, upgrade to the current schema, override and validate a scenario file."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as fh:
@@ -42,6 +44,10 @@ def load_scenario(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Sce
         raise ScenarioError(f"cannot read it: {exc.strerror or exc}", source=path) from None
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"not valid TOML: {exc}", source=path) from None
+    try:
+        raw = upgrade_raw(raw)  # overrides are written in the current schema
+    except ScenarioError as exc:
+        raise exc.with_source(path) from None
     for assignment in overrides:
         raw = apply_override(raw, assignment)
     return parse_scenario(raw, source=path)
@@ -53,5 +59,6 @@ def scenario_to_toml(s: Scenario) -> str:
               f"# Reference: docs/scenario.md\n\n")
     # An empty array of tables ([[fault]] without faults) is left out, as a file would
     # leave it out: tomli-w would write it as "fault = []" above every table.
-    data = {key: value for key, value in scenario_to_dict(s).items() if value != []}
+    data = {SCHEMA_KEY: SCHEMA_VERSION}
+    data.update((key, value) for key, value in scenario_to_dict(s).items() if value != [])
     return header + tomli_w.dumps(data)
