@@ -77,22 +77,36 @@ def _add_program_args(p: argparse.ArgumentParser) -> None:
 
 
 def _with_program(scenario, program: str | None, args: list[str] | None):
-    """``--program`` / ``-- args``: the scenario's [training] program and program_args."""
-    import dataclasses
+    """``--program`` / ``-- args``: the scenario's [training] program and program_args,
+    set as ``--set`` would set them, so every check a file's program gets applies."""
+    import json
     import os
 
-    t = scenario.training
+    from geomx.scenario import override_scenario
+
+    sets = []
     if program:
         where, sep, fn = program.rpartition(":")
         if not sep or not fn.isidentifier():
             where, sep, fn = program, "", ""
         if where.endswith(".py"):
             where = os.path.abspath(where)  # a command-line path is relative to here
-        t = dataclasses.replace(t, program=where + (sep + fn if sep else ""))
+        sets.append(f"training.program={json.dumps(where + (sep + fn if sep else ''))}")
     if args is not None:
-        t = dataclasses.replace(t, program_args=tuple(args))
-    t._check("training")  # e.g. an algorithm's options, or a program beside an algorithm
-    return dataclasses.replace(scenario, training=t)
+        sets.append(f"training.program_args={json.dumps(list(args))}")
+    return override_scenario(scenario, sets)
+
+
+def version_line() -> str:
+    """``geomx --version``: the release (CHANGELOG.md), the scenario schema it writes and
+    reads, and the Python that runs it."""
+    import platform
+
+    from geomx import __version__
+    from geomx.scenario.schema import SCHEMA_VERSION
+
+    return (f"geomx {__version__} (scenario schema {SCHEMA_VERSION}; "
+            f"Python {platform.python_version()})")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more (-v info, -vv debug)")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print geomx's version and the scenario schema it writes, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a scenario and write a run folder",
@@ -114,9 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "(default: the scenario's run.out_dir)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_program_args(run)
+    run.set_defaults(handler=_cmd_run)
 
     val = sub.add_parser("validate", help="check a scenario and print it fully resolved")
     _add_scenario_args(val)
+    val.set_defaults(handler=_cmd_validate)
 
     launch = sub.add_parser("launch", help="start a scenario's nodes as real processes "
                                            "(here, or on the hosts of a hostfile over ssh)",
@@ -133,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("--out", default=None, help="parent folder of the run folder")
     launch.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_program_args(launch)
+    launch.set_defaults(handler=_cmd_run)
 
     col = sub.add_parser("collect", help="merge the node files of a by-hand launch into a run "
                                          "folder (summary.json, progress.csv, plots)",
@@ -142,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     col.add_argument("run_dir", metavar="RUN_DIR")
     col.add_argument("--scenario", default=None,
                      help="the job's scenario (default: RUN_DIR/scenario.toml)")
+    col.set_defaults(handler=_cmd_collect)
 
     node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "
                                        "point for ssh, Slurm, Kubernetes)",
@@ -149,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "sockets.",
                           epilog=NODE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_node_arguments(node)
+    node.set_defaults(handler=_cmd_node)
     from geomx.cli_analysis import add_parsers
 
     add_parsers(sub, _add_scenario_args)
@@ -160,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: Exit status after Ctrl-C, as a shell reports a process stopped by SIGINT (128 + 2).
 EXIT_INTERRUPTED = 130
+
+#: Exit status of a command given something it cannot use (a bad scenario, a missing file).
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Input a command cannot use; ``main`` prints ``geomx[ COMMAND]: <message>`` and
+    exits 2."""
+
+    def __init__(self, message: str, command: str | None = None):
+        super().__init__(message)
+        self.command = command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -173,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
+    """Parse, set up logging and call the chosen command's handler (``set_defaults``).
+
+    Arguments after ``--`` belong to a training program (``ctx.args``) for the commands
+    that run one, so they are cut off before argparse sees them."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     program_args: list[str] | None = None
@@ -185,32 +222,48 @@ def _main(argv: Sequence[str] | None = None) -> int:
                         format=LOG_FORMAT)
     if args.command is None:
         parser.print_help()
-        return 2
-    if args.command in ("sweep", "compare", "fidelity"):
+        return EXIT_USAGE
+    args.program_args = program_args
+    try:
         return args.handler(args)
-    from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
+    except UsageError as e:
+        print(f"geomx{' ' + e.command if e.command else ''}: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
-    if args.command == "collect":
-        from geomx.collect import CollectError, collect_run
 
-        try:
-            summary = collect_run(args.run_dir, args.scenario)
-        except (CollectError, ScenarioError, FileNotFoundError) as e:
-            print(f"geomx collect: {e}", file=sys.stderr)
-            return 2
-        acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.4f}"
-        print(f"run folder: {args.run_dir}")
-        print(f"final accuracy {acc} after {summary.iterations} iterations, "
-              f"WAN {summary.bytes_wan / 1e6:.2f} MB, LAN {summary.bytes_lan / 1e6:.2f} MB")
-        missing = (summary.extra or {}).get("missing_nodes")
-        if missing:
-            print(f"warning: no result from {', '.join(missing)}", file=sys.stderr)
-        return 0
-    if args.command == "node":
-        return run_node_command(args)
+def _cmd_collect(args: argparse.Namespace) -> int:
+    """``geomx collect RUN_DIR``: merge a by-hand launch's node files into a run folder."""
+    from geomx.collect import CollectError, collect_run
+    from geomx.scenario import ScenarioError
+
+    try:
+        summary = collect_run(args.run_dir, args.scenario)
+    except (CollectError, ScenarioError, FileNotFoundError) as e:
+        print(f"geomx collect: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    acc = "n/a" if summary.final_accuracy is None else f"{summary.final_accuracy:.4f}"
+    print(f"run folder: {args.run_dir}")
+    print(f"final accuracy {acc} after {summary.iterations} iterations, "
+          f"WAN {summary.bytes_wan / 1e6:.2f} MB, LAN {summary.bytes_lan / 1e6:.2f} MB")
+    missing = (summary.extra or {}).get("missing_nodes")
+    if missing:
+        print(f"warning: no result from {', '.join(missing)}", file=sys.stderr)
+    return 0
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    """``geomx node``: one node of a scenario in this process."""
+    return run_node_command(args)
+
+
+def _scenario_of(args: argparse.Namespace):
+    """The scenario a run, launch or validate names: its file (or ``--resume RUN_DIR``'s
+    saved one), under GeoMX's switches from the environment, then ``--set``, then
+    ``--program`` and the program's arguments."""
     import os
 
     from geomx.runtime.geomx_switches import SwitchError, switch_overrides
+    from geomx.scenario import ScenarioError, load_scenario
 
     try:
         # GeoMX's switches in the environment, as `geomx node` reads them, below --set
@@ -218,9 +271,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         resume = getattr(args, "resume", None)
         if resume is not None:
             if args.scenario is not None:
-                print(f"geomx {args.command}: give a scenario or --resume RUN_DIR, not both",
-                      file=sys.stderr)
-                return 2
+                raise UsageError("give a scenario or --resume RUN_DIR, not both", args.command)
             from pathlib import Path
 
             from geomx.experiment import resume_scenario
@@ -229,30 +280,36 @@ def _main(argv: Sequence[str] | None = None) -> int:
             if args.out is None:
                 args.out = str(Path(resume).resolve().parent)
         elif args.scenario is None:
-            print(f"geomx {args.command}: a scenario file (or --resume RUN_DIR) is required",
-                  file=sys.stderr)
-            return 2
+            raise UsageError("a scenario file (or --resume RUN_DIR) is required", args.command)
         else:
             scenario = load_scenario(args.scenario, [*env_sets, *args.overrides])
-    except SwitchError as e:
-        print(f"geomx: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:  # a ScenarioError, or --resume without a checkpoint
-        print(f"geomx: {e}", file=sys.stderr)
-        return 2
+    except (SwitchError, ValueError) as e:  # a ScenarioError, or --resume without a checkpoint
+        raise UsageError(str(e)) from None
     except FileNotFoundError as e:
-        print(f"geomx: scenario file not found: {e.filename or args.scenario}", file=sys.stderr)
-        return 2
-    if getattr(args, "program", None) or program_args is not None:
+        raise UsageError(f"scenario file not found: {e.filename or args.scenario}") from None
+    program = getattr(args, "program", None)
+    if program or args.program_args is not None:
         try:
-            scenario = _with_program(scenario, getattr(args, "program", None), program_args)
+            scenario = _with_program(scenario, program, args.program_args)
         except ScenarioError as e:
-            print(f"geomx: {e}", file=sys.stderr)
-            return 2
-    if args.command == "validate":
-        sys.stdout.write(scenario_to_toml(scenario))
-        print(f"# OK: {args.scenario} is valid", file=sys.stderr)
-        return 0
+            raise UsageError(str(e)) from None
+    return scenario
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    """``geomx validate``: the scenario fully resolved on stdout."""
+    from geomx.scenario import scenario_to_toml
+
+    scenario = _scenario_of(args)
+    sys.stdout.write(scenario_to_toml(scenario))
+    print(f"# OK: {args.scenario} is valid", file=sys.stderr)
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    """``geomx run`` and ``geomx launch``: run the job, then print where its run folder is
+    and its headline figures."""
+    scenario = _scenario_of(args)
     from geomx.experiment import JobFailed, run_scenario
     from geomx.runtime.netns import NetnsUnavailable
 
@@ -266,8 +323,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"geomx: job failed: {e}", file=sys.stderr)
         return 1
     except (FileNotFoundError, ValueError, NetnsUnavailable) as e:  # ConfigError: a ValueError
-        print(f"geomx: {e}", file=sys.stderr)
-        return 2
+        raise UsageError(str(e)) from None
+    _print_result(scenario, result)
+    return 0
+
+
+def _print_result(scenario, result) -> None:
     s = result.summary
     acc = "n/a" if s.final_accuracy is None else f"{s.final_accuracy:.4f}"
     emu = "" if s.emulated_seconds is None else f", emulated {s.emulated_seconds:.2f} s"
@@ -280,11 +341,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"resumed from checkpoint {scenario.checkpoint.resume_from}")
     print(f"final {metric} {acc} after {s.iterations} iterations{emu}, wall "
           f"{s.wall_seconds:.2f} s, WAN {s.bytes_wan / 1e6:.2f} MB, LAN {s.bytes_lan / 1e6:.2f} MB")
-    reason = (s.extra or {}).get("final_eval", {}).get("stop_reason")
+    reason = final.get("stop_reason")
     if reason:
         ttt = "" if s.time_to_target_s is None else f"; target reached at t = {s.time_to_target_s:.2f} s"
         print(f"stopped by: {reason}{ttt}")
-    return 0
 
 
 def _launch(scenario, args):
