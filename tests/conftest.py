@@ -1,12 +1,12 @@
-import os
-from pathlib import Path
+"""Fixtures for every test folder. Plain functions and constants shared between tests
+are in ``tests/helpers``."""
 
 import pytest
 
+from geomx.runtime import security
 from geomx.scenario import load_scenario
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "scenarios"
+from tests.helpers.paths import SCENARIOS
 
 
 @pytest.fixture
@@ -18,3 +18,13 @@ def scenario_of(tmp_path):
                              [f"run.out_dir={tmp_path / 'runs'}", "run.progress=false", *overrides])
 
     return load
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate and its key (paths), made once per test module; the test
+    is skipped where neither the 'cryptography' package nor the openssl command exists."""
+    if security.tls_tooling() is None:
+        pytest.skip("TLS test needs the 'cryptography' package or the 'openssl' command; "
+                    "neither is available")
+    return security.generate_self_signed(tmp_path_factory.mktemp("tls"))

@@ -5,11 +5,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 from geomx.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
 
 
 def test_help_explains_itself(capsys):

@@ -6,14 +6,13 @@ turn figures into a report, with made-up figures, and the refusals.)
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from geomx.cli import main
 from geomx.fidelity import Case, load_cases, plot_report, report_table
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import ROOT
 
 
 def test_the_suite_lists_every_shape_of_issue_13_and_each_case_loads():

@@ -4,7 +4,6 @@ round-trips through the wire format and refuses what it must not carry."""
 
 import textwrap
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +13,8 @@ from geomx.metrics.recorder import iter_events
 from geomx.scenario import load_scenario
 from geomx.wire import Kind, Message, Payload, WireError, decode, encode_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 
 PROGRAM = """
 import numpy as np

@@ -3,14 +3,14 @@ each in under a minute, and the committed files carry their outputs (figures).""
 
 import json
 import time
-from pathlib import Path
 
 import nbformat
 import pytest
 
 from geomx.notebooks import NotebookFailed, execute_notebook, notebook_paths
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 
 

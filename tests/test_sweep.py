@@ -2,7 +2,6 @@
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +22,8 @@ from geomx.sweep import (
     split_values,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.paths import ROOT
+
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
 #: a short, cheap quickstart: 12 iterations, no trace or plots per run
 BASE = ["run.iterations=12", "run.target_accuracy=0", "run.eval_every=4", "metrics.trace=false",

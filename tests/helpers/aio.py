@@ -1,0 +1,23 @@
+"""Running a test's coroutine on geomx's own event loop, failing instead of hanging."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from geomx.runtime import eventloop
+
+T = TypeVar("T")
+
+
+def arun(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0,
+         use_uvloop: bool | None = None) -> T:
+    """Run ``coro`` on a fresh loop (uvloop where geomx would pick it, unless ``use_uvloop``
+    says otherwise); a test that waits more than ``timeout_s`` seconds fails with
+    TimeoutError rather than stalling the suite until pytest-timeout kills it."""
+
+    async def guarded() -> T:
+        return await asyncio.wait_for(coro, timeout_s)
+
+    return eventloop.run(guarded(), use_uvloop=use_uvloop)
