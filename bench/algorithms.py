@@ -1,6 +1,6 @@
 """The 16 machine-learning algorithms of ``geomx/algorithms`` against scikit-learn.
 
-Runs every case of ``tests/algorithm_cases.py`` -- the same scenarios, overrides and
+Runs every case of ``tests/algorithms/cases.py`` -- the same scenarios, overrides and
 tolerances the tests assert -- through geomx in the emulator (quickstart shape: central
 DC + 2 parties x 2 workers, WAN 100 Mbps / 30 ms) and fits scikit-learn's centralised
 equivalent on the same training split; prints the table of docs/algorithms.md: the
@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
-from algorithm_cases import CASES, run_case  # noqa: E402
+from tests.algorithms.cases import CASES, run_case  # noqa: E402
 
 from geomx.algorithms import ALGORITHMS  # noqa: E402
 

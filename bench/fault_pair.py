@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from geomx.experiment import run_scenario  # noqa: E402
 from geomx.scenario import load_scenario  # noqa: E402
-from test_runtime_reconnect import training_started  # noqa: E402
+from tests.runtime.test_reconnect import training_started  # noqa: E402
 
 #: (wall seconds, summary, summed stream counters, the fault thread or None)
 Row = tuple[float, Any, dict[str, int], Any]

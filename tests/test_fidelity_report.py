@@ -1,6 +1,6 @@
 """``geomx fidelity``: cases from scenario files and suites, the report's table and plot.
 
-(The runs themselves are what tests/test_runtime_fidelity.py times; here the parts that
+(The runs themselves are what tests/runtime/test_fidelity.py times; here the parts that
 turn figures into a report, with made-up figures, and the refusals.)
 """
 

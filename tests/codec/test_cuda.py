@@ -1,6 +1,6 @@
 """CUDA kernels give the CPU kernels' results (run on a GPU, or in numba's simulator).
 
-Without a GPU these tests are skipped in-process; ``test_codec_cuda_sim.py`` runs this
+Without a GPU these tests are skipped in-process; ``test_cuda_sim.py`` runs this
 file in a subprocess with ``NUMBA_ENABLE_CUDASIM=1``, so they always execute in CI. The
 simulator runs one Python thread per CUDA thread: keep the arrays tiny.
 """
@@ -28,7 +28,7 @@ def _have_cuda() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _have_cuda(), reason="needs a CUDA GPU or NUMBA_ENABLE_CUDASIM=1 "
-                                                       "(test_codec_cuda_sim.py runs this file so)")
+                                                       "(test_cuda_sim.py runs this file so)")
 
 SPECIAL = np.array([0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001,
                     0x7F7FFFFF, 0x477FF000, 0x477FEFFF, 0x38800000, 0x387FFFFF, 0x33000000,

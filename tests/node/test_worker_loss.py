@@ -176,7 +176,7 @@ def test_emulated_crash_and_rejoin(tmp_path: Path) -> None:
 def test_restart_needs_a_lost_worker() -> None:
     with pytest.raises(ScenarioError, match=r"fault\[0\]\.duration"):
         load_scenario(QUICKSTART, [*LOSS, "fault.0.duration=5s"])
-    # a local server restarts only when the job waits for it (tests/test_server_takeover.py)
+    # a local server restarts only when the job waits for it (tests/node/test_server_takeover.py)
     with pytest.raises(ScenarioError, match="on_server_loss is fail"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
                                    "fault.0.node=ls:party-a", "fault.0.duration=5s"])

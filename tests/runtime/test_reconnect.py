@@ -540,7 +540,7 @@ def test_real_job_finishes_with_the_clean_model_despite_killed_connections(scena
     s = scenario_of("quickstart.toml", "run.iterations=40", "run.target_accuracy=0",
                     "metrics.plot=false", "real.reconnect_timeout=20s")
     # FSA over two DCs of two workers sums in any order to the same bits: the emulator's
-    # model is the clean real run's (tests/test_checkpoint.py relies on it too)
+    # model is the clean real run's (tests/node/test_checkpoint.py relies on it too)
     clean = run_scenario(s, runtime="emu").summary
     killer = ConnectionKiller(training_started(tmp_path / "runs"), times=3, every_s=1.0)
     killer.start()

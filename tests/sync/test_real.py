@@ -1,6 +1,6 @@
 """Each sync algorithm over real sockets (one process per node) on the quickstart shape.
 
-FSA over sockets is tests/test_runtime_real_job.py. These runs are short (a few
+FSA over sockets is tests/runtime/test_real_job.py. These runs are short (a few
 iterations): they show the same node code and sync policies work over TCP, not speed.
 """
 
