@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from geomx.cli import main
 
 from tests.helpers.paths import ROOT
@@ -93,6 +95,7 @@ def test_a_target_that_can_never_be_checked_is_refused(capsys):
     assert "run.eval_every" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
     """SIGINT to `geomx run --runtime real`: one line, exit 130, no node left running."""
     import signal

@@ -58,6 +58,7 @@ def _sends(run_dir, node):
                    if e["ev"] in ("send", "xfer") and e["node"] == node)
 
 
+@pytest.mark.slow
 def test_list_calls_are_one_message_per_server_in_the_emulator(tmp_path):
     r = _run(tmp_path, "emu")
     assert r.summary.final_accuracy == 1.0  # every assertion in the program held

@@ -14,6 +14,7 @@ from tests.helpers.paths import ROOT
 NOTEBOOKS = notebook_paths(ROOT / "notebooks")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes_in_a_kernel(path, tmp_path):
     start = time.perf_counter()
@@ -41,6 +42,7 @@ def test_the_index_lists_every_notebook():
     assert "NETSTORM" in index and "scheduling" in index.lower()
 
 
+@pytest.mark.slow
 def test_a_failing_cell_reports_its_source_and_traceback(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("x = 1"),

@@ -83,6 +83,7 @@ def test_plan_is_the_product_of_grid_and_seeds_with_stable_folders():
     assert not {p.folder for p in other} & {p.folder for p in points}
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_and_plots_and_resumes(tmp_path):
     axes = [GridAxis("codec.type", ("none", "fp16"))]
     out = tmp_path / "sweep"
@@ -119,6 +120,7 @@ def test_sweep_writes_table_and_plots_and_resumes(tmp_path):
     assert list(third.table["bytes_wan"]) == list(table["bytes_wan"])
 
 
+@pytest.mark.slow
 def test_parallel_sweep_gives_the_serial_results(tmp_path):
     axes = [GridAxis("wan.0.bandwidth+wan.1.bandwidth", ("20Mbps", "1Gbps"))]
     serial = run_sweep(QUICKSTART, axes, jobs=1, out=tmp_path / "s", base_overrides=BASE,
@@ -137,6 +139,7 @@ def test_a_point_that_fails_is_reported_not_fatal(tmp_path):
     assert outcome["status"] == "failed" and "missing.toml" in outcome["error"]
 
 
+@pytest.mark.slow
 def test_cli_sweep_and_compare(tmp_path, capsys):
     out = tmp_path / "sw"
     argv = ["sweep", str(QUICKSTART), "--grid", "codec.type=none,bf16", "--jobs", "1",

@@ -10,6 +10,7 @@ from tests.algorithms.cases import CASES, run_case
 ENSEMBLES = [c.algorithm for c in CASES.values() if c.scenario == "algo_ensemble.toml"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ENSEMBLES)
 def test_matches_scikit_learn(tmp_path, name):
     row = run_case(CASES[name], tmp_path)

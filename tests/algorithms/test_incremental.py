@@ -12,6 +12,7 @@ def test_matches_scikit_learn(tmp_path, name):
     assert row["ok"], row
 
 
+@pytest.mark.slow
 def test_codecs_apply_to_the_merged_statistics(tmp_path):
     """The moments travel through the codec like any gradient: FP16 sends a quarter of
     the float64 bytes on both tiers, and the components stay nearly as good."""

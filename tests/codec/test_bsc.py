@@ -222,6 +222,7 @@ def test_codec_for_compresses_only_large_tensors_on_the_wan():
 # ------------------------------------------------------------------ pull side and decode
 
 
+@pytest.mark.slow
 def test_pull_side_sends_the_aggregate_nonzeros():
     n = 100_000
     c = codec(0.01)

@@ -20,6 +20,7 @@ CUDA_TESTS = Path(__file__).resolve().parent / "test_cuda.py"
 MIN_TESTS = 6
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"),
                     reason="already running inside the simulator")
 def test_cuda_kernels_pass_in_the_simulator():

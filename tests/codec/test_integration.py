@@ -6,6 +6,9 @@ import pytest
 
 from geomx.experiment import run_scenario
 
+# every test here runs whole emulated jobs, most of them to a target accuracy
+pytestmark = pytest.mark.slow
+
 
 def _ls_push_bytes_per_iteration(run_dir, keys=None):
     """WAN bytes of local-server -> global-server pushes per round, per key."""

@@ -26,6 +26,7 @@ def _is_png(p):
     return p.exists() and p.read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_accuracy_and_bytes_plots_write_pngs(tmp_path):
     run = _make_run(tmp_path, "r")
     plots.plot_accuracy(run / "progress.csv", tmp_path / "acc.png")

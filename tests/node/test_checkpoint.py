@@ -77,6 +77,7 @@ def _bitwise_equal(a, b) -> bool:
 
 
 # --------------------------------------------------------------------------- emulator
+@pytest.mark.slow
 def test_fsa_bsc_adam_resume_is_bit_exact(tmp_path: Path) -> None:
     """FSA, Adam on the global server (moments and step count), Bi-Sparse on the WAN
     (momentum and residual buffers at the local servers, sample seed by encode round)."""
@@ -92,6 +93,7 @@ def test_fsa_bsc_adam_resume_is_bit_exact(tmp_path: Path) -> None:
                                  "w:party-a:1", "w:party-b:0", "w:party-b:1"]
 
 
+@pytest.mark.slow
 def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
     """HFA: rounds are global syncs (k1 x k2 = 10 iterations); the local servers' milestones
     and the workers' local Adam states and data streams come back."""
@@ -102,6 +104,7 @@ def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
     assert ckpt.complete_rounds(first / "checkpoints") == [4, 5]
 
 
+@pytest.mark.slow
 def test_flat_ps_momentum_resume_is_bit_exact(tmp_path: Path) -> None:
     """The flat PS (workers push to the global server) with momentum SGD."""
     clean, resumed, _ = _stop_and_resume(
@@ -110,6 +113,7 @@ def test_flat_ps_momentum_resume_is_bit_exact(tmp_path: Path) -> None:
     assert _max_difference(clean, resumed) == 0.0
 
 
+@pytest.mark.slow
 def test_crash_then_resume_is_bit_exact(tmp_path: Path) -> None:
     """The emulated job is killed by a crash of the global server (it then deadlocks and
     fails by name); --resume continues from the last checkpoint before the crash and does

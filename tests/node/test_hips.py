@@ -51,6 +51,7 @@ def test_hips_sends_fewer_wan_bytes_and_is_faster_than_flat_ps(scenario_of):
     assert hips_s < flat_s
 
 
+@pytest.mark.slow
 def test_quickstart_reaches_target_accuracy(scenario_of):
     s = scenario_of("quickstart.toml", "metrics.plot=false")
     summary = run_scenario(s).summary
@@ -69,6 +70,7 @@ def test_same_scenario_and_seed_give_identical_event_logs(scenario_of, tmp_path)
     assert logs[0] == logs[1]
 
 
+@pytest.mark.slow
 def test_run_folder_schema(scenario_of):
     r = run_scenario(scenario_of("quickstart.toml", "run.iterations=20", "run.target_accuracy=0"))
     for f in ("scenario.toml", "events.jsonl", "progress.csv", "summary.json", "trace.json",

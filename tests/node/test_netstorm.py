@@ -180,6 +180,7 @@ def test_the_9dc_scenarios_are_the_papers_mesh(scenario_of):
     assert plan.job.mesh["roots"] == 0 and plan.job.mesh["chunk_elements"] == 1_000_000
 
 
+@pytest.mark.slow
 def test_run_folder_has_the_trees_the_estimates_and_plan_markers(scenario_of):
     r = run_scenario(scenario_of("netstorm_4dc.toml", "run.iterations=12", "run.eval_every=12"))
     assert (r.run_dir / "topology.png").stat().st_size > 0

@@ -39,6 +39,7 @@ def _run(tmp_path: Path, sets: list[str]):
     return r, nodes, events
 
 
+@pytest.mark.slow
 def test_local_server_restart_applies_every_round_once(tmp_path: Path) -> None:
     clean, _, _ = _run(tmp_path / "clean", [])
     # dies at 3 s after its DC's round was applied globally but before its workers heard
@@ -83,6 +84,7 @@ def test_push_parked_at_the_global_server_is_taken_over(tmp_path: Path) -> None:
     assert r.summary.final_accuracy == clean.summary.final_accuracy
 
 
+@pytest.mark.slow
 def test_global_server_restart_from_its_snapshot(tmp_path: Path) -> None:
     """``gs:0`` dies after taking round 12 and answering the pushes, before the local
     servers' pulls: its successor reads its snapshot of round 11 (optimizer config and

@@ -27,6 +27,7 @@ def files_of(run_dir):
     return sorted(p.name for p in Path(run_dir).iterdir() if p.is_file())
 
 
+@pytest.mark.slow
 def test_user_program_run_folder_is_as_complete_as_the_builtin_trainers(tmp_path):
     user = run_scenario(example(tmp_path, "cnn", "run.iterations=20", "run.eval_every=5"))
     builtin = run_scenario(example(tmp_path, "cnn", "run.iterations=20", "run.eval_every=5",
@@ -45,6 +46,7 @@ def test_user_program_run_folder_is_as_complete_as_the_builtin_trainers(tmp_path
     assert s.final_accuracy == pytest.approx(builtin.summary.final_accuracy, abs=0.03)
 
 
+@pytest.mark.slow
 def test_user_program_is_charged_heterogeneous_compute(tmp_path):
     r = run_scenario(example(tmp_path, "cnn", "run.iterations=4", "dc.party-b.heterogeneity=4",
                              "dc.party-a.worker_slowdown=[1, 2]"))
@@ -57,6 +59,7 @@ def test_user_program_is_charged_heterogeneous_compute(tmp_path):
     assert durs["w:party-b:0"] == durs["w:party-b:1"] == {0.04}
 
 
+@pytest.mark.slow
 def test_target_accuracy_stops_a_user_program(tmp_path):
     r = run_scenario(example(tmp_path, "cnn", "run.iterations=200", "run.target_accuracy=0.8",
                              "run.eval_every=5"))
@@ -65,6 +68,7 @@ def test_target_accuracy_stops_a_user_program(tmp_path):
     assert r.summary.extra["final_eval"]["stop_reason"].startswith("stop requested")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cnn_fp16", "cnn_mpq", "cnn_hfa"])
 def test_geomx_example_programs_train_in_the_emulator(tmp_path, name):
     r = run_scenario(example(tmp_path, name, "run.iterations=40"))
@@ -72,6 +76,7 @@ def test_geomx_example_programs_train_in_the_emulator(tmp_path, name):
     assert r.summary.final_accuracy > 0.5
 
 
+@pytest.mark.slow
 def test_bsc_set_by_the_master_equals_the_scenario_codec(tmp_path):
     """kv.set_gradient_compression reaches the local servers (GeoMX's GS forwards it):
     the same WAN bytes and accuracy as [codec] type = "bsc"."""
@@ -103,6 +108,7 @@ def test_bsc_set_by_the_master_equals_the_scenario_codec(tmp_path):
     assert a.bytes_wan == data_a + cmd_a and cmd_b == 0  # + the command and its forwarding
 
 
+@pytest.mark.slow
 def test_fp16_set_by_the_master_reaches_every_tier(tmp_path):
     """FP16 set with kv.set_gradient_compression is applied on both tiers (workers learn it
     from their local server's first reply): the bytes of every value equal [codec] fp16's."""
@@ -186,12 +192,14 @@ async def main(kv, ctx):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", ["emu", "real"])
 def test_geomx_api_as_geomx_users_write_it(tmp_path, runtime):
     r = _run_program(tmp_path, _program(tmp_path, GEOMX_API), runtime=runtime)
     assert r.summary.final_accuracy == 1.0
 
 
+@pytest.mark.slow
 def test_dist_async_selects_mixed_sync_when_the_scenario_leaves_it_open(tmp_path):
     r = run_scenario(example(tmp_path, "cnn", "run.iterations=10", 'training.program_args=["-ms"]'))
     switched = sorted(e["node"] for e in iter_events(r.run_dir / "events.jsonl")
@@ -210,6 +218,7 @@ def test_dist_async_conflicting_with_the_scenario_is_an_error(tmp_path):
         _run_program(tmp_path, p, "sync.algorithm=fsa")
 
 
+@pytest.mark.slow
 def test_example_program_over_real_sockets_matches_the_emulator(tmp_path):
     emu = run_scenario(example(tmp_path, "cnn", "run.iterations=10", "run.eval_every=5"))
     real = run_scenario(example(tmp_path, "cnn", "run.iterations=10", "run.eval_every=5"),
@@ -237,6 +246,7 @@ def test_cli_program_and_args(tmp_path, capsys):
     assert "final accuracy 0.2500" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,iterations", [("cnn_bsc", 10), ("cnn_fp16", 10), ("cnn_mpq", 10),
                                              ("cnn_hfa", 20)])
 def test_geomx_example_programs_over_real_sockets(tmp_path, name, iterations):

@@ -431,6 +431,7 @@ TRAINING: dict[str, tuple[float, list[str]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TRAINING))
 def test_trains_the_quickstart_through_the_global_server(scenario_of, name: str) -> None:
     from geomx.cluster import plan_job

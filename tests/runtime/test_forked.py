@@ -51,6 +51,7 @@ def _wait(p: ForkedProcess, timeout_s: float) -> int | None:
         return None
 
 
+@pytest.mark.slow
 def test_a_forked_node_gets_its_own_streams_environment_and_exit_code(tmp_path, capfd,
                                                                     delegated):
     if delegated:
@@ -121,6 +122,7 @@ def test_each_node_sees_its_launcher_go_even_with_siblings_forked_after_it(tmp_p
         log2.close()
 
 
+@pytest.mark.slow
 def test_wait_times_out_like_popen(tmp_path, delegated):
     if delegated:
         return
@@ -195,6 +197,7 @@ def test_a_real_job_runs_either_way(tmp_path, how):
     assert len(list((run_dir / "logs").glob("*.log"))) == 11
 
 
+@pytest.mark.slow
 def test_native_threads_rule_fork_out_too():
     """A Numba parallel kernel leaves an OpenMP/workqueue pool running, invisible to
     ``threading``; a child forked after it would abort. It is run in a child here, so
@@ -222,6 +225,7 @@ os.register_at_fork(after_in_parent=lambda: _SIGINT_IN_FORK and _SIGINT_IN_FORK.
                     and os.kill(os.getpid(), signal.SIGINT))
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_a_node_is_forked_is_not_lost(tmp_path, delegated):
     """Found with Ctrl-C right after `geomx run --runtime real` started (the launcher then
     ran on forever): the interrupt must reach the launcher, after the new node is in its

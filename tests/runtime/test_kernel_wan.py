@@ -87,6 +87,7 @@ RECV = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @needs_root
 def test_a_two_hop_route_crosses_the_shaped_link_and_everything_is_deleted():
     s = parse_scenario(_chain())

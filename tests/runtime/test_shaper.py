@@ -89,6 +89,7 @@ def test_jitter_and_loss_are_seeded():
 
 # -- over loopback --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_20MB_over_50Mbps_40ms_takes_3_24_s():
     async def main():
         a, b = await pair(LinkShape(50e6, 0.040))

@@ -121,6 +121,7 @@ def _validate(path: Path) -> tuple[str, int, str, str]:
     return ("valid" if code == 0 else "error"), code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_generated_bad_scenarios_get_one_clear_line_or_load_again(tmp_path):
     cases: list[tuple[str, bytes | Path]] = [*_field_cases(), *_file_cases(tmp_path)]
     assert len(cases) >= 100

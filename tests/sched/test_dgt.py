@@ -250,6 +250,7 @@ def test_tcp_bands_arrive_late_on_a_slow_wan_and_are_applied_next_round(scenario
     assert s["bands"][0]["late"] == 0
 
 
+@pytest.mark.slow
 def test_adaptive_k_lowers_k_as_the_loss_falls(scenario_of):
     _, events = _run(scenario_of, "run.iterations=20", "sched.dgt=tcp", "sched.dgt_k=0.8",
                      "sched.dgt_k_min=0.2")
@@ -293,6 +294,7 @@ def test_fp16_composes_blocks_of_2048_half_values(scenario_of):
     assert r.summary.final_accuracy is not None
 
 
+@pytest.mark.slow
 def test_accuracy_within_one_point_of_dgt_off_on_a_lossless_wan(scenario_of):
     acc = {}
     for mode in ("off", "tcp", "quant"):

@@ -175,6 +175,7 @@ def test_overlay_changes_timing_not_the_model(scenario_of, extra):
         assert parts == {(0, "gs:0"), (1, "gs:1")}
 
 
+@pytest.mark.slow
 def test_merge_tree_relieves_the_central_in_cast(scenario_of):
     over = ("run.iterations=3",)
     star = run_scenario(scenario_of("tsengine_incast.toml", *SHORT, *over,
@@ -249,6 +250,7 @@ def test_settings_validate_and_switches_map():
 
 # ------------------------------------------------------------------ real sockets
 
+@pytest.mark.slow
 def test_tsengine_over_sockets_trains_like_the_emulator(scenario_of):
     over = ("run.iterations=12", "run.target_accuracy=0", "metrics.plot=false",
             "metrics.trace=false", "run.eval_every=12")

@@ -148,6 +148,7 @@ def test_mixed_with_a_sparse_wan_codec_completes(scenario_of, monkeypatch):
     assert r.summary.final_accuracy > 0.5
 
 
+@pytest.mark.slow
 def test_mixed_with_bsc(scenario_of):
     """MixedSync with the real Bi-Sparse codec on the WAN hop trains to the end."""
     r = run_scenario(scenario_of("mixed.toml", "run.iterations=40", "run.target_accuracy=0",

@@ -154,6 +154,7 @@ def test_the_shaper_phases_follow_the_emulators_routes():
     assert direct == ((("x", "y"), 80e6),)
 
 
+@pytest.mark.slow
 def test_a_partition_cuts_every_link_across_it_and_nothing_reroutes():
     raw = _triangle_scenario()
     raw["fault"] = [{"kind": "partition", "dcs": ["y"], "at": "2s", "duration": "5s"}]
@@ -248,7 +249,7 @@ MESH_FAULT = {"kind": "link_down", "link": ["a", "c"], "at": "1s", "converge": "
 
 
 def test_netstorm_plans_around_a_failed_tree_link_and_keeps_one_model(tmp_path):
-    from tests.test_netstorm import MESH
+    from tests.node.test_netstorm import MESH
 
     raw = copy.deepcopy(MESH)
     raw["run"].update(out_dir=str(tmp_path), iterations=40, eval_every=40)
@@ -373,6 +374,7 @@ CUT_CENTRAL_2S = ("fault.0.kind=partition", 'fault.0.dcs=["central"]', "fault.0.
                   "fault.0.duration=2s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alg", ["fsa", "mixed", "dcasgd", "hfa", "esync"])
 def test_every_sync_algorithm_rides_out_a_link_outage_and_a_straggler(scenario_of, alg):
     clean = _hetero(scenario_of, alg)
