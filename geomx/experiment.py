@@ -26,10 +26,6 @@ from geomx.node.checkpoint import injected_crashes
 from geomx.scenario import Scenario, scenario_to_toml
 from geomx.traces import wan_traces
 
-__all__ = ["JobFailed", "RunResult", "finish_run_dir", "make_run_dir", "resume_scenario",
-           "run_scenario", "true_rate_bps"]
-
-
 def __getattr__(name: str) -> Any:
     """The emulated job's parts, also importable from here (tests and benches build
     emulated nodes with them), loaded from :mod:`geomx.sim` on first use so that a real
@@ -47,6 +43,8 @@ def __getattr__(name: str) -> Any:
 
 @dataclass
 class RunResult:
+    """What :func:`run_scenario` returns: the run folder and the run's summary."""
+
     run_dir: Path
     summary: Summary
 
@@ -143,7 +141,8 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
 
 def true_rate_bps(s: Scenario) -> Callable[[str, str, float], float]:
     """``rate(a, b, t)``: the scenario's rate of WAN direction a -> b at time t (its trace,
-    drawn with the seeds build_network uses, or its constant capacity)."""
+    drawn with the seeds :func:`geomx.sim.job_network.build_network` uses, or its
+    constant capacity)."""
     rates: dict[tuple[str, str], Any] = {}
     traces = wan_traces(s.wans, s.run.seed)
     for w in s.wans:
