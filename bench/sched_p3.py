@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-import geomx.experiment
+import geomx.sim.job
 from geomx.experiment import run_scenario
 from geomx.scenario import load_scenario
 
@@ -74,7 +74,7 @@ def colocated_servers() -> Iterator[None]:
     sharded over the worker machines, sharing their NICs). The emulator's network supports
     co-location (``Network.add_alias``); the scenario has no field for it yet, so this
     bench swaps the network builder for the duration of a run."""
-    original = geomx.experiment.build_network
+    original = geomx.sim.job.build_network
 
     def build(s: Any, plan: Any) -> Any:
         from geomx.sim.network import Network
@@ -97,11 +97,11 @@ def colocated_servers() -> Iterator[None]:
             net.add_wan(w.a, w.b, bandwidth_bps=w.bandwidth_bps, delay_s=w.latency_s)
         return net
 
-    geomx.experiment.build_network = build
+    geomx.sim.job.build_network = build
     try:
         yield
     finally:
-        geomx.experiment.build_network = original
+        geomx.sim.job.build_network = original
 
 
 def _run(path: Path, overrides: list[str], out: Path, colocated: bool = False) -> Any:
