@@ -229,13 +229,13 @@ class InStreams:
             self.resumed += 1
             old = st.conn
             if old is not None and old is not conn:
-                old.stream = None
+                old.carry_stream(None)
                 old.abort()
         self._cancel_timer(st)
         st.conn = conn
         st.acked = st.delivered  # the WELCOME acknowledges it
         st.unacked_bytes = st.unacked_frames = 0
-        conn.stream = st
+        conn.carry_stream(st)
         self._evict()
         return {"ack": st.delivered, "inc": self.incarnation}
 
