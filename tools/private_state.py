@@ -7,7 +7,8 @@ off the syntax tree of every module under ``geomx/``:
 1. **Private access**: every ``x._name`` (read, write or call) whose ``x`` is not the
    bare name ``self`` or ``cls``. ``_name`` has one leading underscore; dunders such as
    ``x.__class__`` are not private. ``module._helper`` counts (a module's private name
-   is private to it), and so does ``other._field`` inside a method of the very class
+   is private to it), as does ``from geomx.module import _helper`` (one site per name
+   imported from a geomx module), and so does ``other._field`` inside a method of the very class
    that declares ``_field`` (``__eq__`` comparing two instances): a reader cannot tell
    from the syntax that ``other`` is of the same class, so the rule stays simple and
    such a site is either rewritten or counted.
@@ -54,6 +55,11 @@ def _is_private(attr: str) -> bool:
 
 def _is_owner(node: ast.expr) -> bool:
     return isinstance(node, ast.Name) and node.id in OWNER_NAMES
+
+
+def _from_geomx(node: ast.ImportFrom) -> bool:
+    module = node.module or ""
+    return node.level > 0 or module == "geomx" or module.startswith("geomx.")
 
 
 def _declared_names(tree: ast.Module) -> set[str]:
@@ -114,6 +120,10 @@ def scan_module(path: Path, root: Path, declared_elsewhere: set[str]) -> list[Si
         if isinstance(node, ast.Attribute) and _is_private(node.attr) \
                 and not _is_owner(node.value):
             sites.append(Site(rel, node.lineno, "private", ast.unparse(node)))
+        elif isinstance(node, ast.ImportFrom) and _from_geomx(node):
+            sites.extend(Site(rel, node.lineno, "private",
+                              f"from {'.' * node.level}{node.module or ''} import {a.name}")
+                         for a in node.names if _is_private(a.name))
     declared = _declared_names(tree)
     for target in _write_targets(tree):
         if _is_private(target.attr) or _is_owner(target.value):
