@@ -5,8 +5,8 @@ ps-lite's van leaves the socket work to a concrete van (``ZMQVan::SendMsg`` /
 same line. This module owns what happens on *one* socket, in either direction:
 
 * :class:`Conn`, the ``asyncio.BufferedProtocol``: TCP_NODELAY, the dead-peer bound
-  (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight into :class:`~geomx.runtime.framing.FrameDecoder`'s
-  buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
+  (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight
+  into :class:`~geomx.runtime.framing.FrameDecoder`'s buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
   frames queued for :mod:`geomx.runtime.tcp_handshake`, message frames handed to the
   transport only once the connection is open (and only on incoming connections),
   write flow control (``drain``), and bad frames counted in the transport's reject log;

@@ -251,7 +251,8 @@ class SimTransport:
         if self._closed:
             raise TransportClosed(f"transport {self.name!r} is closed")
         if msg.src != self.name:
-            raise ValueError(f"transport {self.name!r} cannot send a message whose src is {msg.src!r}")
+            raise ValueError(f"transport {self.name!r} cannot send a message whose src is "
+                             f"{msg.src!r}")
         self._fabric.send(msg)
 
     def send_nowait(self, msg: Any) -> bool:
