@@ -1,7 +1,7 @@
 """Messages: the one on-the-wire format of geomx, shared by every role and both runtimes.
 
 Why a custom binary format: ps-lite sends a protobuf meta plus raw data frames and never
-pickles tensors (geomx-behaviour.md §1.5). We keep that shape without the protobuf
+pickles tensors. We keep that shape without the protobuf
 dependency: a fixed little-endian header, a small JSON ``meta`` dict for the rare
 free-form fields, payload descriptors (dtype code, shape), then the raw array buffers.
 ``encode`` returns the array buffers as zero-copy ``memoryview``s so a transport can

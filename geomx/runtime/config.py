@@ -10,7 +10,7 @@ launcher. Every setting is resolved here, once, with one precedence rule::
 and each resolved value remembers where it came from (``geomx node --print-config``
 shows the table), so a surprising value can be traced to its source.
 
-GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): what GeoMX's and ps-lite's
+GeoMX compatibility: what GeoMX's and ps-lite's
 environment variables mean -- roles, counts, rendezvous addresses, heartbeats, DGT and
 the ``MXNET_*`` switches -- is :mod:`geomx.runtime.dmlc_env`'s (and
 :mod:`geomx.runtime.geomx_switches`'); this module decides where those values rank and

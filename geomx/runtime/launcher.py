@@ -23,6 +23,7 @@ that started it knows.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -635,7 +636,7 @@ def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
                                    "transport": {n: r["transport"] for n, r in results.items()
                                                  if "transport" in r},
                                    **({"dgt": dgt_tally.as_dict()} if dgt_tally.seen else {})})
-    if final.get("accuracy") is not None:
-        summary.final_accuracy = final["accuracy"]
-        summary.final_loss = final.get("loss")
+    if final.get("accuracy") is not None:  # the evaluator's own last evaluation
+        summary = dataclasses.replace(summary, final_accuracy=final["accuracy"],
+                                      final_loss=final.get("loss"))
     return summary

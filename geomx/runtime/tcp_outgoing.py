@@ -2,7 +2,7 @@
 
 ps-lite's ``ZMQVan`` keeps one sender socket per peer (``senders_``), connected on
 demand by ``Van::Connect``, and ``SendMsg`` writes a message's parts onto it. geomx
-keeps that shape and adds what ZeroMQ used to do for it. This module owns
+keeps that shape and does itself what ZeroMQ does for ps-lite. This module owns
 
 * :class:`Outgoing`, one per (peer, reliable channel): the lazy connection (address from
   :mod:`geomx.runtime.membership`, retries with exponential backoff, then a
@@ -44,7 +44,7 @@ from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
 from geomx.runtime.tcp_resume import SendWindow
 from geomx.wire import Kind, Message
 
-# the transport's logger: these messages have always been the TCP transport's
+# the transport's logger: one name to filter for every part of the TCP transport
 log = logging.getLogger("geomx.runtime.tcp")
 
 DEFAULT_SEND_QUEUE_LIMIT_BYTES = 64 * 1024 * 1024

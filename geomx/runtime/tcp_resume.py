@@ -1,8 +1,8 @@
 """Resumable TCP streams: sequence numbers, acknowledgements, resend after a reconnect, dedupe.
 
 A TCP connection that drops (a NAT or firewall forgets it, a middlebox resets it, a WAN
-link blinks) used to take with it the messages still queued on it and the ones in
-flight: the job then failed by request timeout. ps-lite answers this with its
+link blinks) takes with it the messages still queued on it and the ones in flight;
+without more, the job would then fail by request timeout. ps-lite answers this with its
 ``Resender`` (``resender.h``): the sender keeps every message until the receiver
 acknowledges it, resends after a timeout, and the receiver drops what it has seen
 (by a signature of sender, timestamp and command). geomx keeps the idea and fits it to
