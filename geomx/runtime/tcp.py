@@ -8,7 +8,9 @@ and addresses learnt from the scheduler's ``ADD_NODE``). :class:`TcpTransport` h
 the van: it composes
 
 * :mod:`geomx.runtime.tcp_conn` -- one socket's protocol: framing, connection state,
-  write flow control, per-peer counters;
+  write flow control, and the budget of large frames arriving on all of them;
+* :mod:`geomx.runtime.tcp_counters` -- per-peer traffic, dropped messages and stream
+  resumption, which every part reports to;
 * :mod:`geomx.runtime.tcp_outgoing` -- the send queue of each (peer, channel): lazy
   connect with backoff, priority order, back-pressure, batching and shaped pacing;
 * :mod:`geomx.runtime.tcp_handshake` -- hello, shared-secret authentication, refusal;
