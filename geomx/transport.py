@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -26,6 +26,12 @@ class Transport(Protocol):
 
     Guarantees: per (src, dst, channel) order on reliable channels (channel < 8) and
     exactly-once delivery while both ends live. Unreliable channels may drop.
+
+    Besides ``send`` and ``recv``, the contract has three features a transport may
+    decline, each with an answer that says so: ``send_nowait`` (False: use ``send``),
+    ``listen`` (the plain receive loop) and ``receive_into`` (False: the reply arrives
+    as usual). Node code calls them unconditionally; :class:`TransportDefaults` gives a
+    transport that has only ``send`` and ``recv`` the declining answers.
     """
 
     name: str
@@ -38,12 +44,29 @@ class Transport(Protocol):
         """The next message addressed to this node."""
         ...
 
-    # Optional: ``send_nowait(msg) -> bool`` hands a message over without waiting when
-    # that is possible right now (False: use ``send``). Nodes use it to skip their outbox
-    # task when nothing is queued for the destination; order is preserved either way.
-    # Optional: ``async listen(handler)`` calls ``handler(msg)`` for every message, in the
-    # order and at the loop positions a ``while True: handler(await recv())`` task would,
-    # until cancelled; ``Node`` uses it instead of that loop when present (the emulator).
+    def send_nowait(self, msg: Message) -> bool:
+        """Hand ``msg`` over now if that is possible without waiting; False leaves it to
+        ``send``, and nothing has happened. Nodes use it to skip their outbox task when
+        nothing is queued for the destination; order is preserved either way."""
+        ...
+
+    async def listen(self, handler: Callable[[Message], None]) -> None:
+        """Call ``handler(msg)`` for every message, in the order and at the loop positions
+        a ``while True: handler(await recv())`` task would, until cancelled (or until
+        ``handler`` raises or the transport closes: then it raises what that loop would
+        have). ``recv`` is not used meanwhile."""
+        ...
+
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> bool:
+        """Offer ``sink`` (a writable C-contiguous array) for the reply to ``request_id``
+        from ``peer``: a reply that is one dense payload of exactly its dtype and size is
+        then read straight into it. True: taken, and ``forget_receive(request_id)`` must
+        follow once the request is over; False: declined, the reply arrives as usual."""
+        ...
+
+    def forget_receive(self, request_id: int) -> None:
+        """The request a :meth:`receive_into` was taken for is over."""
+        ...
 
     def set_address_book(self, book: dict[str, str]) -> None:
         """Learn peers' addresses ("host:port"); the emulator ignores it."""
@@ -55,6 +78,27 @@ class Transport(Protocol):
 
     async def close(self) -> None:
         ...
+
+
+class TransportDefaults:
+    """The declining answers to :class:`Transport`'s optional features, for a transport
+    (a test's stand-in, a wrapper) that implements only ``send`` and ``recv``."""
+
+    def send_nowait(self, msg: Message) -> bool:
+        """Never possible here: every message goes through ``send``."""
+        return False
+
+    async def listen(self, handler: Callable[[Message], None]) -> None:
+        """The plain receive loop the contract describes."""
+        while True:
+            handler(await self.recv())  # type: ignore[attr-defined]
+
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> bool:
+        """Declined: replies arrive as messages with buffers of their own."""
+        return False
+
+    def forget_receive(self, request_id: int) -> None:
+        """Nothing was taken."""
 
 
 class NodeServices(Protocol):

@@ -1,7 +1,7 @@
 """Messages: the one on-the-wire format of geomx, shared by every role and both runtimes.
 
 Why a custom binary format: ps-lite sends a protobuf meta plus raw data frames and never
-pickles tensors (geomx-behaviour.md §1.5). We keep that shape without the protobuf
+pickles tensors. We keep that shape without the protobuf
 dependency: a fixed little-endian header, a small JSON ``meta`` dict for the rare
 free-form fields, payload descriptors (dtype code, shape), then the raw array buffers.
 ``encode`` returns the array buffers as zero-copy ``memoryview``s so a transport can
@@ -150,19 +150,6 @@ class Payload:
         self.owned = owned
 
     @classmethod
-    def _checked(cls, dtype: str, shape: tuple[int, ...], data: np.ndarray | None,
-                 nbytes: int, owned: bool) -> "Payload":
-        """A payload whose fields the caller (:func:`decode`, :meth:`of`) has already
-        checked and computed: no second normalisation of the shape, no second product."""
-        p = cls.__new__(cls)
-        p.dtype = dtype
-        p.shape = shape
-        p.data = data
-        p.nbytes = nbytes
-        p.owned = owned
-        return p
-
-    @classmethod
     def of(cls, array: np.ndarray) -> "Payload":
         """Wrap a numpy array (made C-contiguous little-endian if it is not)."""
         a = np.asarray(array)
@@ -170,7 +157,7 @@ class Payload:
         dt = normalize_dtype(s)  # (a str: normalize_dtype's cache knows it)
         if s != dt or not a.flags.c_contiguous:
             a = np.ascontiguousarray(a, dtype=dt)
-        return cls._checked(dt, a.shape, a, a.nbytes, False)
+        return _checked_payload(dt, a.shape, a, a.nbytes, False)
 
     @classmethod
     def phantom(cls, shape: tuple[int, ...] | int, dtype: Any = "<f4") -> "Payload":
@@ -196,6 +183,19 @@ class Payload:
     def __repr__(self) -> str:
         tag = "phantom" if self.data is None else "data"
         return f"Payload({self.dtype}, {self.shape}, {tag})"
+
+
+def _checked_payload(dtype: str, shape: tuple[int, ...], data: np.ndarray | None,
+                     nbytes: int, owned: bool) -> Payload:
+    """A payload whose fields the caller (:func:`decode`, :meth:`Payload.of`) has already
+    checked and computed: no second normalisation of the shape, no second product."""
+    p = Payload.__new__(Payload)
+    p.dtype = dtype
+    p.shape = shape
+    p.data = data
+    p.nbytes = nbytes
+    p.owned = owned
+    return p
 
 
 @dataclass(slots=True)
@@ -429,6 +429,10 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
     payload was received straight into this array (see :func:`peek_single_payload`);
     ``buf`` holds the rest, and the payload is a view of ``external`` (owned: the
     receiver named that buffer for this message).
+
+    The frame is read in the order of its layout: header, names, meta, then either a
+    batch's messages, the one 1-D payload of the common message, or the payload
+    descriptors followed by the payloads' bytes.
     """
     mv = memoryview(buf).cast("B")
     n = mv.nbytes
@@ -440,6 +444,31 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         raise WireError(f"truncated frame: {n} bytes, header needs {_HEADER.size}")
     (magic, version, kind, channel, n_payloads, _flags, src_len, dst_len, meta_len,
      key, part, ver, request_id, priority) = _HEADER.unpack_from(mv, 0)
+    kind_ = _checked_kind(magic, version, kind, n_payloads, meta_len)
+    off = _HEADER.size
+    end = off + src_len + dst_len + meta_len
+    if end > n:
+        raise WireError("truncated frame: names/meta run past the end")
+    src, dst = _decode_names(mv[off:off + src_len + dst_len].tobytes(), src_len)
+    meta: dict[str, Any] = _decode_meta(mv[off + src_len + dst_len:end]) if meta_len else {}
+    off = end
+    if kind_ is _BATCH:
+        return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
+                             max_bytes, copy, owned)
+    if n_payloads == 1 and external is None and off + _DESC_1D.size <= n:
+        single = _decode_single_1d(mv, off, copy, owned)
+        if single is not None:
+            return Message(kind_, src, dst, key, part, ver, request_id, priority, channel,
+                           meta, [single])
+    descs, off = _decode_descriptors(mv, off, n_payloads)
+    payloads = _decode_payloads(mv, off, descs, copy, owned, external)
+    return Message(kind_, src, dst, key, part, ver, request_id, priority, channel, meta,
+                   payloads)
+
+
+def _checked_kind(magic: bytes, version: int, kind: int, n_payloads: int,
+                  meta_len: int) -> Kind:
+    """The header's message kind, once its magic, version and counts are valid."""
     if magic != MAGIC:
         raise WireError(f"bad magic {bytes(magic)!r}")
     if version != WIRE_VERSION:
@@ -451,53 +480,59 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         raise WireError(f"too many payloads: {n_payloads}")
     if meta_len > MAX_META_BYTES:
         raise WireError(f"meta of {meta_len} bytes exceeds {MAX_META_BYTES}")
-    off = _HEADER.size
-    end = off + src_len + dst_len + meta_len
-    if end > n:
-        raise WireError("truncated frame: names/meta run past the end")
-    names = mv[off:off + src_len + dst_len].tobytes()
+    return kind_
+
+
+def _decode_names(names: bytes, src_len: int) -> tuple[str, str]:
+    """``(src, dst)`` from the names' bytes, remembered for the next frame of the pair."""
     known = _NAMES_OF.get(names)
     if known is not None and known[0] == src_len:
-        _, src, dst = known
-    else:
-        try:
-            src = str(names[:src_len], "utf-8")
-            dst = str(names[src_len:], "utf-8")
-        except UnicodeDecodeError as e:
-            raise WireError(f"node name is not UTF-8: {e}") from None
-        if len(_NAMES_OF) < 4096 and len(names) <= 128:
-            # (a job has few name pairs, all short; strangers must not grow it: ~1 MB at most)
-            _NAMES_OF[names] = (src_len, src, dst)
-    meta: dict[str, Any] = {}
-    if meta_len:
-        try:
-            meta = json.loads(bytes(mv[off + src_len + dst_len:end]))
-        except (ValueError, RecursionError) as e:
-            raise WireError(f"meta is not valid JSON: {e}") from None
-        if not isinstance(meta, dict):
-            raise WireError("meta must be a JSON object")
-    off = end
-    if kind_ is _BATCH:
-        return _decode_batch(mv, off, key, src, dst, channel, priority, meta_len, n_payloads,
-                             max_bytes, copy, owned)
-    if n_payloads == 1 and external is None and off + _DESC_1D.size <= n:
-        # the common message (a push, a pull reply): one 1-D array, read in one unpack
-        code, ndim, phantom, dim = _DESC_1D.unpack_from(mv, off)
-        dt = _CODE_DTYPES.get(code)
-        if ndim == 1 and dt is not None and dim >= 0 and not phantom:
-            off += _DESC_1D.size
-            size = _ITEMSIZE[dt] * dim
-            if size > n - off:
-                raise WireError(f"truncated frame: payload 0 needs {size} bytes, "
-                                f"{n - off} left")
-            if size < n - off:
-                raise WireError(f"{n - off - size} trailing bytes after the last payload")
-            arr = np.frombuffer(mv[off:], dtype=dt)
-            if copy:
-                arr = arr.copy()
-            return Message(kind_, src, dst, key, part, ver, request_id, priority, channel,
-                           meta, [Payload._checked(dt, (dim,), arr, size,
-                                                   copy or (owned and not mv.readonly))])
+        return known[1], known[2]
+    try:
+        src = str(names[:src_len], "utf-8")
+        dst = str(names[src_len:], "utf-8")
+    except UnicodeDecodeError as e:
+        raise WireError(f"node name is not UTF-8: {e}") from None
+    if len(_NAMES_OF) < 4096 and len(names) <= 128:
+        # (a job has few name pairs, all short; strangers must not grow it: ~1 MB at most)
+        _NAMES_OF[names] = (src_len, src, dst)
+    return src, dst
+
+
+def _decode_meta(raw: memoryview) -> dict[str, Any]:
+    try:
+        meta = json.loads(bytes(raw))
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"meta is not valid JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise WireError("meta must be a JSON object")
+    return meta
+
+
+def _decode_single_1d(mv: memoryview, off: int, copy: bool, owned: bool) -> Payload | None:
+    """The common message's payload (a push, a pull reply: one 1-D array), read with one
+    unpack; None when the one payload is of another form (the general path reads it)."""
+    n = mv.nbytes
+    code, ndim, phantom, dim = _DESC_1D.unpack_from(mv, off)
+    dt = _CODE_DTYPES.get(code)
+    if ndim != 1 or dt is None or dim < 0 or phantom:
+        return None
+    off += _DESC_1D.size
+    size = _ITEMSIZE[dt] * dim
+    if size > n - off:
+        raise WireError(f"truncated frame: payload 0 needs {size} bytes, {n - off} left")
+    if size < n - off:
+        raise WireError(f"{n - off - size} trailing bytes after the last payload")
+    arr = np.frombuffer(mv[off:], dtype=dt)
+    if copy:
+        arr = arr.copy()
+    return _checked_payload(dt, (dim,), arr, size, copy or (owned and not mv.readonly))
+
+
+def _decode_descriptors(mv: memoryview, off: int, n_payloads: int
+                        ) -> tuple[list[tuple[str, tuple[int, ...], bool]], int]:
+    """Every payload's ``(dtype, shape, phantom)``, and the offset of the first's bytes."""
+    n = mv.nbytes
     descs: list[tuple[str, tuple[int, ...], bool]] = []
     for i in range(n_payloads):
         if off + _DESC.size > n:
@@ -517,6 +552,15 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
         if shape and min(shape) < 0:
             raise WireError(f"payload {i}: negative dimension in {shape}")
         descs.append((_CODE_DTYPES[code], shape, bool(phantom)))
+    return descs, off
+
+
+def _decode_payloads(mv: memoryview, off: int,
+                     descs: list[tuple[str, tuple[int, ...], bool]], copy: bool, owned: bool,
+                     external: np.ndarray | None) -> list[Payload]:
+    """The payloads ``descs`` describe, from their bytes at ``off`` on (the last one from
+    ``external`` when it was received there); the frame must end with them."""
+    n = mv.nbytes
     payloads: list[Payload] = []
     # arrays over ``buf`` are writable exactly when it is (asked once, not per array)
     keep = (copy or owned) and not mv.readonly
@@ -541,14 +585,13 @@ def decode(buf: bytes | bytearray | memoryview, *, max_bytes: int = DEFAULT_MAX_
             arr = arr.reshape(shape)
         if copy:
             arr = arr.copy()
-        payloads.append(Payload._checked(dt, shape, arr, size, copy or keep))
+        payloads.append(_checked_payload(dt, shape, arr, size, copy or keep))
         off += size
     if off != n:
         raise WireError(f"{n - off} trailing bytes after the last payload")
     if external is not None:
         raise WireError("the message has no payload for its separately received data")
-    return Message(kind_, src, dst, key, part, ver, request_id, priority, channel, meta,
-                   payloads)
+    return payloads
 
 
 def _decode_batch(mv: memoryview, off: int, count: int, src: str, dst: str, channel: int,

@@ -22,6 +22,18 @@ PROGRAM = "geomx.algorithms.program:main"
 
 
 class _Parser(argparse.ArgumentParser):
+    """An algorithm's options: errors raise, and the option names are kept for them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        #: every option string added, in order ("--clusters", ...)
+        self.option_names: list[str] = []
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.option_names.extend(action.option_strings)
+        return action
+
     def error(self, message: str) -> None:  # no SystemExit from inside a node
         raise AlgorithmError(message)
 
@@ -32,7 +44,7 @@ def parse_options(name: str, args: list[str] | tuple[str, ...]) -> argparse.Name
     mod = algorithm_module(name)
     p = _Parser(prog=name, add_help=False, allow_abbrev=False)
     mod.add_options(p)
-    allowed = ", ".join(sorted(o for a in p._actions for o in a.option_strings)) or "none"
+    allowed = ", ".join(sorted(p.option_names)) or "none"
     try:
         opts, rest = p.parse_known_args(list(args))
     except AlgorithmError as e:

@@ -87,7 +87,7 @@ class Node:
         #: is its own): passed on to every scheduler so the whole job stops in seconds
         self.failed_node: str = ""
         self.failed_reason: str = ""
-        self._send_nowait = getattr(transport, "send_nowait", None)
+        self._send_nowait = transport.send_nowait
         #: while a BATCH's requests are dispatched: the peer it came from and the replies
         #: its handlers gave at once (they go back as one BATCH)
         self._collect_dst: str | None = None
@@ -164,8 +164,7 @@ class Node:
             self._collected.append(msg)
             return
         q = self._outboxes.get(dst)
-        if self._send_nowait is not None and (q is None or q.empty()) \
-                and not self._sending.get(dst):
+        if (q is None or q.empty()) and not self._sending.get(dst):
             # nothing queued or in flight for this peer: hand it over directly (same order)
             if self._send_nowait(msg):
                 self.services.count_bytes(msg)
@@ -181,15 +180,15 @@ class Node:
         """Send ``msg`` with a fresh request id and wait for its reply.
 
         ``sink``: an array the reply's one dense payload may be received straight into,
-        when the transport can (the TCP transport's ``receive_into``); the reply's payload
-        is then a view of ``sink``.
+        when the transport takes it (``Transport.receive_into``); the reply's payload is
+        then a view of ``sink``.
 
         ``timeout_s=None`` applies the node's ``request_timeout_s``: past it the node fails
         with a :class:`NodeFailure` naming the peer and the request (a reply that cannot
         come must not hang the job). An explicit ``timeout_s`` raises
         :class:`asyncio.TimeoutError` to the caller instead; ``math.inf`` waits forever.
         """
-        fut, into = self._open_request(msg, sink)
+        fut, into = self.open_request(msg, sink)
         rid = msg.request_id
         self.post(msg)
         bound = timeout_s
@@ -199,7 +198,7 @@ class Node:
         if bound is not None and bound != math.inf:
             # a timer that fails the future, rather than asyncio.wait_for: the reply then
             # wakes this task directly, one loop turn sooner and two callbacks fewer
-            timer = asyncio.get_running_loop().call_later(bound, _time_out, fut)
+            timer = asyncio.get_running_loop().call_later(bound, expire_reply, fut)
         try:
             try:
                 reply = await fut
@@ -210,16 +209,17 @@ class Node:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._close_request(rid, into)
+            self.close_request(rid, into)
         if reply.kind == _ERROR:
             raise refused(msg, reply)
         return reply
 
-    def _open_request(self, msg: Message, sink: Any) -> tuple[asyncio.Future[Message], bool]:
+    def open_request(self, msg: Message, sink: Any) -> tuple[asyncio.Future[Message], bool]:
         """Give ``msg`` a fresh request id and register the future its reply resolves, its
         copy to resend to a server's successor, and ``sink`` for a dense reply when the
-        transport can receive into it (whether it can is the second value);
-        :meth:`_close_request` undoes it. (:meth:`request` and geomx/node/calls.py.)"""
+        transport takes it (whether it did is the second value); :meth:`close_request`
+        undoes it. :meth:`request` is built on it, and so are the task-less calls of
+        geomx/node/calls.py."""
         rid = self._next_request_id
         self._next_request_id += 1
         msg.request_id = rid
@@ -227,12 +227,11 @@ class Node:
         self._pending[rid] = fut
         if msg.dst in self.replaceable_peers:
             self._resendable[rid] = msg
-        into = None if sink is None else getattr(self.transport, "receive_into", None)
-        if into is not None:
-            into(msg.dst, rid, sink)
-        return fut, into is not None
+        into = sink is not None and self.transport.receive_into(msg.dst, rid, sink)
+        return fut, into
 
-    def _close_request(self, rid: int, into: bool) -> None:
+    def close_request(self, rid: int, into: bool) -> None:
+        """The request ``rid`` is over (answered, failed or abandoned): forget it."""
         self._pending.pop(rid, None)
         self._resendable.pop(rid, None)
         if into:
@@ -250,7 +249,7 @@ class Node:
             by_dst.setdefault(m.dst, []).append(m)
         if all(len(group) == 1 for group in by_dst.values()):
             return list(await asyncio.gather(*(self.request(m) for m in msgs)))
-        futs = [self._open_request(m, None)[0] for m in msgs]
+        futs = [self.open_request(m, None)[0] for m in msgs]
         for dst, group in by_dst.items():
             self.post(group[0] if len(group) == 1 else
                       Message(Kind.BATCH, self.name, dst, priority=max(m.priority for m in group),
@@ -266,7 +265,7 @@ class Node:
                 replies = await asyncio.gather(*futs)
         finally:
             for m in msgs:
-                self._close_request(m.request_id, False)
+                self.close_request(m.request_id, False)
         for m, reply in zip(msgs, replies):
             if reply.kind == Kind.ERROR:
                 raise refused(m, reply)
@@ -287,10 +286,31 @@ class Node:
         if task.cancelled():
             return
         exc = task.exception()
-        if exc is not None and not _caused_by_stop(exc) and self.failure is None:
-            self.failure = exc
+        if exc is not None and self.set_failure(exc):
             log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
             self.stop()
+
+    def set_failure(self, exc: BaseException) -> bool:
+        """Make ``exc`` the failure this node stops with, unless it is the node stopping
+        (:func:`caused_by_stop`) or the node has already failed; whether it did. The
+        caller logs it and stops the node."""
+        if caused_by_stop(exc) or self.failure is not None:
+            return False
+        self.failure = exc
+        return True
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this node runs in (the running loop, before :meth:`run` starts)."""
+        return self._loop or asyncio.get_running_loop()
+
+    def track_call(self, call: asyncio.Future[Any]) -> None:
+        """``call`` is a request in flight as a future, not a task (geomx/node/calls.py):
+        cancelled with the node's tasks when the node stops, unless :meth:`untrack_call`
+        says it is over first."""
+        self._calls.add(call)
+
+    def untrack_call(self, call: asyncio.Future[Any]) -> None:
+        self._calls.discard(call)
 
     def reply_error(self, msg: Message, reason: str) -> None:
         """Answer a bad request with ERROR (and log it) instead of crashing."""
@@ -335,15 +355,10 @@ class Node:
                 msg = None
 
     async def _recv_loop(self) -> None:
-        listen = getattr(self.transport, "listen", None)
-        if listen is not None:
-            # a transport that can call dispatch itself, exactly where this loop would
-            # have (the emulator's): no task switch per wake-up
-            await listen(self.dispatch)
-            return
-        while True:
-            msg = await self.transport.recv()
-            self.dispatch(msg)
+        # the transport calls dispatch where a ``dispatch(await recv())`` loop would
+        # (Transport.listen); the emulator's and the TCP transport's do it with no task
+        # switch per wake-up
+        await self.transport.listen(self.dispatch)
 
     def dispatch(self, msg: Message) -> None:
         kind = msg.kind
@@ -542,7 +557,7 @@ class Node:
             raise self.failure
 
 
-def _caused_by_stop(exc: BaseException) -> bool:
+def caused_by_stop(exc: BaseException) -> bool:
     """Whether ``exc`` is the node being stopped, directly or through what it caused (a
     kvstore call failing because its node was stopped is not a second failure to log
     with a traceback)."""
@@ -568,7 +583,7 @@ def refused(msg: Message, reply: Message) -> RemoteError:
                        f"{reply.meta.get('reason', '?')}")
 
 
-def _time_out(fut: asyncio.Future[Any]) -> None:
+def expire_reply(fut: asyncio.Future[Any]) -> None:
     """A request's timer: fail its reply future (a reply that came first wins)."""
     if not fut.done():
         fut.set_exception(asyncio.TimeoutError())

@@ -1,13 +1,14 @@
 """One request as a future and callbacks, not a task: the kvstore's per-key push and pull.
 
-``kv.push(key, value)`` used to spawn a task that built the message, awaited
-:meth:`~geomx.node.base.Node.request` and learnt from the reply. A task costs the loop a
+``kv.push(key, value)`` could be a task that builds the message, awaits
+:meth:`~geomx.node.base.Node.request` and learns from the reply. A task costs the loop a
 first step, a wake-up and a done callback per call, plus a coroutine frame; for a program
 that pushes and pulls thousands of small keys (MXNet-style per-key calls) that is most of
 the per-message work. :func:`request_soon` does the same with one call_soon'd start and the
 reply future's callback, in the same places of the loop's ready queue as the task's first
 step and its wake-up, so the emulator's order of events (and hence every emulated time) is
-what the task gave.
+what the task would give. It uses the node's public request API (``open_request``,
+``close_request``, ``track_call``, ``set_failure``), as :meth:`Node.request` does.
 
 Failures follow :meth:`Node.spawn`'s rule: the returned future fails with the error, and
 the node stops with it unless it was caused by the node stopping. Futures still open when
@@ -22,10 +23,12 @@ import logging
 import math
 from typing import Any, Callable
 
-from geomx.node.base import _ERROR, Node, _caused_by_stop, _time_out, no_reply, refused
-from geomx.wire import Message
+from geomx.node.base import Node, expire_reply, no_reply, refused
+from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
+
+_ERROR = Kind.ERROR  # (a module global reads faster than the enum's attribute)
 
 #: builds the request when the call starts: the message and an array its reply's dense
 #: payload may be received into (or None)
@@ -42,9 +45,9 @@ def request_soon(node: Node, start: Start, then: Callable[[Message], Any], *,
     ``after``: a call this one must follow (this worker's previous call on the key); its
     failure fails this one with ``after_failed(exc)``.
     """
-    loop = node._loop or asyncio.get_running_loop()
+    loop = node.event_loop()
     done = loop.create_future()
-    node._calls.add(done)
+    node.track_call(done)
     # the task's first step would run on the next turn: so does this start
     loop.call_soon(_first_step, node, start, then, done, after, after_failed)
     return done
@@ -103,17 +106,16 @@ def _send(node: Node, start: Start, then: Callable[[Message], Any],
     except BaseException as e:  # (as a task's exception would be)
         _fail(node, done, e)
         return
-    fut, into = node._open_request(msg, sink)
+    fut, into = node.open_request(msg, sink)
     try:
         node.post(msg)
     except BaseException as e:
-        node._close_request(msg.request_id, into)
+        node.close_request(msg.request_id, into)
         _fail(node, done, e)
         return
     timer = None
     if node.request_timeout_s > 0 and node.request_timeout_s != math.inf:
-        timer = (node._loop or asyncio.get_running_loop()).call_later(
-            node.request_timeout_s, _time_out, fut)
+        timer = node.event_loop().call_later(node.request_timeout_s, expire_reply, fut)
     fut.add_done_callback(functools.partial(_replied, node, msg, then, done, timer, into))
 
 
@@ -123,7 +125,7 @@ def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
     """:meth:`Node.request`'s part after its ``await``, then ``then``."""
     if timer is not None:
         timer.cancel()
-    node._close_request(msg.request_id, into)
+    node.close_request(msg.request_id, into)
     if done.done() or _settled_by(node, done, fut, functools.partial(_no_reply, node, msg)):
         return
     reply = fut.result()
@@ -135,21 +137,20 @@ def _replied(node: Node, msg: Message, then: Callable[[Message], Any],
     except BaseException as e:
         _fail(node, done, e)
         return
-    node._calls.discard(done)
+    node.untrack_call(done)
     done.set_result(result)
 
 
 def _cancel(node: Node, done: asyncio.Future[Any]) -> None:
-    node._calls.discard(done)
+    node.untrack_call(done)
     done.cancel()
 
 
 def _fail(node: Node, done: asyncio.Future[Any], exc: BaseException) -> None:
-    """Fail the call, and the node with it (what :meth:`Node._task_done` does for a task)."""
-    node._calls.discard(done)
+    """Fail the call, and the node with it, as the node does when one of its tasks fails."""
+    node.untrack_call(done)
     done.set_exception(exc)
     done.exception()  # retrieved: the node reports it, as it does a task's
-    if not _caused_by_stop(exc) and node.failure is None:
-        node.failure = exc
+    if node.set_failure(exc):
         log.error("%s: request failed: %r", node.name, exc, exc_info=exc)
         node.stop()

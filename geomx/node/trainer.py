@@ -4,7 +4,7 @@ Written only against the kvstore API (``geomx.kv``, implemented in
 :mod:`geomx.node.kvstore`) so it is also the reference for users writing their own
 loop. What a step sends and receives is the sync algorithm's worker side
 (``geomx.sync.policy.make_worker_sync``). For FSA and MixedSync, two modes, as in
-GeoMX's examples (geomx-behaviour.md §2.2):
+GeoMX's examples (docs/algorithms.md):
 
 * a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
   new *weights*;
@@ -141,6 +141,18 @@ class BatchStream:
         self._pos += self.batch_size
         return b
 
+    def position(self) -> dict[str, Any]:
+        """Where the stream is (the epoch's shuffled order, the next index into it and
+        the epoch), for a checkpoint; :meth:`seek` goes back there. The generator's
+        state is saved with ``rng``."""
+        return {"order": self._order, "pos": self._pos, "epoch": self.epoch}
+
+    def seek(self, order: np.ndarray, pos: int, epoch: int) -> None:
+        """Continue from a :meth:`position` (with ``rng`` restored to its state then)."""
+        self._order = order
+        self._pos = int(pos)
+        self.epoch = int(epoch)
+
 
 def iterations_for_epochs(spec: TrainSpec, epochs: float, num_all_workers: int) -> int:
     """Iterations that make ``epochs`` passes over an average worker partition."""
@@ -171,8 +183,8 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     params = initial_params(spec) if spec.phantom else model.params
     node.params = params  # for inspection by tests and notebooks
     await kv.init(list(range(len(params))), params)  # one barrier for all keys
-    # one pull per key, as before list calls became one BATCH per server (issue 16): the
-    # built-in trainer's emulated timings and event logs stay as they were
+    # one pull per key (not one BATCH per server, as a list call would send): the
+    # built-in trainer's emulated timings and event logs are those of per-key pulls
     await asyncio.gather(*(kv.pull(k, out=p) for k, p in enumerate(params)))
 
     sync: Any
@@ -271,8 +283,7 @@ def save_worker(node: Any, saver: NodeCheckpoints, it: int, next_eval: int,
              "sync_states": list(getattr(sync, "states", [])),
              "codec": checkpoint.codec_states(node.lan_codec),
              "stream": None if stream is None else {
-                 "rng": checkpoint.rng_state(stream.rng), "order": stream._order,
-                 "pos": stream._pos, "epoch": stream.epoch}}
+                 "rng": checkpoint.rng_state(stream.rng), **stream.position()}}
     path = saver.save(round_, state, {"t": node.now(), "iteration": it})
     node.record("checkpoint", round=round_, iteration=it, file=path.name)
 
@@ -293,9 +304,7 @@ def restore_worker(node: Any, loaded: Any, params: list[Any], sync: Any,
     saved_stream = state["stream"]
     if stream is not None and saved_stream is not None:
         checkpoint.set_rng_state(stream.rng, saved_stream["rng"])
-        stream._order = saved_stream["order"]
-        stream._pos = int(saved_stream["pos"])
-        stream.epoch = int(saved_stream["epoch"])
+        stream.seek(saved_stream["order"], saved_stream["pos"], saved_stream["epoch"])
     node.record("restore", round=meta["round"], iteration=state["iteration"])
     return (int(state["iteration"]), int(state["next_eval"]), list(state["losses"]),
             dict(state["last_eval"]))

@@ -10,7 +10,7 @@ launcher. Every setting is resolved here, once, with one precedence rule::
 and each resolved value remembers where it came from (``geomx node --print-config``
 shows the table), so a surprising value can be traced to its source.
 
-GeoMX compatibility (geomx-behaviour.md §1.1, §1.4, §5): what GeoMX's and ps-lite's
+GeoMX compatibility: what GeoMX's and ps-lite's
 environment variables mean -- roles, counts, rendezvous addresses, heartbeats, DGT and
 the ``MXNET_*`` switches -- is :mod:`geomx.runtime.dmlc_env`'s (and
 :mod:`geomx.runtime.geomx_switches`'); this module decides where those values rank and
@@ -302,39 +302,18 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
                         now: float | None = None) -> NodeConfig:
     """Resolve one node's settings (CLI > env > file > defaults); ConfigError on bad input.
 
-    Raises :class:`NothingToRun` for a GeoMX process geomx does not need (the central
-    DC's local scheduler).
+    In order: the scenario; who this node is (a name, or a role to place by DC and rank);
+    GeoMX's environment and ``--set`` as scenario overrides; the name and the schedulers'
+    addresses; this node's own address; the run folder and the job clock; secret, TLS
+    and shaping. Raises :class:`NothingToRun` for a GeoMX process geomx does not need (the
+    central DC's local scheduler).
     """
     env = dict(os.environ if env is None else env)
     r = _Resolver(args, env)
     s = r.load_scenario()
+    name, role = _resolve_identity(r, args, env)
 
-    # -- who am I: name, or role (+ dc + rank) --------------------------------------------
-    role = dc = None
-    name = r.pick("name", (args.name, "cli --name"),
-                  (env_value(env, "GEOMX_NODE"), "env GEOMX_NODE"))
-    dmlc_role = None
-    if name is None:
-        role_src = None
-        if args.role is not None:
-            role, role_src = args.role, "cli --role"
-        elif env_value(env, "GEOMX_ROLE") is not None:
-            role, role_src = env_value(env, "GEOMX_ROLE"), "env GEOMX_ROLE"
-        else:
-            dmlc_role = role_from_dmlc(env)
-            if dmlc_role is not None:
-                role, role_src = dmlc_role
-        if role is None:
-            raise ConfigError("which node is this? give --name NAME (e.g. w:party-a:0), or "
-                              "--role/GEOMX_ROLE with --dc and --rank, or GeoMX's DMLC_ROLE / "
-                              "DMLC_ROLE_GLOBAL environment")
-        role = ROLE_ALIASES.get(role, role)
-        if role not in ROLES:
-            raise ConfigError(f"role {role!r} (from {role_src}); allowed: {', '.join(ROLES)} "
-                              f"(or {', '.join(sorted(ROLE_ALIASES))})")
-        r.sources["role"] = role_src
-
-    # -- GeoMX's counts, switches, ... (dmlc_env) become scenario overrides, then --set ----
+    # GeoMX's counts, switches, ... (dmlc_env) become scenario overrides, then --set
     overrides: list[tuple[str, str]] = []
     overrides += env_overrides(env, s, role, name, args.dc)
     overrides += [(o, f"--set {o}") for o in args.overrides]
@@ -356,72 +335,16 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
     r.sources.setdefault("dc", "from the node name")
 
     book = _resolve_book(r, s, name, dc, role, env)
-
-    # -- addresses of this node -------------------------------------------------------------
-    dc_cfg = s.dc(dc)
     is_scheduler = role in ("global_scheduler", "local_scheduler")
-    iface = env_value(env, "DMLC_INTERFACE")
-    host = r.pick("host", (args.host, "cli --host"),
-                  (env_value(env, "GEOMX_HOST"), "env GEOMX_HOST"),
-                  (env_value(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
-    if host is None and iface is not None:
-        host = interface_ipv4(iface)
-        r.sources["host"] = f"env DMLC_INTERFACE ({iface})"
-    if is_scheduler:
-        book_host = book[name].rpartition(":")[0]
-        if host is None:
-            host = book_host
-            r.sources["host"] = "its scheduler address"
-    if host is None:
-        host = dc_cfg.host
-        r.sources["host"] = f"file dc {dc!r} host" if dc_cfg.host != "127.0.0.1" else \
-            "default (dc.host)"
-    host = host.strip("[]")
-    kube = bool_env(env, "DMLC_USE_KUBERNETES")
-    bind = r.pick("bind_host", (args.bind, "cli --bind"),
-                  (env_value(env, "GEOMX_BIND_HOST"), "env GEOMX_BIND_HOST"),
-                  ("0.0.0.0" if kube else None, "env DMLC_USE_KUBERNETES"),
-                  (s.real.bind_host or None, r.scenario_src("real", "bind_host")))
-    if bind is None:
-        bind = book[name].rpartition(":")[0].strip("[]") if is_scheduler else host
-        r.sources["bind_host"] = "the advertised host"
-    if is_scheduler:
-        port = int(book[name].rpartition(":")[2])
-        r.sources["port"] = r.sources.get(f"scheduler {name}", "its scheduler address")
-        given = args.port if args.port is not None else int_env(env, "GEOMX_PORT", 0, 65535)
-        if given not in (None, 0, port):
-            raise ConfigError(f"{name} is a scheduler and listens on its rendezvous port {port}; "
-                              f"--port/GEOMX_PORT = {given} disagrees (set the scheduler address "
-                              "instead)")
-    else:
-        port = r.pick("port", (args.port, "cli --port"),
-                      (int_env(env, "GEOMX_PORT", 0, 65535), "env GEOMX_PORT"),
-                      (int_env(env, "PORT", 0, 65535), "env PORT (ps-lite)"))
-        if port is None:
-            port = 0
-            r.sources["port"] = "default (any free port)"
-
-    # -- run folder, clock ----------------------------------------------------------------------
+    host = _resolve_host(r, s, args, env, name, dc, book if is_scheduler else None)
+    bind = _resolve_bind_host(r, s, args, env, host, book[name] if is_scheduler else None)
+    port = _resolve_port(r, args, env, name, book[name] if is_scheduler else None)
     run_dir = r.pick("run_dir", (args.run_dir, "cli --run-dir"),
                      (env_value(env, "GEOMX_RUN_DIR"), "env GEOMX_RUN_DIR"))
     if run_dir is None:
         run_dir = str(Path(s.run.out_dir) / s.run.name)
         r.sources["run_dir"] = "default (<run.out_dir>/<run.name>)"
-    epoch_env = env_value(env, "GEOMX_START_EPOCH")
-    epoch_val = None
-    if epoch_env is not None:
-        try:
-            epoch_val = float(epoch_env)
-        except ValueError:
-            raise ConfigError(f"GEOMX_START_EPOCH={epoch_env!r}: expected Unix seconds, "
-                              "e.g. 1700000000.5") from None
-    start_epoch = r.pick("start_epoch", (args.start_epoch, "cli --start-epoch"),
-                         (epoch_val, "env GEOMX_START_EPOCH"))
-    if start_epoch is None:
-        start_epoch = time.time() if now is None else now
-        r.sources["start_epoch"] = "default (now)"
-    if not math.isfinite(start_epoch):
-        raise ConfigError(f"start epoch {start_epoch!r} is not a finite number of seconds")
+    start_epoch = _resolve_start_epoch(r, args, env, now)
 
     secret = _resolve_secret(r, s, env)
     tls = _resolve_tls(r, s, env)
@@ -444,6 +367,117 @@ def resolve_node_config(args: NodeArgs, env: Mapping[str, str] | None = None, *,
 
 
 # ------------------------------------------------------------------ pieces of the resolver
+
+def _resolve_identity(r: _Resolver, args: NodeArgs,
+                      env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """Who this node is: ``(name, None)`` when named, else ``(None, role)`` to be placed
+    by DC and rank (``--role``, ``GEOMX_ROLE`` or GeoMX's ``DMLC_ROLE*``)."""
+    name = r.pick("name", (args.name, "cli --name"),
+                  (env_value(env, "GEOMX_NODE"), "env GEOMX_NODE"))
+    if name is not None:
+        return name, None
+    role = role_src = None
+    if args.role is not None:
+        role, role_src = args.role, "cli --role"
+    elif env_value(env, "GEOMX_ROLE") is not None:
+        role, role_src = env_value(env, "GEOMX_ROLE"), "env GEOMX_ROLE"
+    else:
+        dmlc_role = role_from_dmlc(env)
+        if dmlc_role is not None:
+            role, role_src = dmlc_role
+    if role is None:
+        raise ConfigError("which node is this? give --name NAME (e.g. w:party-a:0), or "
+                          "--role/GEOMX_ROLE with --dc and --rank, or GeoMX's DMLC_ROLE / "
+                          "DMLC_ROLE_GLOBAL environment")
+    role = ROLE_ALIASES.get(role, role)
+    if role not in ROLES:
+        raise ConfigError(f"role {role!r} (from {role_src}); allowed: {', '.join(ROLES)} "
+                          f"(or {', '.join(sorted(ROLE_ALIASES))})")
+    r.sources["role"] = role_src  # type: ignore[assignment]
+    return None, role
+
+
+def _resolve_host(r: _Resolver, s: Scenario, args: NodeArgs, env: Mapping[str, str],
+                  name: str, dc: str, book: dict[str, str] | None) -> str:
+    """The host peers reach this node at; ``book`` is given for a scheduler, whose
+    rendezvous address names it."""
+    iface = env_value(env, "DMLC_INTERFACE")
+    host = r.pick("host", (args.host, "cli --host"),
+                  (env_value(env, "GEOMX_HOST"), "env GEOMX_HOST"),
+                  (env_value(env, "DMLC_NODE_HOST"), "env DMLC_NODE_HOST"))
+    if host is None and iface is not None:
+        host = interface_ipv4(iface)
+        r.sources["host"] = f"env DMLC_INTERFACE ({iface})"
+    if book is not None:
+        book_host = book[name].rpartition(":")[0]
+        if host is None:
+            host = book_host
+            r.sources["host"] = "its scheduler address"
+    if host is None:
+        dc_cfg = s.dc(dc)
+        host = dc_cfg.host
+        r.sources["host"] = f"file dc {dc!r} host" if dc_cfg.host != "127.0.0.1" else \
+            "default (dc.host)"
+    return host.strip("[]")
+
+
+def _resolve_bind_host(r: _Resolver, s: Scenario, args: NodeArgs, env: Mapping[str, str],
+                       host: str, scheduler_address: str | None) -> str:
+    """The address this node listens on (its advertised host, unless told otherwise)."""
+    kube = bool_env(env, "DMLC_USE_KUBERNETES")
+    bind = r.pick("bind_host", (args.bind, "cli --bind"),
+                  (env_value(env, "GEOMX_BIND_HOST"), "env GEOMX_BIND_HOST"),
+                  ("0.0.0.0" if kube else None, "env DMLC_USE_KUBERNETES"),
+                  (s.real.bind_host or None, r.scenario_src("real", "bind_host")))
+    if bind is None:
+        bind = (scheduler_address.rpartition(":")[0].strip("[]")
+                if scheduler_address is not None else host)
+        r.sources["bind_host"] = "the advertised host"
+    return bind
+
+
+def _resolve_port(r: _Resolver, args: NodeArgs, env: Mapping[str, str], name: str,
+                  scheduler_address: str | None) -> int:
+    """A scheduler's rendezvous port (a port given otherwise must agree), or the port
+    given, or 0 (any free port)."""
+    if scheduler_address is not None:
+        port = int(scheduler_address.rpartition(":")[2])
+        r.sources["port"] = r.sources.get(f"scheduler {name}", "its scheduler address")
+        given = args.port if args.port is not None else int_env(env, "GEOMX_PORT", 0, 65535)
+        if given not in (None, 0, port):
+            raise ConfigError(f"{name} is a scheduler and listens on its rendezvous port {port}; "
+                              f"--port/GEOMX_PORT = {given} disagrees (set the scheduler address "
+                              "instead)")
+        return port
+    port = r.pick("port", (args.port, "cli --port"),
+                  (int_env(env, "GEOMX_PORT", 0, 65535), "env GEOMX_PORT"),
+                  (int_env(env, "PORT", 0, 65535), "env PORT (ps-lite)"))
+    if port is None:
+        port = 0
+        r.sources["port"] = "default (any free port)"
+    return port
+
+
+def _resolve_start_epoch(r: _Resolver, args: NodeArgs, env: Mapping[str, str],
+                         now: float | None) -> float:
+    """The job clock's zero in Unix seconds (the launcher's, or now)."""
+    epoch_env = env_value(env, "GEOMX_START_EPOCH")
+    epoch_val = None
+    if epoch_env is not None:
+        try:
+            epoch_val = float(epoch_env)
+        except ValueError:
+            raise ConfigError(f"GEOMX_START_EPOCH={epoch_env!r}: expected Unix seconds, "
+                              "e.g. 1700000000.5") from None
+    start_epoch = r.pick("start_epoch", (args.start_epoch, "cli --start-epoch"),
+                         (epoch_val, "env GEOMX_START_EPOCH"))
+    if start_epoch is None:
+        start_epoch = time.time() if now is None else now
+        r.sources["start_epoch"] = "default (now)"
+    if not math.isfinite(start_epoch):
+        raise ConfigError(f"start epoch {start_epoch!r} is not a finite number of seconds")
+    return start_epoch
+
 
 def _resolve_dc(r: _Resolver, s: Scenario, role: str, env: Mapping[str, str]) -> str:
     names = [d.name for d in s.dcs]

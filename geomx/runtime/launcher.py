@@ -23,6 +23,7 @@ that started it knows.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -342,86 +343,38 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
 def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Path,
                wall0: float, progress: bool, timeout_s: float | None,
                relaunch: Callable[[str], subprocess.Popen] | None = None) -> str | None:
-    """Follow the job until every process has exited; the failure text, or None."""
+    """Follow the job until every process has exited; the failure text, or None.
+
+    Every 0.1 s: inject the crash faults now due and start again the crashed servers
+    whose downtime is over (:class:`_Watch`); tell the others of a death the job may
+    survive; on the first other death, tell every node to stop and give them ``grace_s``
+    to exit by themselves naming it (stragglers are then killed); past the time limit,
+    fail the job.
+    """
     procs = {n: c.proc for n, c in children.items()}
-    logs = run_dir / "logs"
     limit = timeout_s or (s.run.max_wall_time_s + 120 if s.run.max_wall_time_s > 0
                           else DEFAULT_JOB_TIMEOUT_S)
     evaluator_events = run_dir / "nodes" / f"{safe_name(plan.train.evaluator)}.events.jsonl"
     bar = ProgressBar(plan.train.iterations, enabled=progress, time_label="wall")
     seen = 0
     failure: str | None = None
-    # crashes are the launcher's to inject; link faults are each sender's shaper's
-    faults = sorted((f for f in s.faults if f.kind == "crash"), key=lambda f: f.at_s)
     # After a node dies, the others get this long to notice (heartbeats) and exit on their
     # own, non-zero, naming it; stragglers are then killed.
     hb = s.membership
     grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
     drain_deadline: float | None = None
-    exit_seen: dict[str, float] = {}
-    survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" else set()
-    # servers the job waits for (bounded by membership.server_loss_timeout: then the
-    # schedulers fail it by name)
-    replaceable = plan.job.replaceable_servers()
-    survivable |= replaceable
-    lost: list[str] = []
-    #: (when, node): crashed local servers to start again (a crash fault's duration)
-    restarts: list[tuple[float, str]] = []
+    watch = _Watch.of(s, plan, procs, run_dir, wall0, relaunch)
     try:
         while True:
             now = time.perf_counter()
-            while faults and now - wall0 >= faults[0].at_s:
-                f = faults.pop(0)
-                p = procs[f.node]
-                if p.poll() is None:
-                    note_crash(run_dir, f.node, f.at_s)  # (--resume does not repeat it)
-                    os.killpg(p.pid, signal.SIGKILL)
-                    if f.duration_s > 0 and relaunch is not None and f.node in replaceable:
-                        restarts.append((f.at_s + f.duration_s, f.node))
-                        restarts.sort()
-            while restarts and now - wall0 >= restarts[0][0]:
-                _, name = restarts.pop(0)
-                procs[name].wait()
-                assert relaunch is not None
-                procs[name] = relaunch(name)
-                exit_seen.pop(name, None)
-                print(f"geomx: {name} restarted (takes over its name)", file=sys.stderr,
-                      flush=True)
+            watch.inject_crashes(now)
+            watch.restart_due(now)
             running = {n: p for n, p in procs.items() if p.poll() is None}
-            for n, p in procs.items():
-                if p.returncode is not None and n not in exit_seen:
-                    exit_seen[n] = now
-            bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
-            # a server the job waits for: only a process that was killed (one that exits
-            # by itself has told its schedulers why, and they decide)
-            for n in [n for n in bad if n in survivable
-                      and (n not in replaceable or procs[n].returncode < 0)]:
-                # [membership] on_worker_loss = "continue": its DC goes on without it
-                bad.remove(n)
-                if n not in lost:
-                    _tell(procs, DIED_KEY, n,
-                          f"was killed by signal {-procs[n].returncode}"
-                          if procs[n].returncode < 0
-                          else f"exited with code {procs[n].returncode}")
-                if n not in lost and n in replaceable:
-                    lost.append(n)
-                    print(f"geomx: server {n} died (code {procs[n].returncode}); the job "
-                          f"waits for it up to membership.server_loss_timeout (to bring it "
-                          f"back: its command in {run_dir / 'launch.json'} plus --rejoin)",
-                          file=sys.stderr, flush=True)
-                elif n not in lost:
-                    lost.append(n)
-                    print(f"geomx: worker {n} died (code {procs[n].returncode}); the job "
-                          f"continues without it (to bring it back: its command in "
-                          f"{run_dir / 'launch.json'} plus --rejoin)", file=sys.stderr,
-                          flush=True)
+            bad = watch.deaths_not_survived(now)
             if bad and failure is None:
-                # the first to die; among those seen at once, a killed one before the
-                # ones that exited because they noticed it
-                first = min(bad, key=lambda n: (exit_seen[n], procs[n].returncode >= 0))
-                code = procs[first].returncode
-                how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                failure = f"node {first} {how}:\n{_tail(logs / f'{safe_name(first)}.log')}"
+                first, how = watch.first_death(bad)
+                log_path = run_dir / "logs" / f"{safe_name(first)}.log"
+                failure = f"node {first} {how}:\n{_tail(log_path)}"
                 drain_deadline = now + grace_s
                 _tell(procs, ABORT_KEY, first, how)
             if not running:
@@ -440,20 +393,130 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
         raise
     finally:
         if failure is not None:
-            stragglers = [n for n, p in procs.items() if p.poll() is None]
-            _stop_all(procs)
-            codes = {n: p.returncode for n, p in procs.items()}
-            failure += ("\nexit codes: " + ", ".join(f"{n}={c}" for n, c in codes.items()))
-            if stragglers:
-                failure += f"\nkilled after the grace period: {', '.join(stragglers)}"
-        for p in procs.values():
-            if p.stdin is not None:
-                try:
-                    p.stdin.close()
-                except OSError:
-                    pass
+            failure += _stop_after_failure(procs)
+        _close_stdins(procs)
         bar.close()
     return failure
+
+
+def _how(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
+@dataclass
+class _Watch:
+    """What :func:`_supervise` keeps track of between polls: the crash faults still to
+    inject, crashed servers to start again, when each process was seen gone, and the
+    nodes whose loss the job goes on without."""
+
+    procs: dict[str, subprocess.Popen]
+    run_dir: Path
+    wall0: float
+    relaunch: Callable[[str], subprocess.Popen] | None
+    #: crash faults still to inject, by time (link faults are each sender's shaper's)
+    faults: list[Any]
+    #: servers the job waits for (bounded by membership.server_loss_timeout: then the
+    #: schedulers fail it by name)
+    replaceable: set[str]
+    #: nodes whose death the job may survive: those, and workers under
+    #: [membership] on_worker_loss = "continue"
+    survivable: set[str]
+    exit_seen: dict[str, float] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+    #: (when, node): crashed servers to start again (a crash fault's duration)
+    restarts: list[tuple[float, str]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, s: Scenario, plan: Any, procs: dict[str, subprocess.Popen], run_dir: Path,
+           wall0: float, relaunch: Callable[[str], subprocess.Popen] | None) -> "_Watch":
+        faults = sorted((f for f in s.faults if f.kind == "crash"), key=lambda f: f.at_s)
+        replaceable = plan.job.replaceable_servers()
+        survivable = set(plan.job.all_workers) if plan.job.on_worker_loss == "continue" \
+            else set()
+        return cls(procs, run_dir, wall0, relaunch, faults, replaceable,
+                   survivable | replaceable)
+
+    def inject_crashes(self, now: float) -> None:
+        """Kill the nodes whose crash fault is due (crashes are the launcher's to inject)."""
+        faults = self.faults
+        while faults and now - self.wall0 >= faults[0].at_s:
+            f = faults.pop(0)
+            p = self.procs[f.node]
+            if p.poll() is None:
+                note_crash(self.run_dir, f.node, f.at_s)  # (--resume does not repeat it)
+                os.killpg(p.pid, signal.SIGKILL)
+                if f.duration_s > 0 and self.relaunch is not None \
+                        and f.node in self.replaceable:
+                    self.restarts.append((f.at_s + f.duration_s, f.node))
+                    self.restarts.sort()
+
+    def restart_due(self, now: float) -> None:
+        """Start again the crashed servers whose downtime is over."""
+        restarts = self.restarts
+        while restarts and now - self.wall0 >= restarts[0][0]:
+            _, name = restarts.pop(0)
+            self.procs[name].wait()
+            assert self.relaunch is not None
+            self.procs[name] = self.relaunch(name)
+            self.exit_seen.pop(name, None)
+            print(f"geomx: {name} restarted (takes over its name)", file=sys.stderr,
+                  flush=True)
+
+    def deaths_not_survived(self, now: float) -> list[str]:
+        """The processes that exited non-zero and whose loss the job does not survive;
+        the others' deaths are told to the job (once each)."""
+        procs = self.procs
+        for n, p in procs.items():
+            if p.returncode is not None and n not in self.exit_seen:
+                self.exit_seen[n] = now
+        bad = [n for n, p in procs.items() if p.returncode not in (None, 0)]
+        # a server the job waits for: only a process that was killed (one that exits
+        # by itself has told its schedulers why, and they decide)
+        for n in [n for n in bad if n in self.survivable
+                  and (n not in self.replaceable or procs[n].returncode < 0)]:
+            bad.remove(n)
+            if n not in self.lost:
+                self._survived(n)
+        return bad
+
+    def _survived(self, n: str) -> None:
+        code = self.procs[n].returncode
+        _tell(self.procs, DIED_KEY, n, _how(code))
+        self.lost.append(n)
+        again = f"its command in {self.run_dir / 'launch.json'} plus --rejoin"
+        if n in self.replaceable:
+            print(f"geomx: server {n} died (code {code}); the job waits for it up to "
+                  f"membership.server_loss_timeout (to bring it back: {again})",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"geomx: worker {n} died (code {code}); the job continues without it "
+                  f"(to bring it back: {again})", file=sys.stderr, flush=True)
+
+    def first_death(self, bad: list[str]) -> tuple[str, str]:
+        """The first of ``bad`` to die and how; among those seen at once, a killed one
+        before the ones that exited because they noticed it."""
+        first = min(bad, key=lambda n: (self.exit_seen[n], self.procs[n].returncode >= 0))
+        return first, _how(self.procs[first].returncode)
+
+
+def _stop_after_failure(procs: dict[str, subprocess.Popen]) -> str:
+    """Stop every process still running; what to add to the failure text about them."""
+    stragglers = [n for n, p in procs.items() if p.poll() is None]
+    _stop_all(procs)
+    codes = {n: p.returncode for n, p in procs.items()}
+    text = "\nexit codes: " + ", ".join(f"{n}={c}" for n, c in codes.items())
+    if stragglers:
+        text += f"\nkilled after the grace period: {', '.join(stragglers)}"
+    return text
+
+
+def _close_stdins(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.stdin is not None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
 
 
 #: What the launcher writes on a node's stdin when another node died (node_main reads it).
@@ -573,7 +636,7 @@ def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
                                    "transport": {n: r["transport"] for n, r in results.items()
                                                  if "transport" in r},
                                    **({"dgt": dgt_tally.as_dict()} if dgt_tally.seen else {})})
-    if final.get("accuracy") is not None:
-        summary.final_accuracy = final["accuracy"]
-        summary.final_loss = final.get("loss")
+    if final.get("accuracy") is not None:  # the evaluator's own last evaluation
+        summary = dataclasses.replace(summary, final_accuracy=final["accuracy"],
+                                      final_loss=final.get("loss"))
     return summary

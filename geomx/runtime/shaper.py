@@ -169,10 +169,11 @@ class TokenBucket:
 
     __slots__ = ("rate_Bps", "burst_s", "_finish")
 
-    def __init__(self, rate_Bps: float, burst_bytes: float):
+    def __init__(self, rate_Bps: float, burst_bytes: float, finish_s: float = -math.inf):
         self.rate_Bps = rate_Bps
         self.burst_s = 0.0 if math.isinf(rate_Bps) else burst_bytes / rate_Bps
-        self._finish = -math.inf
+        #: when the bytes paced so far have left the link (``now_s`` time)
+        self._finish = finish_s
 
     def transmit(self, nbytes: int, now: float) -> float:
         """Account ``nbytes``; return the time their last byte has left the link."""
@@ -181,6 +182,11 @@ class TokenBucket:
         start = max(self._finish, now - self.burst_s)
         self._finish = start + nbytes / self.rate_Bps
         return max(self._finish, now)
+
+    def reshaped(self, rate_Bps: float, burst_bytes: float) -> "TokenBucket":
+        """A bucket at a new rate and depth whose bytes already paced keep their place
+        (it starts from this one's finish time)."""
+        return TokenBucket(rate_Bps, burst_bytes, self._finish)
 
 
 #: Where a link stalls for good (a partitioned WAN), bytes are due this far ahead.
@@ -236,10 +242,8 @@ class ShapedLink:
             if len(phase) > 2 and self.budget is not None:
                 self.hops = phase[2]
             if shape != self.shape:
-                finish = self.bucket._finish
                 self.shape = shape
-                self.bucket = TokenBucket(shape.rate_Bps, shape.burst)
-                self.bucket._finish = finish  # what was paced keeps its place
+                self.bucket = self.bucket.reshaped(shape.rate_Bps, shape.burst)
 
     def flow_bucket(self) -> TokenBucket | None:
         """A per-connection bucket for a reliable channel (the Mathis cap), or None."""

@@ -8,7 +8,9 @@ and addresses learnt from the scheduler's ``ADD_NODE``). :class:`TcpTransport` h
 the van: it composes
 
 * :mod:`geomx.runtime.tcp_conn` -- one socket's protocol: framing, connection state,
-  write flow control, per-peer counters;
+  write flow control, and the budget of large frames arriving on all of them;
+* :mod:`geomx.runtime.tcp_counters` -- per-peer traffic, dropped messages and stream
+  resumption, which every part reports to;
 * :mod:`geomx.runtime.tcp_outgoing` -- the send queue of each (peer, channel): lazy
   connect with backoff, priority order, back-pressure, batching and shaped pacing;
 * :mod:`geomx.runtime.tcp_handshake` -- hello, shared-secret authentication, refusal;
@@ -96,7 +98,8 @@ from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, Unkno
                                       parse_address)
 from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.shaper import Shaper
-from geomx.runtime.tcp_conn import CLOSED, HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, PeerCounters
+from geomx.runtime.tcp_conn import HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, FrameBudget
+from geomx.runtime.tcp_counters import TransportCounts
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
                                          MAX_NAME_BYTES, HandshakeRefused, serve_handshake)
 from geomx.runtime.tcp_liveness import DEFAULT_DEAD_AFTER_S
@@ -206,8 +209,8 @@ class TcpTransport:
         self._recv_pool = RecvBufferPool()
         # request id -> (peer, array): replies received straight into the caller's buffer
         self._sinks: dict[int, tuple[str, Any]] = {}
-        self._resume_counts = {"reconnects": 0, "reconnect_failures": 0, "resent_messages": 0,
-                               "resent_bytes": 0, "unacked_dropped": 0, "acks_received": 0}
+        #: traffic per peer, dropped messages, stream resumption (its parts add to it)
+        self._counts = TransportCounts()
         self._members = AddressBook(name, wait_s=address_wait_s, is_closed=lambda: self.closed)
         self.handshake_timeout_s = handshake_timeout_s
         self.closed = False
@@ -219,16 +222,12 @@ class TcpTransport:
         self._server: asyncio.AbstractServer | None = None
         self._out: dict[tuple[str, int], Outgoing] = {}
         self._incoming: set[Conn] = set()
-        self.max_partial_frame_bytes = max_partial_frame_bytes
+        self._frame_budget = FrameBudget(max_partial_frame_bytes)
         self.max_incoming_connections = max_incoming_connections
         self.max_pending_handshakes = max_pending_handshakes
-        self._partial_frame_bytes = 0
-        self._budget_waiters: deque[Conn] = deque()
         self._tasks: set[asyncio.Task] = set()
-        self._peers: dict[str, PeerCounters] = {}
         self._rejects = RejectLog(name, log)
         self._refused = 0
-        self._dropped = 0
         self._udp_inbox_dropped = 0
         self._inbox: deque[tuple[Message, int]] = deque()
         self._inbox_bytes = 0
@@ -268,6 +267,31 @@ class TcpTransport:
             raise OSError(f"{self.name}: cannot bind TCP and UDP on the same port at "
                           f"{self.host}:{self.port}: {last}")
         log.debug("%s: listening on %s", self.name, self.local_address())
+
+    # -- what its connections and send queues share (ConnOwner, OutgoingOwner) ----------
+    @property
+    def rejects(self) -> RejectLog:
+        """Bad frames and refused peers, logged and counted by category."""
+        return self._rejects
+
+    @property
+    def frame_budget(self) -> FrameBudget:
+        """Bytes of large frames held while they arrive, over every incoming connection."""
+        return self._frame_budget
+
+    @property
+    def max_partial_frame_bytes(self) -> int:
+        return self._frame_budget.limit_bytes
+
+    @property
+    def recv_pool(self) -> RecvBufferPool:
+        """Large frames' bodies, reused once the values decoded from them are dropped."""
+        return self._recv_pool
+
+    @property
+    def counts(self) -> TransportCounts:
+        """Traffic per peer, dropped messages and stream resumption, behind ``stats()``."""
+        return self._counts
 
     def local_address(self) -> str:
         """``"host:port"`` that peers should dial (``advertise_host`` if set)."""
@@ -426,9 +450,7 @@ class TcpTransport:
             addr = self._udp_addrs[msg.dst] = infos[0][4][:2]
         link = self.shaper.link(msg.dst) if self.shaper is not None else None
         n = await self._udp.send(msg, addr, link)
-        c = self._counters(msg.dst)
-        c.bytes_sent += n
-        c.msgs_sent += 1
+        self._counts.peer(msg.dst).sent(1, n)
 
     # -- receiving --------------------------------------------------------------------
     async def recv(self) -> Message:
@@ -479,9 +501,10 @@ class TcpTransport:
         self._inbox_bytes += nbytes
         self._inbox_event.set()  # type: ignore[union-attr]
 
-    def _on_message_frame(self, conn: Conn, body: Body) -> None:
-        counters = self._counters(conn.peer)  # type: ignore[arg-type]
-        counters.bytes_received += PREAMBLE_BYTES + len(body)
+    def on_message_frame(self, conn: Conn, body: Body) -> None:
+        """A MESSAGE frame on an open incoming connection: decode it into the inbox."""
+        counters = self._counts.peer(conn.peer)  # type: ignore[arg-type]
+        counters.received_bytes(PREAMBLE_BYTES + len(body))
         msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes,
                              owned=True)  # a fresh body per frame: its arrays are the receiver's
         if msg is None:
@@ -490,26 +513,32 @@ class TcpTransport:
             self._rejects.reject(conn.label, f"message claims src {msg.src!r} but the "
                                  f"connection authenticated as {conn.peer!r}", "src_mismatch")
             return
-        counters.msgs_received += 1
+        counters.received_msgs(1)
         self._deliver(msg, len(body))
         if self._inbox_bytes > self.recv_queue_limit_bytes and conn not in self._paused:
             self._paused.add(conn)
             conn.pause("inbox")
 
     # -- replies received straight into the caller's buffer -----------------------------
-    def receive_into(self, peer: str, request_id: int, sink: Any) -> None:
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> bool:
         """The reply to ``request_id`` from ``peer``, if it is one dense payload of exactly
         ``sink``'s dtype and size (and no meta), is read from the socket straight into
         ``sink`` (a writable C-contiguous array), with no buffer of its own and no copy;
-        any other reply arrives as usual. Call :meth:`forget_receive` once the request
-        is over, whatever happened: until then the sink may be written."""
+        any other reply arrives as usual. Always True (taken): call
+        :meth:`forget_receive` once the request is over, whatever happened; until then
+        the sink may be written."""
         self._sinks[request_id] = (peer, sink)
+        return True
 
     def forget_receive(self, request_id: int) -> None:
+        """The request is over: its sink is no longer written."""
         self._sinks.pop(request_id, None)
 
-    def _route_frame(self, conn: Conn, ftype: int, first: memoryview,
-                     length: int) -> tuple[int, Any] | None:
+    def route_frame(self, conn: Conn, ftype: int, first: memoryview,
+                    length: int) -> tuple[int, Any] | None:
+        """Where the body of a large frame arriving on ``conn`` goes: ``(split, sink)``
+        when it is the awaited reply of a :meth:`receive_into` (its dense payload from
+        ``split`` on is read into ``sink``), else None (a buffer of its own)."""
         if not self._sinks:
             return None
         skip = SEQ_BYTES if ftype == FrameType.SEQ_MESSAGE else 0
@@ -529,11 +558,11 @@ class TcpTransport:
             return None
         return split, sink
 
-    def _on_seq_frame(self, conn: Conn, body: Body, flags: int = 0) -> None:
+    def on_seq_frame(self, conn: Conn, body: Body, flags: int = 0) -> None:
         """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it
         (``SPLIT_BATCH``: the messages of the BATCH the sender made, one by one)."""
-        counters = self._counters(conn.peer)  # type: ignore[arg-type]
-        counters.bytes_received += PREAMBLE_BYTES + len(body)
+        counters = self._counts.peer(conn.peer)  # type: ignore[arg-type]
+        counters.received_bytes(PREAMBLE_BYTES + len(body))
         st = conn.stream
         if len(body) < SEQ_BYTES:
             self._rejects.reject(conn.label, f"SEQ_MESSAGE frame of {len(body)} bytes",
@@ -560,12 +589,12 @@ class TcpTransport:
                 msg = None
             if msg is not None and flags and msg.batch is not None:
                 subs = msg.batch
-                counters.msgs_received += len(subs)
+                counters.received_msgs(len(subs))
                 self._deliver(subs[0], len(body))  # (the inbox counts the frame's bytes once)
                 for sub in subs[1:]:
                     self._deliver(sub, 0)
             elif msg is not None:
-                counters.msgs_received += 1
+                counters.received_msgs(1)
                 self._deliver(msg, len(body))
         self._streams.delivered(st, len(body))
         if self._inbox_bytes > self.recv_queue_limit_bytes and conn not in self._paused:
@@ -577,13 +606,12 @@ class TcpTransport:
             self._udp_inbox_dropped += 1
             log.debug("%s: inbox full, dropped a UDP message from %s", self.name, msg.src)
             return
-        c = self._counters(msg.src)
-        c.bytes_received += nbytes
-        c.msgs_received += 1
+        self._counts.peer(msg.src).received(1, nbytes)
         self._deliver(msg, nbytes)
 
     # -- incoming connections ---------------------------------------------------------
-    def _accepted(self, conn: Conn) -> None:
+    def on_conn_accepted(self, conn: Conn) -> None:
+        """A peer connected: serve its handshake, unless over the connection limits."""
         if self.closed:
             conn.abort()
             return
@@ -612,31 +640,9 @@ class TcpTransport:
     def _count_refused(self) -> None:
         self._refused += 1
 
-    # -- budget of large frames in flight (FrameDecoder's reserve/release) ---------------
-    def _reserve_frame(self, nbytes: int) -> bool:
-        if self._partial_frame_bytes and \
-                self._partial_frame_bytes + nbytes > self.max_partial_frame_bytes:
-            return False
-        self._partial_frame_bytes += nbytes
-        return True
-
-    def _release_frame(self, nbytes: int) -> None:
-        self._partial_frame_bytes -= nbytes
-        while self._budget_waiters:
-            conn = self._budget_waiters[0]
-            if conn.state == CLOSED:
-                self._budget_waiters.popleft()
-                continue
-            conn.decoder.retry()  # may deliver frames, may reserve
-            if conn.decoder.waiting:
-                break  # still no room: first in line keeps its place
-            self._budget_waiters.popleft()
-            conn.unpause("budget")
-
-    def _wait_for_frame_budget(self, conn: Conn) -> None:
-        self._budget_waiters.append(conn)
-
-    def _conn_lost(self, conn: Conn, exc: Exception | None) -> None:
+    def on_conn_lost(self, conn: Conn, exc: Exception | None) -> None:
+        """A connection closed: forget an incoming one (its stream stays for the sender
+        to come back to); an outgoing one's queue dials again or gives up."""
         if conn.incoming:
             self._incoming.discard(conn)
             self._paused.discard(conn)
@@ -647,15 +653,10 @@ class TcpTransport:
             out.fail(exc or ConnectionError("closed by the peer"))
 
     # -- statistics -------------------------------------------------------------------
-    def _counters(self, peer: str) -> PeerCounters:
-        c = self._peers.get(peer)
-        if c is None:
-            c = self._peers[peer] = PeerCounters()
-        return c
-
     def stats(self) -> dict:
         """Counters: per-peer bytes/messages, rejections by reason, queues, UDP, shaper."""
-        peers = {p: c.as_dict() for p, c in sorted(self._peers.items())}
+        counts = self._counts
+        peers = {p: c.as_dict() for p, c in sorted(counts.peers.items())}
         outs = list(self._out.values())
         d = {
             "name": self.name,
@@ -668,8 +669,8 @@ class TcpTransport:
             "rejected_frames": self._rejects.total,
             "rejected": dict(self._rejects.categories),
             "refused_connections": self._refused,
-            "partial_frame_bytes": self._partial_frame_bytes,
-            "dropped_messages": self._dropped,
+            "partial_frame_bytes": self._frame_budget.used_bytes,
+            "dropped_messages": counts.dropped_messages,
             "queued_bytes": sum(o.queued_bytes for o in outs),
             "max_queued_bytes": max((o.peak_queued_bytes for o in outs), default=0),
             "inbox_messages": len(self._inbox),
@@ -678,7 +679,7 @@ class TcpTransport:
             "connections_in": len(self._incoming),
             "udp_inbox_dropped": self._udp_inbox_dropped,
             "streams": {
-                **self._resume_counts,
+                **counts.stream_dict(),
                 "resumed_in": self._streams.resumed,
                 "duplicates_dropped": self._streams.duplicates,
                 "acks_sent": self._streams.acks_sent,

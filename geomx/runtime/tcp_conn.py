@@ -5,8 +5,8 @@ ps-lite's van leaves the socket work to a concrete van (``ZMQVan::SendMsg`` /
 same line. This module owns what happens on *one* socket, in either direction:
 
 * :class:`Conn`, the ``asyncio.BufferedProtocol``: TCP_NODELAY, the dead-peer bound
-  (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight into :class:`~geomx.runtime.framing.FrameDecoder`'s
-  buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
+  (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight
+  into :class:`~geomx.runtime.framing.FrameDecoder`'s buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
   frames queued for :mod:`geomx.runtime.tcp_handshake`, message frames handed to the
   transport only once the connection is open (and only on incoming connections),
   write flow control (``drain``), and bad frames counted in the transport's reject log;
@@ -14,7 +14,9 @@ same line. This module owns what happens on *one* socket, in either direction:
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
   connection did not negotiate are unknown to it, as any other);
-* :class:`PeerCounters`, the per-peer byte and message counters behind ``stats()``.
+* :class:`FrameBudget`, the bytes of large frames' bodies held while they arrive, shared
+  by every incoming connection of a transport: a frame that would go past it waits, its
+  connection not reading, until another frame completes.
 
 It does not know what a handshake says (:mod:`~geomx.runtime.tcp_handshake`), how
 messages are queued and batched (:mod:`~geomx.runtime.tcp_outgoing`) or where peers
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
                                    SEQ, SEQ_BYTES, Body, FrameDecoder, FrameType,
                                    SPLIT_BATCH, FramingError, RejectLog)
+from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.tcp_liveness import apply_dead_after
 
 #: The asyncio transport's write-buffer high-water mark (``drain`` waits above it).
@@ -44,38 +47,81 @@ PRE_HANDSHAKE_SCRATCH_BYTES = 8192
 HANDSHAKE, OPEN, CLOSED = 0, 1, 2
 
 
+class FrameBudget:
+    """Bytes of large frames' bodies held while they arrive, summed over the incoming
+    connections of one transport (the reserve/release of their
+    :class:`~geomx.runtime.framing.FrameDecoder`).
+
+    A frame that would go past ``limit_bytes`` is refused; its connection stops reading
+    and waits in line (:meth:`wait`) until a release makes room. One frame alone is
+    always admitted, so no message is too big ever to arrive.
+    """
+
+    __slots__ = ("limit_bytes", "_used_bytes", "_waiters")
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+        self._used_bytes = 0
+        self._waiters: deque[Conn] = deque()
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes reserved by frames still arriving."""
+        return self._used_bytes
+
+    def reserve(self, nbytes: int) -> bool:
+        if self._used_bytes and self._used_bytes + nbytes > self.limit_bytes:
+            return False
+        self._used_bytes += nbytes
+        return True
+
+    def release(self, nbytes: int) -> None:
+        """A frame completed (or was abandoned): connections waiting in line try again,
+        first come first served; the first that still finds no room keeps its place."""
+        self._used_bytes -= nbytes
+        waiters = self._waiters
+        while waiters:
+            conn = waiters[0]
+            if conn.state == CLOSED:
+                waiters.popleft()
+                continue
+            conn.decoder.retry()  # may deliver frames, may reserve
+            if conn.decoder.waiting:
+                break
+            waiters.popleft()
+            conn.unpause("budget")
+
+    def wait(self, conn: "Conn") -> None:
+        """``conn`` has paused reading for a frame the budget refused: retry it later."""
+        self._waiters.append(conn)
+
+
 class ConnOwner(Protocol):
-    """What a :class:`Conn` needs from the transport that owns it."""
+    """What a :class:`Conn` needs from the transport that owns it: its limits, the
+    shared receive resources, and the calls a connection reports its events with."""
 
     max_frame_bytes: int
     dead_after_s: float
-    _rejects: RejectLog
 
-    def _reserve_frame(self, nbytes: int) -> bool: ...
+    @property
+    def rejects(self) -> RejectLog: ...
 
-    def _release_frame(self, nbytes: int) -> None: ...
+    @property
+    def frame_budget(self) -> FrameBudget: ...
 
-    def _wait_for_frame_budget(self, conn: "Conn") -> None: ...
+    @property
+    def recv_pool(self) -> RecvBufferPool: ...
 
-    def _accepted(self, conn: "Conn") -> None: ...
+    def on_conn_accepted(self, conn: "Conn") -> None: ...
 
-    def _on_message_frame(self, conn: "Conn", body: Body) -> None: ...
+    def on_message_frame(self, conn: "Conn", body: Body) -> None: ...
 
-    def _on_seq_frame(self, conn: "Conn", body: Body) -> None: ...
+    def on_seq_frame(self, conn: "Conn", body: Body, flags: int) -> None: ...
 
-    def _conn_lost(self, conn: "Conn", exc: Exception | None) -> None: ...
+    def route_frame(self, conn: "Conn", ftype: int, first: memoryview,
+                    length: int) -> tuple[int, Any] | None: ...
 
-
-class PeerCounters:
-    """Bytes and messages sent to and received from one peer."""
-
-    __slots__ = ("bytes_sent", "bytes_received", "msgs_sent", "msgs_received")
-
-    def __init__(self) -> None:
-        self.bytes_sent = self.bytes_received = self.msgs_sent = self.msgs_received = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in self.__slots__}
+    def on_conn_lost(self, conn: "Conn", exc: Exception | None) -> None: ...
 
 
 class Conn(asyncio.BufferedProtocol):
@@ -99,11 +145,12 @@ class Conn(asyncio.BufferedProtocol):
         # a small scratch until the handshake is done (outgoing connections only ever read
         # handshake frames; an unauthenticated incoming one must cost little), then
         # SCRATCH_BYTES (open); large frames are budgeted by the transport
+        budget = tr.frame_budget
         self.decoder = FrameDecoder(self._on_frame, max_frame_bytes=MAX_CONTROL_FRAME_BYTES,
                                     scratch_bytes=PRE_HANDSHAKE_SCRATCH_BYTES,
-                                    reserve=tr._reserve_frame if incoming else None,
-                                    release=tr._release_frame if incoming else None,
-                                    alloc=tr._recv_pool.take,
+                                    reserve=budget.reserve if incoming else None,
+                                    release=budget.release if incoming else None,
+                                    alloc=tr.recv_pool.take,
                                     route=self._route if incoming else None)
         self._control: deque[tuple[int, Body]] = deque()
         self._control_waiter: asyncio.Future | None = None
@@ -126,7 +173,7 @@ class Conn(asyncio.BufferedProtocol):
         if peername and self.incoming:
             self.label = f"{peername[0]}:{peername[1]}"
         if self.incoming:
-            self.tr._accepted(self)
+            self.tr.on_conn_accepted(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)
@@ -137,12 +184,12 @@ class Conn(asyncio.BufferedProtocol):
         try:
             self.decoder.buffer_updated(nbytes)
         except FramingError as e:
-            self.tr._rejects.reject(self.label, e.reason, e.category)
+            self.tr.rejects.reject(self.label, e.reason, e.category)
             self.abort()
             return
         if self.decoder.waiting and "budget" not in self._pause_reasons:
             self.pause("budget")
-            self.tr._wait_for_frame_budget(self)
+            self.tr.frame_budget.wait(self)
 
     def eof_received(self) -> bool:
         return False
@@ -152,7 +199,7 @@ class Conn(asyncio.BufferedProtocol):
         self.state = CLOSED
         # a resumable stream cut mid-frame is no attack: the sender writes it again
         if not was_aborted and self.stream is None and self.decoder.pending_bytes():
-            self.tr._rejects.reject(self.label, "connection closed mid-frame ("
+            self.tr.rejects.reject(self.label, "connection closed mid-frame ("
                                     + self.decoder.pending_description() + ")", "truncated")
         self.decoder.abandon()  # its large frame's budget goes back to the transport
         err = ConnectionError(f"connection to {self.label} closed"
@@ -162,7 +209,7 @@ class Conn(asyncio.BufferedProtocol):
                 fut.set_exception(err)
         if not self.closed.done():
             self.closed.set_result(None)
-        self.tr._conn_lost(self, exc)
+        self.tr.on_conn_lost(self, exc)
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -220,6 +267,15 @@ class Conn(asyncio.BufferedProtocol):
             self.aborted = True  # a close we asked for: nothing is "truncated"
             self.transport.close()
 
+    def carry_outgoing(self, out: Any) -> None:
+        """This outgoing connection now writes ``out``'s stream (ACK frames go to it)."""
+        self.out = out
+
+    def carry_stream(self, stream: Any) -> None:
+        """This incoming connection now carries the resumable ``stream`` (None: no
+        longer; it was handed to a newer connection)."""
+        self.stream = stream
+
     def open(self, peer: str, channel: int) -> None:
         self.peer = peer
         self.channel = channel
@@ -248,17 +304,17 @@ class Conn(asyncio.BufferedProtocol):
         """Where a large frame's body goes (the transport's receive sinks), or None."""
         if self.state != OPEN:
             return None
-        return self.tr._route_frame(self, ftype, first, length)
+        return self.tr.route_frame(self, ftype, first, length)
 
     def _on_frame(self, ftype: int, flags: int, body: Body) -> None:
         if self.state == CLOSED:
             return
         if ftype == FrameType.SEQ_MESSAGE and self.state == OPEN and self.stream is not None:
             if flags & ~SPLIT_BATCH:
-                self.tr._rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
+                self.tr.rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
                                         "bad_flags")
                 return
-            self.tr._on_seq_frame(self, body, flags)
+            self.tr.on_seq_frame(self, body, flags)
             return
         if ftype == FrameType.ACK and self.state == OPEN and self.out is not None:
             if len(body) != SEQ_BYTES or flags:
@@ -272,14 +328,14 @@ class Conn(asyncio.BufferedProtocol):
         if ftype == FrameType.MESSAGE:
             if self.state == OPEN and self.incoming:
                 if flags:
-                    self.tr._rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
+                    self.tr.rejects.reject(self.label, f"reserved frame flags {flags:#x} set",
                                             "bad_flags")
                     return
                 if self.stream is not None:
-                    self.tr._rejects.reject(self.label, "unsequenced message on a resumable "
+                    self.tr.rejects.reject(self.label, "unsequenced message on a resumable "
                                             "stream", "protocol")
                     return
-                self.tr._on_message_frame(self, body)
+                self.tr.on_message_frame(self, body)
                 return
             where = "before the handshake completed" if self.state != OPEN else \
                 "on an outgoing connection"
@@ -295,6 +351,6 @@ class Conn(asyncio.BufferedProtocol):
             if fut is not None and not fut.done():
                 fut.set_result(None)
             return
-        self.tr._rejects.reject(self.label, f"unknown frame type {ftype} ({len(body)} bytes "
+        self.tr.rejects.reject(self.label, f"unknown frame type {ftype} ({len(body)} bytes "
                                 "skipped)", "unknown_frame_type")
 

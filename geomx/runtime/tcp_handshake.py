@@ -36,7 +36,7 @@ from geomx.runtime.tcp_conn import Conn
 from geomx.runtime.tcp_resume import SESSION_BYTES
 from geomx.wire import UNRELIABLE_BASE
 
-# the transport's logger: these messages have always been the TCP transport's
+# the transport's logger: one name to filter for every part of the TCP transport
 log = logging.getLogger("geomx.runtime.tcp")
 
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0

@@ -2,7 +2,7 @@
 
 ps-lite's ``ZMQVan`` keeps one sender socket per peer (``senders_``), connected on
 demand by ``Van::Connect``, and ``SendMsg`` writes a message's parts onto it. geomx
-keeps that shape and adds what ZeroMQ used to do for it. This module owns
+keeps that shape and does itself what ZeroMQ does for ps-lite. This module owns
 
 * :class:`Outgoing`, one per (peer, reliable channel): the lazy connection (address from
   :mod:`geomx.runtime.membership`, retries with exponential backoff, then a
@@ -21,7 +21,8 @@ keeps that shape and adds what ZeroMQ used to do for it. This module owns
   for the socket in between) and :func:`pieces` (shaped traffic paced in
   ``SHAPED_PIECE_BYTES`` pieces), both zero-copy views of the frames.
 
-The transport (:class:`OutgoingOwner`) provides its settings, counters and addresses.
+The transport (:class:`OutgoingOwner`) provides its settings, addresses and the
+:class:`~geomx.runtime.tcp_counters.TransportCounts` this module reports to.
 """
 
 from __future__ import annotations
@@ -37,12 +38,13 @@ from typing import Protocol
 
 from geomx.runtime.framing import SPLIT_BATCH, sequenced_frames
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
-from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner, PeerCounters
+from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner
+from geomx.runtime.tcp_counters import PeerCounters, TransportCounts
 from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
 from geomx.runtime.tcp_resume import SendWindow
 from geomx.wire import Kind, Message
 
-# the transport's logger: these messages have always been the TCP transport's
+# the transport's logger: one name to filter for every part of the TCP transport
 log = logging.getLogger("geomx.runtime.tcp")
 
 DEFAULT_SEND_QUEUE_LIMIT_BYTES = 64 * 1024 * 1024
@@ -80,12 +82,11 @@ class OutgoingOwner(ConnOwner, Protocol):
     reconnect_timeout_s: float
     handshake_timeout_s: float
     closed: bool
-    _dropped: int
-    _resume_counts: dict[str, int]
+
+    @property
+    def counts(self) -> TransportCounts: ...
 
     async def address_of(self, peer: str) -> tuple[str, int]: ...
-
-    def _counters(self, peer: str) -> PeerCounters: ...
 
 
 def batches(frames: list, size: int) -> Iterator[list]:
@@ -128,6 +129,9 @@ class Outgoing:
         self.tr = tr
         self.peer = peer
         self.channel = channel
+        self.counts = tr.counts
+        #: this peer's traffic counters, looked up with the first message counted
+        self._peer_counts: PeerCounters | None = None
         self.proto: Conn | None = None
         self._connecting: asyncio.Task | None = None
         #: the connection attempt running is a reconnect (senders queue meanwhile)
@@ -264,20 +268,16 @@ class Outgoing:
     def _opened(self, proto: Conn, ack: int, inc: str, took_s: float) -> None:
         """The handshake is done: resume the stream where the receiver is, start writing."""
         tr = self.tr
-        proto.out = self
+        proto.carry_outgoing(self)
         self.proto = proto
         again, dropped, why = self.window.resume(ack, inc)
-        counts = tr._resume_counts
         if dropped:
-            tr._dropped += dropped
-            counts["unacked_dropped"] += dropped
+            self.counts.unacked_lost(dropped)
             log.warning("%s: %s (channel %d): %s; %d unacknowledged message(s) dropped",
                         tr.name, self.peer, self.channel, why, dropped)
         self.connections += 1
         if self.connections > 1:  # eagerly (messages to deliver) or by the next send
-            counts["reconnects"] += 1
-            counts["resent_messages"] += len(again)
-            counts["resent_bytes"] += sum(n for _, _, n in again)
+            self.counts.reconnected(len(again), sum(n for _, _, n in again))
             log.info("%s: reconnected to %s (channel %d) in %.3f s; %d message(s) to write "
                      "again from #%d", tr.name, self.peer, self.channel, took_s, len(again),
                      again[0][0] if again else self.window.next_seq)
@@ -298,8 +298,7 @@ class Outgoing:
                               f"{self.channel}) lost and not re-established: {exc}")
         self._fail_waiters(err)
         self._idle.set()
-        self.tr._dropped += dropped
-        self.tr._resume_counts["reconnect_failures"] += 1
+        self.counts.reconnect_failed(dropped)
         if not self.tr.closed:
             log.warning("%s: gave up reconnecting to %s (channel %d): %s; %d message(s) "
                         "dropped", self.tr.name, self.peer, self.channel, exc, dropped)
@@ -315,8 +314,12 @@ class Outgoing:
         """An ACK frame on ``proto``: the receiver has the stream up to ``seq``."""
         if proto is not self.proto:
             return  # a connection given up on
-        self.tr._resume_counts["acks_received"] += 1
+        self.counts.ack_received()
         self.window.ack(seq)
+
+    def _count_peer(self) -> PeerCounters:
+        c = self._peer_counts = self.counts.peer(self.peer)
+        return c
 
     # -- queue and back-pressure --------------------------------------------------------
     async def reserve(self, nbytes: int) -> None:
@@ -402,9 +405,7 @@ class Outgoing:
         else:
             self._uncork()
             proto.transport.writelines(frames)  # type: ignore[union-attr]
-        counters = self.tr._counters(self.peer)
-        counters.msgs_sent += 1
-        counters.bytes_sent += nbytes
+        (self._peer_counts or self._count_peer()).sent(1, nbytes)
 
     def hold(self, msg: Message, nbytes: int) -> bool:
         """Take small ``msg`` (``nbytes`` its size estimate) for the frame that the turn's
@@ -455,9 +456,7 @@ class Outgoing:
             self.proto.transport.writelines(cork)  # type: ignore[union-attr]
             self._cork = []
             self._cork_bytes = 0
-        counters = self.tr._counters(self.peer)
-        counters.msgs_sent += len(held)
-        counters.bytes_sent += nbytes
+        (self._peer_counts or self._count_peer()).sent(len(held), nbytes)
 
     def _uncork(self) -> None:
         """Write the small messages held since the first of this turn (in order)."""
@@ -529,7 +528,7 @@ class Outgoing:
         return self.proto is not None and self.proto.write_paused
 
     def _written(self, nbytes: int) -> None:
-        self.tr._counters(self.peer).bytes_sent += nbytes
+        (self._peer_counts or self._count_peer()).sent_bytes(nbytes)
         self._release(nbytes)
 
     async def _next(self) -> tuple[list, int]:
@@ -548,7 +547,7 @@ class Outgoing:
                 continue  # a higher priority message may have been queued meanwhile
             _, _, frames, nbytes = heapq.heappop(self.heap)
             self.window.assign(frames, nbytes)
-            self.tr._counters(self.peer).msgs_sent += 1
+            (self._peer_counts or self._count_peer()).sent_msgs(1)
             return frames, nbytes
 
     async def _run(self) -> None:
@@ -559,7 +558,7 @@ class Outgoing:
                 proto = self.proto
                 if proto is None or proto.state != OPEN:
                     raise ConnectionError(f"connection to {self.peer!r} lost")
-                counters = self.tr._counters(self.peer)
+                counters = self._peer_counts or self._count_peer()
                 if self.link is None:
                     if nbytes <= WRITE_BATCH_BYTES:
                         proto.transport.writelines(frames)  # type: ignore[union-attr]
@@ -572,7 +571,7 @@ class Outgoing:
                             proto.transport.writelines(batch)  # type: ignore[union-attr]
                             if proto.write_paused:
                                 await proto.drain()
-                    counters.bytes_sent += nbytes
+                    counters.sent_bytes(nbytes)
                     self._release(nbytes)
                     # hold no views of a written message while waiting for the next: the
                     # sender reuses a buffer once nothing references it (push_snapshots)
@@ -612,7 +611,7 @@ class Outgoing:
         self._resend.clear()  # the window has them; the next handshake says which
         unacked, queued = len(self.window.entries), len(self.heap)
         if self.tr.closed or not (unacked or queued):
-            self.tr._dropped += queued
+            self.counts.dropped(queued)
             self.heap.clear()
             self.queued_bytes = 0
             err = ConnectionError(f"{self.tr.name}: connection to {self.peer!r} (channel "
@@ -620,7 +619,7 @@ class Outgoing:
             self._fail_waiters(err)
             self._idle.set()
             if self.tr.closed:  # nobody will resend it: a flush waiting on it returns
-                self.tr._dropped += self.window.reset()
+                self.counts.dropped(self.window.reset())
             else:
                 log.info("%s: connection to %s (channel %d) lost: %s", self.tr.name,
                          self.peer, self.channel, exc)

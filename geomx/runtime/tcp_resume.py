@@ -1,8 +1,8 @@
 """Resumable TCP streams: sequence numbers, acknowledgements, resend after a reconnect, dedupe.
 
 A TCP connection that drops (a NAT or firewall forgets it, a middlebox resets it, a WAN
-link blinks) used to take with it the messages still queued on it and the ones in
-flight: the job then failed by request timeout. ps-lite answers this with its
+link blinks) takes with it the messages still queued on it and the ones in flight;
+without more, the job would then fail by request timeout. ps-lite answers this with its
 ``Resender`` (``resender.h``): the sender keeps every message until the receiver
 acknowledges it, resends after a timeout, and the receiver drops what it has seen
 (by a signature of sender, timestamp and command). geomx keeps the idea and fits it to
@@ -229,13 +229,13 @@ class InStreams:
             self.resumed += 1
             old = st.conn
             if old is not None and old is not conn:
-                old.stream = None
+                old.carry_stream(None)
                 old.abort()
         self._cancel_timer(st)
         st.conn = conn
         st.acked = st.delivered  # the WELCOME acknowledges it
         st.unacked_bytes = st.unacked_frames = 0
-        conn.stream = st
+        conn.carry_stream(st)
         self._evict()
         return {"ack": st.delivered, "inc": self.incarnation}
 

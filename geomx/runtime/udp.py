@@ -66,7 +66,7 @@ WRITE_HIGH_WATER_BYTES = 1024 * 1024
 
 
 #: IP ToS byte of the unreliable channels' datagrams (DGT's low-priority bands). GeoMX
-#: marks band i with DSCP (C - i) * 8 through iptables (geomx-behaviour.md §4.4), above
+#: marks band i with DSCP (C - i) * 8 through iptables, above
 #: best effort; here TCP (channel 0, DGT's important blocks) stays unmarked best effort, so
 #: the bands go *below* it: band 1 CS1 ("low-priority data", RFC 4594), bands 2.. LE
 #: ("lower effort", RFC 8622). Set per datagram with setsockopt(IP_TOS / IPV6_TCLASS), no

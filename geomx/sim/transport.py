@@ -41,7 +41,7 @@ class _Inbox:
     ``recv`` takes the message itself, so a ``recv`` cancelled (e.g. by ``wait_for``)
     right after being woken loses nothing.
 
-    With a listener (:meth:`SimTransport.listen`) ``put`` schedules one ``drain`` callback
+    With a listener (:meth:`listen`) ``put`` schedules one ``drain`` callback
     where it would have woken the waiting receive loop (``call_soon``, the same place in
     the loop's FIFO as the waiter's wake-up), and the drain hands every message queued by
     then to the handler, as the woken loop would have: same order of everything, without
@@ -116,6 +116,39 @@ class _Inbox:
         if self.parked is not None and not self.parked.done():
             self.parked.set_exception(TransportClosed(f"transport {self.name!r} is closed"))
 
+    async def listen(self, handler: Callable[[Any], None]) -> None:
+        """Hand every message to ``handler`` until the calling task is cancelled, the
+        handler raises or the inbox closes (:meth:`SimTransport.listen` tells why).
+
+        Messages already here are handled now; then the calling task parks on a future
+        that only stopping completes, and ``put`` schedules :meth:`drain` where it would
+        have woken a receive loop. On a :class:`VirtualTimeLoop` that schedule is the
+        loop's plain ready-queue entry (no Handle built per wake-up).
+        """
+        if self.handler is not None:
+            raise RuntimeError(f"transport {self.name!r} already has a listener")
+        messages = self.messages
+        while messages:
+            if self.closed:
+                raise TransportClosed(f"transport {self.name!r} is closed")
+            handler(messages.popleft())
+        if self.closed:
+            raise TransportClosed(f"transport {self.name!r} is closed")
+        loop = self.loop = asyncio.get_running_loop()
+        parked = self.parked = loop.create_future()
+        context = self.context = contextvars.copy_context()
+        if isinstance(loop, VirtualTimeLoop):
+            self._ready_append, self._entry = loop.soon_plain_entry(context.run, self._drain)
+        self.handler = handler
+        try:
+            await parked
+        finally:
+            self.handler = None
+            self.parked = None
+            self.context = None
+            self.scheduled = False
+            self._ready_append = self._entry = None
+
     async def get(self, name: str) -> Any:
         messages = self.messages
         while not messages:
@@ -154,14 +187,16 @@ class SimFabric:
         """A new transport for node ``name`` (which must be in the network's topology)."""
         return SimTransport(name, self.network, fabric=self)
 
-    def _register(self, name: str, inbox: _Inbox) -> None:
+    def open_inbox(self, name: str, inbox: _Inbox) -> None:
+        """Deliver the messages addressed to ``name`` into ``inbox`` from now on."""
         if name in self._inboxes:
             raise ValueError(f"a transport named {name!r} is already open on this network")
         if not self.network.has_node(name):
             raise ValueError(f"transport {name!r}: no such node in the network topology")
         self._inboxes[name] = inbox
 
-    def _unregister(self, name: str) -> None:
+    def close_inbox(self, name: str) -> None:
+        """Drop (and count) the messages addressed to ``name`` from now on."""
         self._inboxes.pop(name, None)
 
     def _drop(self, msg: Any, reason: str) -> None:
@@ -209,14 +244,15 @@ class SimTransport:
         self._send = self._fabric.send
         self._inbox = _Inbox(name)
         self._closed = False
-        self._fabric._register(name, self._inbox)
+        self._fabric.open_inbox(name, self._inbox)
 
     async def send(self, msg: Any) -> None:
         """Hand ``msg`` to the emulated network; returns at once (no back-pressure)."""
         if self._closed:
             raise TransportClosed(f"transport {self.name!r} is closed")
         if msg.src != self.name:
-            raise ValueError(f"transport {self.name!r} cannot send a message whose src is {msg.src!r}")
+            raise ValueError(f"transport {self.name!r} cannot send a message whose src is "
+                             f"{msg.src!r}")
         self._fabric.send(msg)
 
     def send_nowait(self, msg: Any) -> bool:
@@ -232,7 +268,7 @@ class SimTransport:
         inbox's own coroutine, one frame fewer per message than wrapping it)."""
         return self._inbox.get(self.name)
 
-    async def listen(self, handler: Callable[[Any], None]) -> None:
+    def listen(self, handler: Callable[[Any], None]) -> Coroutine[Any, Any, None]:
         """Hand every message delivered to this node to ``handler``, in arrival order, until
         the calling task is cancelled (or ``handler`` raises, or the transport closes:
         then this raises what the receive loop ``while True: handler(await recv())``
@@ -241,33 +277,18 @@ class SimTransport:
         The same calls, in the same order and at the same places in the event loop's
         FIFO as that loop's (messages already here are handled now; a later delivery
         schedules one callback where it would have woken the loop), for a fraction of
-        the cost: no future, task switch or coroutine resume per wake-up. Optional for a
-        transport (``Node`` falls back to the loop); ``recv`` must not be used meanwhile.
+        the cost: no future, task switch or coroutine resume per wake-up (the inbox's
+        own coroutine, as :meth:`recv`). ``recv`` must not be used meanwhile.
         """
-        inbox = self._inbox
-        if inbox.handler is not None:
-            raise RuntimeError(f"transport {self.name!r} already has a listener")
-        messages = inbox.messages
-        while messages:
-            if inbox.closed:
-                raise TransportClosed(f"transport {self.name!r} is closed")
-            handler(messages.popleft())
-        if inbox.closed:
-            raise TransportClosed(f"transport {self.name!r} is closed")
-        loop = inbox.loop = asyncio.get_running_loop()
-        parked = inbox.parked = loop.create_future()
-        context = inbox.context = contextvars.copy_context()
-        if isinstance(loop, VirtualTimeLoop):
-            inbox._ready_append, inbox._entry = loop.soon_plain_entry(context.run, inbox._drain)
-        inbox.handler = handler
-        try:
-            await parked
-        finally:
-            inbox.handler = None
-            inbox.parked = None
-            inbox.context = None
-            inbox.scheduled = False
-            inbox._ready_append = inbox._entry = None
+        return self._inbox.listen(handler)
+
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> bool:
+        """Declined: an emulated reply is the sender's message object itself, with no
+        bytes to read into a buffer."""
+        return False
+
+    def forget_receive(self, request_id: int) -> None:
+        """Nothing was taken (see :meth:`receive_into`)."""
 
     def pending(self) -> int:
         """Messages delivered but not yet received."""
@@ -284,7 +305,7 @@ class SimTransport:
         if self._closed:
             return
         self._closed = True
-        self._fabric._unregister(self.name)
+        self._fabric.close_inbox(self.name)
         self._inbox.close()
 
     def __repr__(self) -> str:

@@ -213,8 +213,9 @@ def test_send_loop_holds_no_message_once_sent():
     import weakref
 
     from geomx.node.base import Node
+    from geomx.transport import TransportDefaults
 
-    class Transport:
+    class Transport(TransportDefaults):
         sent = 0
 
         async def send(self, msg):

@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from geomx.node.scheduler import CLAIM_PREFIX, Scheduler
+from geomx.transport import TransportDefaults
 from geomx.wire import Kind, Message
 
 
-class _Book:
+class _Book(TransportDefaults):
     """A scheduler's transport stand-in: records what it sends."""
 
     def __init__(self) -> None:

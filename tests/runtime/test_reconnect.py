@@ -250,6 +250,9 @@ def test_receiver_forgets_only_streams_without_a_connection():
     class FakeConn:
         stream = None
 
+        def carry_stream(self, stream):
+            self.stream = stream
+
         def abort(self):
             pass
 

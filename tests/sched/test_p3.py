@@ -18,6 +18,7 @@ from geomx.sched.p3 import (MAX_SLICES_PER_KEY, P3Error, slice_key, slices_of,
                             split_slice_key)
 from geomx.sched.placement import place
 from geomx.scenario import ScenarioError
+from geomx.transport import TransportDefaults
 from geomx.wire import Kind, Message
 
 from tests.helpers.events import run_events
@@ -64,7 +65,7 @@ def test_consecutive_slices_go_round_robin_over_the_servers(servers):
 
 # ------------------------------------------------------------------ send order
 
-class _GatedTransport:
+class _GatedTransport(TransportDefaults):
     """A transport whose sends wait on a gate: messages pile up in the node's outbox."""
 
     def __init__(self):

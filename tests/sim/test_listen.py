@@ -16,6 +16,7 @@ from geomx.node.base import Node
 from geomx.sim.loop import run_virtual
 from geomx.sim.network import Network
 from geomx.sim.transport import SimFabric, SimTransport, TransportClosed
+from geomx.transport import TransportDefaults
 from geomx.wire import Kind, Message
 
 
@@ -109,10 +110,10 @@ def test_closing_the_transport_fails_the_listener():
 def test_event_log_is_the_same_with_the_receive_loop(scenario_of, tmp_path, monkeypatch):
     """A whole emulated job: listen() and the task-per-wake-up receive loop give the same
     event log byte for byte, and the same global sequence of dispatches across all nodes
-    (Node falls back to the loop when a transport cannot listen)."""
+    (the loop is TransportDefaults.listen, what a transport without its own listen has)."""
     original = Node.dispatch
     runs = []
-    for i, listen in enumerate((SimTransport.listen, None)):
+    for i, listen in enumerate((SimTransport.listen, TransportDefaults.listen)):
         seen: list[tuple[str, int, str, int, float]] = []
 
         def dispatch(node, msg, seen=seen):
