@@ -11,6 +11,8 @@ import pytest
 from geomx.experiment import run_scenario
 from geomx.scenario import ScenarioError, parse_scenario
 
+from tests.helpers.events import run_events
+
 MESH = {
     "run": {"name": "mesh4", "iterations": 4, "seed": 3, "eval_every": 4, "progress": False},
     "dc": [{"name": "a", "workers": 2}, {"name": "b", "workers": 1},
@@ -76,7 +78,7 @@ def test_same_seed_same_event_log(tmp_path):
     a, _ = run(scenario(tmp_path / "1"))
     b, _ = run(scenario(tmp_path / "2"))
     assert (a.run_dir / "events.jsonl").read_bytes() == (b.run_dir / "events.jsonl").read_bytes()
-    evs = [json.loads(x) for x in (a.run_dir / "events.jsonl").read_text().splitlines()]
+    evs = run_events(a.run_dir)
     assert any(e["ev"] == "plan" for e in evs) and any(e["ev"] == "speed_report" for e in evs)
 
 

@@ -2,11 +2,11 @@
 each WAN link its rate and delay): the same node code ends with the emulator's model, and
 servers only ever exchange data with neighbouring DCs (application-layer relaying)."""
 
-import json
-
 import pytest
 
 from geomx.experiment import run_scenario
+
+from tests.helpers.events import run_events
 
 SHORT = ("run.iterations=6", "run.eval_every=6", "metrics.plot=false", "metrics.trace=false")
 
@@ -21,7 +21,7 @@ def test_netstorm_4dc_over_sockets_matches_the_emulator(scenario_of):
     # same model: same test accuracy; the loss differs only by float summation order
     assert fr["accuracy"] == fe["accuracy"]
     assert fr["loss"] == pytest.approx(fe["loss"], rel=1e-4)
-    events = [json.loads(x) for x in (real.run_dir / "events.jsonl").read_text().splitlines()]
+    events = run_events(real.run_dir)
     links = {frozenset(p) for p in (("a", "b"), ("b", "c"), ("c", "d"), ("d", "a"), ("a", "c"))}
     relays = [e for e in events if e["ev"] == "send" and e.get("msg") == "RELAY"]
     assert relays

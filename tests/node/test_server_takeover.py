@@ -23,6 +23,7 @@ from geomx.scenario import ScenarioError, load_scenario
 
 from tests.helpers.paths import ROOT
 from tests.helpers.procs import launch_kill_rejoin
+from tests.helpers.events import run_events
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
 BASE = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
@@ -35,7 +36,7 @@ def _run(tmp_path: Path, sets: list[str]):
     nodes = {}
     r = run_scenario(load_scenario(QUICKSTART, [*BASE, *sets]), out_dir=tmp_path,
                      inspect=lambda ns: nodes.update({n.name: n for n in ns}))
-    events = [json.loads(line) for line in (r.run_dir / "events.jsonl").open()]
+    events = run_events(r.run_dir)
     return r, nodes, events
 
 
@@ -219,7 +220,7 @@ def test_real_global_server_killed_and_taken_over_from_its_snapshot(tmp_path: Pa
     restored = [e for e in events if e["ev"] == "takeover_restore"]
     assert len(restored) == 1 and 0 < restored[0]["snapshot"] < 40, restored
     done = [e for e in events if e["ev"] == "server_done" and e["node"] == "gs:0"]
-    clean = [json.loads(line) for line in next((tmp_path / "emu").glob("*/events.jsonl")).open()]
+    clean = run_events(next((tmp_path / "emu").glob("*/events.jsonl")).parent)
     clean_done = [e for e in clean if e["ev"] == "server_done" and e["node"] == "gs:0"]
     # the successor ends with every (key, part) at the clean run's version: none behind
     assert done[-1]["versions"] == clean_done[-1]["versions"] > 0, (done, clean_done)

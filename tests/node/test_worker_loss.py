@@ -19,6 +19,7 @@ from geomx.scenario import ScenarioError, load_scenario, parse_scenario
 
 from tests.helpers.paths import ROOT
 from tests.helpers.procs import launch_kill_rejoin
+from tests.helpers.events import run_events
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
 LOSS = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
@@ -50,7 +51,7 @@ def test_continue_finishes_without_the_lost_worker(tmp_path: Path) -> None:
     # one global step per round and key: nothing applied twice, no round skipped
     assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
     assert all(s.round == 60 for s in ls_a.slots.values())
-    events = [json.loads(line) for line in (r.run_dir / "events.jsonl").open()]
+    events = run_events(r.run_dir)
     lost = [e for e in events if e["ev"] == "worker_lost"]
     assert [(e["node"], e["lost"]) for e in lost] == [("lh:party-a", "w:party-a:1")]
     assert lost[0]["t"] - 3.0 <= 3.0 + 1.0  # declared within the heartbeat bound
@@ -159,7 +160,7 @@ def test_emulated_crash_and_rejoin(tmp_path: Path) -> None:
     keys = len(nodes["gs:0"].slots)
     back = nodes["w:party-a:1"]
     assert getattr(back, "rejoining", False) and back.iteration == 60
-    events = [json.loads(line) for line in (r.run_dir / "events.jsonl").open()]
+    events = run_events(r.run_dir)
     joined = [e for e in events if e["ev"] == "worker_rejoined" and e["node"] == "ls:party-a"]
     assert len(joined) == 1
     round_ = joined[0]["round"]

@@ -1,12 +1,12 @@
 """ESync: the ready rule, step budgets, the state server, and the payoff on stragglers."""
 
-import json
-
 import numpy as np
 import pytest
 
 from geomx.experiment import run_scenario
 from geomx.sync.esync import StateBoard, is_ready, local_step_budget, slowest_of
+
+from tests.helpers.events import run_events
 
 FAST = ("metrics.plot=false", "metrics.trace=false")
 
@@ -54,7 +54,7 @@ def test_state_server_sizes_rounds_on_the_heterogeneous_scenario(scenario_of):
     r = run_scenario(scenario_of("heterogeneous.toml", "sync.algorithm=esync",
                                  "run.iterations=40", "run.target_accuracy=0", *FAST),
                      inspect=lambda nodes: seen.setdefault("nodes", nodes))
-    events = [json.loads(line) for line in open(r.run_dir / "events.jsonl")]
+    events = run_events(r.run_dir)
     rounds = [e for e in events if e["ev"] == "esync_round"]
     assert rounds, "the state server answered no round"
     # party-a is 4x slower (40 ms), party-b has a 10 ms and a 100 ms worker

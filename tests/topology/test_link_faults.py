@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 
 import numpy as np
 import pytest
@@ -20,6 +19,8 @@ from geomx.sim.loop import run_virtual
 from geomx.sim.network import Network, NetworkError
 from geomx.topology.link_faults import LinkFault, LinkState, link_timeline
 from geomx.wire import Kind, Message, Payload
+
+from tests.helpers.events import run_events
 
 XY = frozenset(("x", "y"))
 FAT_BPS = 100e9
@@ -259,7 +260,7 @@ def test_netstorm_plans_around_a_failed_tree_link_and_keeps_one_model(tmp_path):
     result = run_scenario(parse_scenario(raw),
                           inspect=lambda ns: nodes.update({n.name: n for n in ns}))
     assert result.summary.iterations == 40
-    events = [json.loads(x) for x in (result.run_dir / "events.jsonl").read_text().splitlines()]
+    events = run_events(result.run_dir)
     rerouted_at = next(e["t"] for e in events if e["ev"] == "link_state" and e["rerouted"])
     assert rerouted_at == pytest.approx(1.5)
     used_before = _uses(nodes["gh"].plans[0], "a", "c") or _uses(nodes["gh"].plans[1], "a", "c")
