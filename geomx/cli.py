@@ -217,13 +217,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv and command in ("run", "launch"):
         cut = argv.index("--")
         argv, program_args = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv, argparse.Namespace(program_args=program_args))
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=LOG_FORMAT)
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
-    args.program_args = program_args
     try:
         return args.handler(args)
     except UsageError as e:
