@@ -252,7 +252,7 @@ def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.Pat
 FIDELITY_EPILOG = """\
 examples:
   geomx fidelity scenarios/quickstart.toml --set run.iterations=60 --set run.target_accuracy=0
-  geomx fidelity scenarios/fidelity/suite.toml                     # every shape of issue 13
+  geomx fidelity scenarios/fidelity/suite.toml                     # the suite: every WAN shape
   sudo geomx fidelity scenarios/fidelity/asym3.toml --shaper userspace,kernel
 """
 

@@ -1,6 +1,7 @@
-"""One bandwidth budget per scenario link in the real runtime (issue 13).
+"""One bandwidth budget per scenario link in the real runtime.
 
-Flows crossing one scenario link -- from different processes, or from one process to
+The fidelity suite's shared-link shapes (a flat PS, two global servers, a chain) depend on
+it: flows crossing one scenario link -- from different processes, or from one process to
 different peers -- share it, as the emulator shares a link max-min between its flows.
 The arithmetic is checked with explicit times (deterministic); the cross-process file
 with real processes hammering one slot; the wire with two sender processes whose shared
