@@ -9,7 +9,7 @@ the link that bounds it (busiest directed WAN link over the whole run, model
 initialisation included: seconds at its capacity per iteration on the static mesh, MB per
 iteration on the dynamic one).
 
-Ablations (algorithms.md §1 (c), the paper's summary): a random first plan kept forever
+Ablations (docs/papers.md §1 (c), the paper's summary): a random first plan kept forever
 (``awareness = false``, no multipath), passive awareness alone (+20% in the paper), and
 multipath on top (+65% more). Then the planner's wall seconds per replan on random meshes
 of 9, 50 and 200 DCs (average degree 3, rates uniform in [20, 155] Mbit/s), and the

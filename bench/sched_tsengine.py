@@ -21,7 +21,7 @@ how often the global server's first relay of a round went to a party behind a fa
 (100 Mbps) central link, in exploitation and in exploration (a uniform choice would give
 50%), and the median measured throughput per edge next to the link's bandwidth.
 
-What the papers report (algorithms.md §2(c)): the TSEngine paper (TNSM 2021) gives no
+What the papers report (docs/papers.md §2 (c)): the TSEngine paper (TNSM 2021) gives no
 number the corpora returned; in NetStorm's figure TSEngine reaches ≈0.90 accuracy at
 1500 min vs MXNET's (the star's) ≈0.845 on a static WAN (≈0.91 vs ≈0.86 dynamic) -- a
 time-to-accuracy advantage of a tree-like overlay over the central PS, which is what the
@@ -45,7 +45,7 @@ from geomx.scenario import load_scenario
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios"
 
-#: NetStorm's figure (algorithms.md §2(c)): accuracy at 1500 min, static WAN.
+#: NetStorm's figure (docs/papers.md §2 (c)): accuracy at 1500 min, static WAN.
 PAPER = "NetStorm fig.: TSEngine ≈0.90 vs MXNET ≈0.845 at 1500 min (no TNSM number)"
 
 #: (label, scenario, setting, extra overrides, iterations full / quick)

@@ -1,4 +1,4 @@
-"""Shared pieces of the example programs: GeoMX's demo skeleton (geomx-behaviour.md §2.2).
+"""Shared pieces of the example programs: GeoMX's demo skeleton (docs/geomx-behaviour.md §2.2).
 
 Each example is a geomx training program, ``async def main(kv, ctx)``, run by
 ``geomx run examples/<name>.toml`` on every worker and on the master worker, in the

@@ -1,5 +1,5 @@
 """``bsc``: GeoMX's Bi-Sparse compression (HiPS/BSC; docs/geomx-behaviour.md §4.1,
-algorithms.md §6.5), with its bugs fixed.
+docs/papers.md §6.5), with its bugs fixed.
 
 Push (local server -> global server), per key with N >= ``size_lower_bound`` elements,
 with the caller-owned state ``u`` (momentum) and ``v`` (accumulator):

@@ -3,7 +3,7 @@
 P3's gain depends on *where* an iteration's compute sits: backward produces the last
 layer's gradient first, the next forward needs the first layer first, and the overlap
 between the two and the network is set by how compute is spread over the layers
-(algorithms.md §4). So the emulator splits an iteration's compute over the keys by their
+(docs/papers.md §4). So the emulator splits an iteration's compute over the keys by their
 forward FLOPs (``geomx/node/layered.py``).
 
 A layer's FLOPs are attributed to its parameter tensors:

@@ -1,6 +1,6 @@
 """The per-layer compute model: a worker step as forward and backward passes over layers.
 
-Why: P3 (geomx/sched/p3.py, algorithms.md §4) wins by overlapping communication with
+Why: P3 (geomx/sched/p3.py, docs/papers.md §4) wins by overlapping communication with
 computation at layer granularity -- backprop produces the last layer's gradient first, the
 next forward needs the first layer first. With an iteration's compute charged in one
 piece and every gradient pushed after it (``training.layer_compute = "off"``), there is

@@ -1,4 +1,4 @@
-"""Passive link awareness at a receiving server (algorithms.md §1 (b) Step 4).
+"""Passive link awareness at a receiving server (docs/papers.md §1 (b) Step 4).
 
 NETSTORM measures links from training traffic only, no probes: a data message of at
 least ``report_bytes`` carries its sender's clock stamp from the moment it was handed to

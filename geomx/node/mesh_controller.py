@@ -1,6 +1,6 @@
 """The NETSTORM controller: the job's scheduler that also plans the trees.
 
-algorithms.md §1 (b) (fengwenjiao/netstorm ``van.cc``: Route_Manager, speed reports,
+docs/papers.md §1 (b) (fengwenjiao/netstorm ``van.cc``: Route_Manager, speed reports,
 ROUTE_RELEASE handling). Besides registration, barriers and liveness (it *is* a
 :class:`~geomx.node.scheduler.Scheduler`), it keeps the directed rate matrix
 ``rates[(u, v)]`` in bit/s:

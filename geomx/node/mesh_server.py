@@ -1,6 +1,6 @@
 """A NETSTORM (or MLNET) parameter server: one per DC, aggregating over the controller's trees.
 
-algorithms.md §1 (b) Steps 3-6 (fengwenjiao/netstorm ``kvstore_dist_server.h``,
+docs/papers.md §1 (b) Steps 3-6 (fengwenjiao/netstorm ``kvstore_dist_server.h``,
 ``van.cc``). To its DC's workers this server looks like a HiPS local server: they push
 gradients and pull values of whole keys over the LAN. Across the WAN it only ever talks
 to *neighbouring* DCs' servers, along explicit source routes:

@@ -1,4 +1,4 @@
-"""State server (SS): ESync's coordinator of local step counts (algorithms.md §5).
+"""State server (SS): ESync's coordinator of local step counts (docs/papers.md §5).
 
 A node of its own, ``ss`` in the central DC, present only when ``sync.algorithm =
 'esync'``. Each worker sends one ``STATE_QUERY`` per round carrying its last step time

@@ -7,7 +7,7 @@ term whose Hessian is approximated by ``lambda * g * g`` (element-wise):
     delta = -lr * (g + wd * w + lambda * g * g * (w - w_bak))
     w    <- w + delta                  (with momentum mu: m <- mu * m + delta; w <- w + m)
 
-Two rules for ``w_bak`` (docs/geomx-behaviour.md §2.2, §3.3; algorithms.md §6.3):
+Two rules for ``w_bak`` (docs/geomx-behaviour.md §2.2, §3.3; docs/papers.md §6.3):
 
 * ``dcasgd`` (``per_sender=True``, the paper's rule): ``w_bak`` is the model *that
   sender* last pulled, recorded by ``note_pull(key, sender, weight)``. A sender that has

@@ -1,4 +1,4 @@
-"""``[netstorm]``: the NETSTORM controller and servers (algorithms.md §1, the demo's env).
+"""``[netstorm]``: the NETSTORM controller and servers (docs/papers.md §1, the demo's env).
 
 Only read when ``[topology] kind`` is ``netstorm`` (and ``mlnet`` for ``mlnet_fan_in``).
 Defaults are the authors' demo (``scripts/demo/muti_server_resnet.sh``): R = all roots,

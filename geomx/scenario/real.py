@@ -18,7 +18,7 @@ class RealConfig(Section):
 
     Every node finds its schedulers from these settings (or from the environment, see
     docs/real-runtime.md), so nodes started separately on different hosts meet without a
-    launcher: the GeoMX/ps-lite rendezvous (geomx-behaviour.md §1.4). The global scheduler
+    launcher: the GeoMX/ps-lite rendezvous (docs/geomx-behaviour.md §1.4). The global scheduler
     listens on `port_base` and DC number i (file order) on `port_base + 1 + i`, which with
     the default 9092 gives GeoMX's demo ports (global 9092, central 9093, parties 9094, ...).
     """

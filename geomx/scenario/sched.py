@@ -61,7 +61,7 @@ class SchedConfig(Section):
                                "(DGT_CONTRIBUTION_ALPHA).")
 
     # TSEngine (geomx/sched/tsengine.py; GeoMX's ENABLE_INTER_TS / ENABLE_INTRA_TS /
-    # MAX_GREED_RATE_TS -- docs/geomx-behaviour.md §4.5, algorithms.md §2)
+    # MAX_GREED_RATE_TS -- docs/geomx-behaviour.md §4.5, docs/papers.md §2)
     tsengine_inter: bool = setting(Flag(), False,
                                    "TSEngine across DCs (GeoMX ENABLE_INTER_TS): the global "
                                    "scheduler pairs local servers into a merge tree for their "
@@ -79,7 +79,7 @@ class SchedConfig(Section):
     tsengine_expiry_iterations: int = setting(
         Integer(min=1, max=1000), 5,
         "TSEngine: rounds after which a throughput measurement is forgotten, so links are "
-        "re-explored (algorithms.md §2; GeoMX records the age but never uses it).")
+        "re-explored (docs/papers.md §2; GeoMX records the age but never uses it).")
 
     def _check(self, path: str) -> None:
         if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:

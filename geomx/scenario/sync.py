@@ -1,4 +1,5 @@
-"""``[sync]``: the synchronisation algorithm and its parameters (algorithms.md)."""
+"""``[sync]``: the synchronisation algorithm and its parameters (docs/geomx-behaviour.md §3,
+docs/papers.md §5, §6.2, §6.3)."""
 
 from __future__ import annotations
 

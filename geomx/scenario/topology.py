@@ -148,6 +148,6 @@ class TopologyConfig(Section):
                         "`hips`: two tiers (workers -> their DC's local server -> global servers); "
                         "`flat`: every worker pushes across the WAN to the global servers (the "
                         "vanilla parameter-server baseline); over a mesh of DCs with no central DC "
-                        "(algorithms.md §1): `netstorm` (multi-root network-aware trees, "
+                        "(docs/papers.md §1): `netstorm` (multi-root network-aware trees, "
                         "`[netstorm]`), `mlnet` (a static bounded fan-in tree), `mxnet` (one "
                         "global server per DC, every worker pushes to every server).")

@@ -1,6 +1,6 @@
 """DGT: differential gradient transmission of local -> global server pushes.
 
-Follows the DGT paper (Zhou et al., FGCS 2021) as GeoMX wires it in (algorithms.md §3,
+Follows the DGT paper (Zhou et al., FGCS 2021) as GeoMX wires it in (docs/papers.md §3,
 docs/geomx-behaviour.md §4.4): a pushed tensor (one key, or this global server's part of a
 split key) is cut into blocks of ``block_bytes`` of sent values; each block's
 *contribution* is an EWMA of its mean absolute value across rounds; blocks that never

@@ -1,4 +1,4 @@
-"""P3, priority-based parameter propagation (Jayarajan et al., MLSys 2019; algorithms.md §4,
+"""P3, priority-based parameter propagation (Jayarajan et al., MLSys 2019; docs/papers.md §4,
 docs/geomx-behaviour.md §4.6).
 
 Three mechanisms, and where each lives:

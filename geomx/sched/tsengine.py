@@ -1,6 +1,6 @@
 """TSEngine's coordinator decisions as a pure policy (no messages, no clock, no node).
 
-TSEngine (algorithms.md §2, docs/geomx-behaviour.md §4.5) replaces the star between a server
+TSEngine (docs/papers.md §2, docs/geomx-behaviour.md §4.5) replaces the star between a server
 and its senders by an overlay the *coordinator* (a scheduler) builds transfer by
 transfer:
 
@@ -14,7 +14,8 @@ transfer:
   reports the throughput it measured; the coordinator answers with an ε-greedy choice
   among the nodes that do not have it yet, until none is left.
 
-What this module fixes relative to GeoMX (docs/geomx-behaviour.md §4.5, algorithms.md §2(b)):
+What this module fixes relative to GeoMX (docs/geomx-behaviour.md §4.5, docs/papers.md
+§2 (b)):
 ``p_greedy = min(known / (known + unknown), max_greed_rate)`` in floating point (GeoMX
 divides integers, so it is 0 until every candidate is measured, then 100 %); the random
 draw comes from a generator seeded once from the scenario seed (GeoMX reseeds from
@@ -98,8 +99,8 @@ class Uniform(Protocol):
 
 class ThroughputTable:
     """A[s][r]: the last throughput measured from s to r (bytes/s) and the round it was
-    measured in; an entry older than ``expiry`` rounds reads as unknown (algorithms.md
-    §2(b) step 3: expiry forces re-exploration of links that may have changed)."""
+    measured in; an entry older than ``expiry`` rounds reads as unknown (docs/papers.md
+    §2 (b) step 3: expiry forces re-exploration of links that may have changed)."""
 
     def __init__(self, expiry: int):
         self.expiry = expiry

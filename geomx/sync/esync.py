@@ -1,6 +1,6 @@
 """ESync: a state server sizes each worker's local steps so that everybody arrives together.
 
-algorithms.md §5 (Lizonghang/ESync; TSC 2020). Heterogeneous workers would make a
+docs/papers.md §5 (Lizonghang/ESync; TSC 2020). Heterogeneous workers would make a
 synchronous round wait for the slowest; ESync lets fast workers take *more local steps*
 per round, then averages synchronously: every worker pushes ``delta = w - w_prev``, the
 servers sum, and every worker sets ``w <- w_prev + sum(delta) / W`` (global lr 1, not
@@ -42,7 +42,7 @@ STEP_TIME_RESOLUTION_S = 1e-9
 def is_ready(*, worker: str, steps_done: int, step_s: dict[str, float],
              end_s: dict[str, float], now_s: float, slowest: str, slowest_ready: bool,
              epsilon_s: float) -> bool:
-    """The ESync ready rule for ``worker`` (algorithms.md §5)."""
+    """The ESync ready rule for ``worker`` (docs/papers.md §5)."""
     if steps_done <= 0:
         return False
     if worker == slowest or slowest_ready:

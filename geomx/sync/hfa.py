@@ -1,6 +1,6 @@
 """HFA, hierarchical frequency aggregation (GeoMX ``MXNET_KVSTORE_USE_HFA=1``).
 
-docs/geomx-behaviour.md §3.4, algorithms.md §6.2. Workers take a local optimizer step every
+docs/geomx-behaviour.md §3.4, docs/papers.md §6.2. Workers take a local optimizer step every
 iteration and every ``K1`` iterations push ``params / n_local``; the local server sums
 them (the DC average) and answers at once -- a *local sync* that never leaves the DC.
 Every ``K2``-th local sync it instead pushes ``(average - milestone) / D`` to the global

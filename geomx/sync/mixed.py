@@ -6,7 +6,7 @@ the moment it arrives -- one optimizer step per push, so an optimizer is require
 answers it, after which that DC pulls the current weights and goes on. With DC-ASGD as
 the optimizer the server passes the pushing DC as ``sender`` and records every pull
 (``note_pull``), so each DC's gradient is corrected against the model *it* used
-(algorithms.md §6.3).
+(docs/papers.md §6.3).
 
 Fixes relative to GeoMX:
 

@@ -9,7 +9,7 @@ A synchronisation algorithm touches three places, and each gets one policy objec
   average locally and only every K2-th time talk to the global tier (HFA, §3.4);
 * the **worker** (:class:`WorkerSync`): what a training step sends and receives -- a
   gradient every step (FSA, MixedSync), local steps with a push every K1 (HFA), or local
-  steps sized by a state server (ESync, algorithms.md §5).
+  steps sized by a state server (ESync, docs/papers.md §5).
 
 Nodes hold one policy each and call it; nothing algorithm-specific lives in the node
 code. ``[sync] algorithm`` in the scenario picks the policies; the kvstore type a GeoMX

@@ -25,7 +25,7 @@ __all__ = [
 PLANNERS: dict[str, TopologyPlanner] = {"hips": hips.plan, "flat": flat.plan,
                                         "netstorm": mesh.plan_tree, "mlnet": mesh.plan_tree,
                                         "mxnet": mesh.plan_mxnet}
-#: Kinds over a mesh of DCs, without a central DC (algorithms.md §1).
+#: Kinds over a mesh of DCs, without a central DC (docs/papers.md §1).
 MESH_KINDS: tuple[str, ...] = mesh.MESH_KINDS
 KINDS: tuple[str, ...] = tuple(PLANNERS)
 

@@ -1,6 +1,6 @@
 """Layouts over a mesh of DCs with no central tier: NETSTORM, MLNET and the MXNET baseline.
 
-algorithms.md §1 (b) "Entities": every DC hosts one parameter server and its workers; a
+docs/papers.md §1 (b) "Entities": every DC hosts one parameter server and its workers; a
 controller (a scheduler that also plans) and the master worker sit in the first DC (the
 repo puts them on extra hosts h10/h11; here they share DC 1, and only small control
 messages and the initial model leave it). A worker talks only to its own DC's server

@@ -1,6 +1,6 @@
 """NETSTORM's controller policy: routes, per-root aggregation trees, root shares, chunks.
 
-Follows algorithms.md §1 (b), Steps 1-2 (fengwenjiao/netstorm ``van.cc``'s route
+Follows docs/papers.md §1 (b), Steps 1-2 (fengwenjiao/netstorm ``van.cc``'s route
 enumeration and perf metric, ``kvstore_dist.h``'s task division), and §6.6 for the MLNET
 baseline's static tree. Everything here takes plain values (DC names, directed link rates
 in bit/s, delays in seconds) and returns a :class:`MeshPlan` that travels as JSON, so the
@@ -139,7 +139,7 @@ class Chunk:
 
 def initial_rates(links: Iterable[Link], seed: int) -> dict[tuple[str, str], float]:
     """The controller's throughput matrix before any measurement (bit/s): NETSTORM draws
-    pseudo-random values in [0, 100) MB/s, symmetric, from a fixed seed (algorithms.md §1,
+    pseudo-random values in [0, 100) MB/s, symmetric, from a fixed seed (docs/papers.md §1,
     "Controller state"), so the first plan is effectively random. Never exactly 0."""
     rng = random.Random(seed)
     out: dict[tuple[str, str], float] = {}
@@ -296,7 +296,7 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
 
 def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,
                plan_id: int = 0) -> MeshPlan:
-    """MLNET's static overlay (algorithms.md §6.6) on the stock PS's sharding: every DC's
+    """MLNET's static overlay (docs/papers.md §6.6) on the stock PS's sharding: every DC's
     server owns an equal share of the parameters (as MXNET shards them) and aggregates it
     over its own balanced ``fan_in``-ary tree, laid over the DCs in breadth-first order of
     the mesh from that root (hop counts only: not network-aware); each overlay edge is

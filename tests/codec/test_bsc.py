@@ -30,7 +30,7 @@ def push_reference(c: BiSparseCodec, key: int, g, u, v, rnd: int):
 @pytest.mark.parametrize("n,push_k,pull_k", [(12_800, 128, 256), (131_072, 1310, 2621),
                                                (32_768, 327, 655), (1_280, 12, 25)])
 def test_demo_table_sizes(n, push_k, pull_k):
-    """geomx-behaviour.md §4.1 demo (r = 0.01, D = 2): sample 1000, top_k 10; GeoMX's
+    """docs/geomx-behaviour.md §4.1 demo (r = 0.01, D = 2): sample 1000, top_k 10; GeoMX's
     buffers hold floor(2Nr) floats for K = floor(Nr) pairs."""
     c = codec()
     assert c.sample_plan(n) == (1000, 10)

@@ -1,4 +1,4 @@
-"""NETSTORM and MLNET over a mesh in the emulator (algorithms.md §1 Steps 3-6, §6.6):
+"""NETSTORM and MLNET over a mesh in the emulator (docs/papers.md §1 Steps 3-6, §6.6):
 tree synchronisation, consistent plan switches, multipath, passive awareness, the
 [netstorm] section and malformed relays."""
 

@@ -1,4 +1,4 @@
-"""Server-side optimizers follow MXNet 1.x maths (geomx-behaviour.md §2.2) and ship as JSON."""
+"""Server-side optimizers: MXNet 1.x maths (docs/geomx-behaviour.md §2.2), shipped as JSON."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ def test_bad_settings_name_the_flag_or_variable():
 
 # ---------------------------------------------------------------- GeoMX's environment
 
-DEMO = {  # geomx-behaviour.md §1.3, the demo scripts' environment
+DEMO = {  # docs/geomx-behaviour.md §1.3, the demo scripts' environment
     "gh": {"DMLC_ROLE_GLOBAL": "global_scheduler", "DMLC_PS_GLOBAL_ROOT_URI": "127.0.0.1",
            "DMLC_PS_GLOBAL_ROOT_PORT": "9092", "DMLC_NUM_GLOBAL_SERVER": "1",
            "DMLC_NUM_GLOBAL_WORKER": "2"},

@@ -31,7 +31,7 @@ def test_block_means_cut_by_bytes_with_a_short_last_block():
 
 
 def test_bands_reproduce_geomx_example():
-    """geomx-behaviour.md §4.4: 128 blocks, K = 0.8, C = 3 -> ranks 0-101 on channel 0,
+    """docs/geomx-behaviour.md §4.4: 128 blocks, K = 0.8, C = 3 -> ranks 0-101 on channel 0,
     102-110 band 1, 111-118 band 2, 119-126 band 3, the end block on channel 0."""
     c = np.linspace(2.0, 1.0, 128).astype(np.float32)  # already in rank order
     bands = assign_bands(c, 0.8, 3)

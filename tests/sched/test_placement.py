@@ -1,4 +1,4 @@
-"""Key -> server placement follows GeoMX (geomx-behaviour.md §1.2)."""
+"""Key -> server placement follows GeoMX (docs/geomx-behaviour.md §1.2)."""
 
 import pytest
 

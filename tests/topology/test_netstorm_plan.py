@@ -1,4 +1,4 @@
-"""NETSTORM's planner policy (geomx.topology.netstorm_plan; algorithms.md §1 Steps 1-2,
+"""NETSTORM's planner policy (geomx.topology.netstorm_plan; docs/papers.md §1 Steps 1-2,
 §6.6): routes, per-root FAPT and its aggregate-forward metric, root shares, chunks."""
 
 import math
