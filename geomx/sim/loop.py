@@ -74,6 +74,7 @@ _GC_FULL = 100
 # (its cost grows with what is in flight; this keeps it to a bounded share of the run).
 _GC_CALLBACKS_PER_YOUNG_OBJECT = 8
 
+_heappush = heapq.heappush
 _Handle = events.Handle
 _TimerHandle = events.TimerHandle
 _copy_context = contextvars.copy_context
@@ -182,7 +183,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         ``contextvars`` context (for the emulator's internal callbacks, which read none)."""
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        heapq.heappush(self._timers, (when, next(self._timer_seq), fn, arg))
+        _heappush(self._timers, (when, next(self._timer_seq), fn, arg))
 
     def soon_plain_entry(self, fn: Callable[[Any], Any],
                          arg: Any) -> tuple[Callable[[Any], None], tuple[float, int, Any, Any]]:

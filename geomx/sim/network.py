@@ -440,30 +440,35 @@ class Network:
     def _activate(self, conn: _Connection, now: float) -> None:
         """``conn`` becomes a flow: the solver shares its links with it from now on."""
         self._system.enable(conn.var, now)
-        self._occupied(conn.links, now)
-        self._changed()
+        if conn.path.traced_links:
+            self._occupied(conn.path, now)
+        if not self._dirty:
+            self._dirty = True
+            self._schedule_idle(self._recompute)
 
     def _deactivate(self, conn: _Connection, now: float) -> None:
         conn.rate = 0.0
         conn.finish = _INF
         conn.gen += 1
         self._system.disable(conn.var, now)
-        self._vacated(conn.links)
-        self._changed()
+        if conn.path.traced_links:
+            self._vacated(conn.path)
+        if not self._dirty:
+            self._dirty = True
+            self._schedule_idle(self._recompute)
 
-    def _occupied(self, links: tuple[Link, ...], now: float) -> None:
-        """A flow joined ``links``: a traced link it made busy reads its trace."""
-        system = self._system
-        for link in links:
-            trace = link.trace
-            if trace is not None and link.constraint.n_vars == 1 and link not in self._down:
-                system.set_capacity(link.constraint, trace.rate_at(now))
+    def _occupied(self, path: Path, now: float) -> None:
+        """A flow joined ``path``: a traced link it made busy reads its trace."""
+        for link in path.traced_links:
+            c = link.constraint
+            if c.n_vars == 1 and link not in self._down:
+                self._system.set_capacity(c, link.trace.rate_at(now))
                 self._arm_trace(link, now)
 
-    def _vacated(self, links: tuple[Link, ...]) -> None:
-        """A flow left ``links``: a traced link left idle stops following its trace."""
-        for link in links:
-            if link.trace is not None and not link.constraint.n_vars:
+    def _vacated(self, path: Path) -> None:
+        """A flow left ``path``: a traced link left idle stops following its trace."""
+        for link in path.traced_links:
+            if not link.constraint.n_vars:
                 timer = self._trace_timers.pop(link, None)
                 if timer is not None:
                     timer.cancel()
@@ -544,12 +549,12 @@ class Network:
         active = system.is_enabled(var)
         if active:
             system.detach(var, now)
-            self._vacated(conn.links)
+            self._vacated(conn.path)
         conn.move_to(path)
         system.reroute(var, path.constraints, conn.cap_bps)
         if active:
             system.attach(var, now)
-            self._occupied(conn.links, now)
+            self._occupied(path, now)
 
     # -- rate allocation --------------------------------------------------------------
 

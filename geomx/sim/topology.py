@@ -95,13 +95,14 @@ class Path:
     """A cached route between two hosts, with everything the hot path needs; ``bytes``
     and ``messages`` count what was sent over it (the network's counters)."""
 
-    __slots__ = ("links", "link_names", "delay_s", "jitter_s", "loss", "rtt_s",
+    __slots__ = ("links", "link_names", "traced_links", "delay_s", "jitter_s", "loss", "rtt_s",
                  "reliable_cap_bps", "src_dc", "dst_dc", "bytes", "messages")
 
     def __init__(self, links: tuple[Link, ...], src_dc: str, dst_dc: str, rtt_s: float,
                  loss: float, reliable_cap_bps: float) -> None:
         self.links = links
         self.link_names = tuple(link.name for link in links)
+        self.traced_links = tuple(link for link in links if link.trace is not None)
         self.delay_s = sum(link.delay_s for link in links)
         self.jitter_s = sum(link.jitter_s for link in links)
         self.loss = loss
