@@ -119,7 +119,14 @@ class SharingSystem:
             self._by_class[var.cls] = {var: None}
         else:
             group[var] = None
-        self.attach(var, now)
+        for c in var.constraints:  # (attach, inlined: once per flow)
+            if c.n_vars == 0:
+                self._busy[c] = None
+                self._order += 1
+                c.busy_order = self._order
+                c.busy_since = now
+            c.n_vars += 1
+            c.variables[var] = None
         self._changed.extend(var.constraints)
 
     def disable(self, var: Variable, now: float) -> None:
@@ -130,7 +137,12 @@ class SharingSystem:
         if not group:
             del self._by_class[var.cls]
         var.value_bps = 0.0
-        self.detach(var, now)
+        for c in var.constraints:  # (detach, inlined: once per flow)
+            c.n_vars -= 1
+            del c.variables[var]
+            if c.n_vars == 0:
+                del self._busy[c]
+                c.busy_s += now - c.busy_since
         self._changed.extend(var.constraints)
 
     def is_enabled(self, var: Variable) -> bool:
@@ -189,14 +201,15 @@ class SharingSystem:
         flows_all, busy = self._affected()
         if not flows_all:
             return flows_all
-        for c in busy:
-            c.resid_bps = c.capacity_bps
         if len(self._by_class) == 1:
             # One class: every busy constraint's count of the class is its n_vars.
             for c in busy:
+                c.resid_bps = c.capacity_bps
                 c.n_free = c.n_vars
             self._fill(flows_all, busy, True)
         else:
+            for c in busy:
+                c.resid_bps = c.capacity_bps
             classes: dict[int, list[Variable]] = {}
             for var in flows_all:
                 group = classes.get(var.cls)
