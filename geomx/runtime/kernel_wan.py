@@ -3,8 +3,8 @@
 ``[real] shaper = "kernel"`` (root, every node on this host). Why have it next to the
 userspace shaper: it puts the kernel's TCP -- congestion control, queues, ACK clocking --
 in the loop, which a userspace shaper cannot, and so cross-checks both the shaper and
-the emulator (issue 13: by hand on the asymmetric 3-DC shape it agreed with the emulator
-within +4.8% per iteration).
+the emulator (by hand on the asymmetric 3-DC shape it agreed with the emulator within
++4.8% per iteration).
 
 The layout, built by :class:`KernelWan` and deleted again on exit (also when the job
 fails or is interrupted):
@@ -17,8 +17,9 @@ fails or is interrupted):
   bandwidth of that direction, so each direction of a link has one budget shared by
   every flow crossing it, as in the emulator;
 * every namespace routes to every other DC's address along the emulator's route
-  (fewest WAN hops, ties by delay: :func:`geomx.runtime.wan_shapes.dc_routes`), with
-  forwarding on, so a multi-hop route crosses the intermediate DC's namespace.
+  (fewest WAN hops, ties by delay: :mod:`geomx.topology.routes`, which both runtimes
+  use, through :func:`geomx.runtime.wan_shapes.dc_routes`), with forwarding on, so a
+  multi-hop route crosses the intermediate DC's namespace.
 
 **Link-layer overhead.** ``tbf`` counts the bytes of each frame, Ethernet header
 included: a full TCP segment carries 1448 payload bytes (MSS 1500 minus IP, TCP and
@@ -41,7 +42,7 @@ import subprocess
 import uuid
 from typing import Any
 
-from geomx.runtime.netns import NetnsUnavailable, _run
+from geomx.runtime.netns import NetnsUnavailable, run_command
 from geomx.runtime.wan_shapes import dc_routes
 from geomx.scenario import Scenario
 
@@ -81,14 +82,14 @@ def _has_netem() -> bool:
     """Whether this kernel can add a netem qdisc (probed on a throwaway dummy device)."""
     ns = f"gxprobe{uuid.uuid4().hex[:6]}"
     try:
-        _run("ip", "netns", "add", ns)
+        run_command("ip", "netns", "add", ns)
         try:
-            _run("ip", "-n", ns, "link", "add", "p0", "type", "dummy")
-            r = _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "p0", "root",
+            run_command("ip", "-n", ns, "link", "add", "p0", "type", "dummy")
+            r = run_command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "p0", "root",
                      "netem", "delay", "1ms", check=False)
             return r.returncode == 0
         finally:
-            _run("ip", "netns", "del", ns, check=False)
+            run_command("ip", "netns", "del", ns, check=False)
     except NetnsUnavailable:
         return False
 
@@ -130,7 +131,7 @@ class KernelWan:
     # -- building ------------------------------------------------------------------------------
     def _ip(self, *cmd: str) -> None:
         self.commands.append(list(cmd))
-        _run(*cmd)
+        run_command(*cmd)
 
     def __enter__(self) -> "KernelWan":
         try:
@@ -193,7 +194,7 @@ class KernelWan:
     def close(self) -> None:
         """Delete the namespaces (their veth ends and qdiscs go with them)."""
         while self._made:
-            _run("ip", "netns", "del", self._made.pop(), check=False)
+            run_command("ip", "netns", "del", self._made.pop(), check=False)
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -26,7 +26,9 @@ class NetnsUnavailable(RuntimeError):
     """Namespaces or tbf cannot be used here; the message says why."""
 
 
-def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+def run_command(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    """Run an ``ip``/``tc`` command; with ``check``, a failure raises
+    :class:`NetnsUnavailable` with the command and what it printed."""
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if check and r.returncode != 0:
         raise NetnsUnavailable(f"`{' '.join(cmd)}` failed: {(r.stderr or r.stdout).strip()}")
@@ -78,15 +80,15 @@ class NetnsPair:
     def __enter__(self) -> "NetnsPair":
         try:
             for ns in (self.ns_a, self.ns_b):
-                _run("ip", "netns", "add", ns)
+                run_command("ip", "netns", "add", ns)
                 self._made.append(ns)
-                _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "link", "add", self.if_a, "netns", self.ns_a, "type", "veth",
+                run_command("ip", "-n", ns, "link", "set", "lo", "up")
+            run_command("ip", "link", "add", self.if_a, "netns", self.ns_a, "type", "veth",
                  "peer", "name", self.if_b, "netns", self.ns_b)
             for ns, dev, addr in ((self.ns_a, self.if_a, self.addr_a),
                                   (self.ns_b, self.if_b, self.addr_b)):
-                _run("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
-                _run("ip", "-n", ns, "link", "set", dev, "up")
+                run_command("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", dev)
+                run_command("ip", "-n", ns, "link", "set", dev, "up")
                 self._shape(ns, dev)
         except BaseException:
             self.close()
@@ -97,12 +99,12 @@ class NetnsPair:
         tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", f"{self.burst_kbit}kbit",
                "latency", f"{self.latency_ms}ms"]
         if self.delay_ms > 0:
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
+            run_command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",
                  "handle", "1:", "netem", "delay", f"{self.delay_ms}ms")
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent", "1:1",
+            run_command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "parent", "1:1",
                  "handle", "10:", *tbf)
         else:
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *tbf)
+            run_command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *tbf)
 
     def exec_argv(self, side: str, argv: list[str]) -> list[str]:
         """``argv`` run inside namespace ``side`` ("a" or "b")."""
@@ -112,7 +114,7 @@ class NetnsPair:
     def close(self) -> None:
         """Delete what was made (namespaces take their veth ends with them)."""
         while self._made:
-            _run("ip", "netns", "del", self._made.pop(), check=False)
+            run_command("ip", "netns", "del", self._made.pop(), check=False)
 
     def __exit__(self, *exc: object) -> None:
         self.close()

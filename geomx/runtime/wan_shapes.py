@@ -6,7 +6,9 @@ summed one-way delay and jitter, and combined loss. Traffic inside a DC is not s
 
 Fidelity to the emulator (``geomx/sim/network.py``), which is the reference:
 
-* **route** -- the emulator's: fewest WAN hops, ties broken by the lower delay;
+* **route** -- the emulator's, from the routing module both runtimes share
+  (:mod:`geomx.topology.routes`): fewest WAN hops, ties broken by the lower delay, and
+  the same path loss;
 * **traces and failed links** -- ``[[wan]] trace`` and ``[[fault]] kind = "link_down"``
   give a pair's shape phases (:func:`dc_link_phases`): the route's lowest current rate;
   stalled, then the route around a failed link, then back;
@@ -36,74 +38,57 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from geomx.runtime.shaper import LinkShape
 from geomx.scenario import Scenario, link_faults
 from geomx.topology.link_faults import link_timeline
+from geomx.topology.routes import WanGraph, path_loss
 from geomx.traces import wan_traces
 
-if TYPE_CHECKING:  # networkx (~0.15 s to import) loads when routes are first asked for
-    import networkx as nx
+
+@dataclasses.dataclass(frozen=True)
+class _WanEdge:
+    bw: float
+    delay: float
+    jitter: float
+    loss: float
 
 
-def _wan_graph(s: Scenario) -> nx.DiGraph:
-    import networkx as nx
-
-    g = nx.DiGraph()
-    g.add_nodes_from(d.name for d in s.dcs)  # the emulator's order, so ties break alike
+def _wan_graph(s: Scenario) -> tuple[WanGraph, dict[tuple[str, str], _WanEdge]]:
+    """The scenario's WAN in the emulator's order (DCs, then links in file order, each
+    as a->b then b->a, so ties break alike), and each directed link's figures."""
+    g = WanGraph()
+    for d in s.dcs:
+        g.add_dc(d.name)
+    edges: dict[tuple[str, str], _WanEdge] = {}
     for w in s.wans:
         bw_ba = w.bandwidth_ba_bps or w.bandwidth_bps
-        # the emulator's routing rule: fewest hops first, then lowest delay
-        weight = 1.0 + w.latency_s * 1e-6
-        g.add_edge(w.a, w.b, bw=w.bandwidth_bps, delay=w.latency_s, jitter=w.jitter_s,
-                   loss=w.loss, weight=weight)
-        g.add_edge(w.b, w.a, bw=bw_ba, delay=w.latency_s, jitter=w.jitter_s, loss=w.loss,
-                   weight=weight)
-    return g
-
-
-def _route(g: nx.DiGraph, a: str, b: str,
-           avoid: frozenset[frozenset[str]] = frozenset()) -> list[str] | None:
-    """The emulator's route from DC a to DC b (``Network._dc_route``): around the
-    ``avoid`` links when the rest still connects a and b, else over them; None if none."""
-    if a not in g or b not in g:
-        return None
-    import networkx as nx
-
-    if avoid:
-        live = nx.subgraph_view(g, filter_edge=lambda u, v: frozenset((u, v)) not in avoid)
-        try:
-            return nx.shortest_path(live, a, b, weight="weight")
-        except nx.NetworkXNoPath:
-            pass
-    try:
-        return nx.shortest_path(g, a, b, weight="weight")
-    except nx.NetworkXNoPath:
-        return None
+        for a, b, bw in ((w.a, w.b, w.bandwidth_bps), (w.b, w.a, bw_ba)):
+            g.add_link(a, b, w.latency_s)
+            edges[(a, b)] = _WanEdge(bw, w.latency_s, w.jitter_s, w.loss)
+    return g, edges
 
 
 def dc_routes(s: Scenario, avoid: frozenset[frozenset[str]] = frozenset()
               ) -> dict[tuple[str, str], dict[str, float]]:
     """(dc_a, dc_b) -> {bandwidth_bps, delay_s, jitter_s, loss, route} along the emulator's
-    route (fewest hops, then lowest delay; around the ``avoid`` links where possible)."""
-    g = _wan_graph(s)
+    route (:class:`geomx.topology.routes.WanGraph`: fewest hops, then lowest delay; around
+    the ``avoid`` links where possible)."""
+    g, edges = _wan_graph(s)
     out: dict[tuple[str, str], dict[str, float]] = {}
     names = [d.name for d in s.dcs]
     for a in names:
         for b in names:
-            path = None if a == b else _route(g, a, b, avoid)
+            path = None if a == b else g.route(a, b, avoid)
             if path is None:
                 continue
-            edges = [g.edges[u, v] for u, v in zip(path, path[1:])]
-            keep = 1.0
-            for e in edges:
-                keep *= 1.0 - e["loss"]
-            out[(a, b)] = {"bandwidth_bps": min(e["bw"] for e in edges),
-                           "delay_s": sum(e["delay"] for e in edges),
-                           "jitter_s": sum(e["jitter"] for e in edges),
-                           "loss": 1.0 - keep, "route": path,
-                           "bw": {(u, v): g.edges[u, v]["bw"] for u, v in zip(path, path[1:])}}
+            hops = list(zip(path, path[1:]))
+            on_route = [edges[h] for h in hops]
+            out[(a, b)] = {"bandwidth_bps": min(e.bw for e in on_route),
+                           "delay_s": sum(e.delay for e in on_route),
+                           "jitter_s": sum(e.jitter for e in on_route),
+                           "loss": path_loss(e.loss for e in on_route), "route": path,
+                           "bw": {h: edges[h].bw for h in hops}}
     return out
 
 

@@ -34,8 +34,7 @@ ones, so the order of everything due at one instant is the order it was schedule
 whichever kind it is. ``call_soon``/``call_at`` build their handles without the base
 class's layers of checks (the same handles, the same order; debug mode keeps the base
 class's path). :meth:`VirtualTimeLoop.soon_plain_entry` is the ``call_soon`` of plain
-entries (a transport's inbox drain), and :meth:`VirtualTimeLoop.plain_timer_heap` hands
-out the heap itself to the network, which schedules a plain timer per message.
+entries (a transport's inbox drain).
 
 Relies on private names of ``asyncio.BaseEventLoop`` that have been stable from Python
 3.8 to 3.13 (``_ready``, ``_stopping``, ``_timer_cancelled_count`` and the
@@ -51,7 +50,7 @@ import heapq
 import itertools
 import math
 from asyncio import events
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = [
@@ -75,6 +74,7 @@ _GC_FULL = 100
 # (its cost grows with what is in flight; this keeps it to a bounded share of the run).
 _GC_CALLBACKS_PER_YOUNG_OBJECT = 8
 
+_heappush = heapq.heappush
 _Handle = events.Handle
 _TimerHandle = events.TimerHandle
 _copy_context = contextvars.copy_context
@@ -183,14 +183,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
         ``contextvars`` context (for the emulator's internal callbacks, which read none)."""
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        heapq.heappush(self._timers, (when, next(self._timer_seq), fn, arg))
-
-    def plain_timer_heap(self) -> tuple[list[Any], Iterator[int]]:
-        """The timer heap and its sequence counter, for a caller that schedules a plain
-        timer per message: ``heapq.heappush(heap, (when, next(seq), fn, arg))`` is
-        :meth:`call_at_plain` without the method call (the heap stays the same list for
-        the loop's lifetime)."""
-        return self._timers, self._timer_seq
+        _heappush(self._timers, (when, next(self._timer_seq), fn, arg))
 
     def soon_plain_entry(self, fn: Callable[[Any], Any],
                          arg: Any) -> tuple[Callable[[Any], None], tuple[float, int, Any, Any]]:
@@ -384,7 +377,7 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
             else:
                 kept.append(entry)
         heapq.heapify(kept)
-        self._timers[:] = kept  # the same list (see plain_timer_heap)
+        self._timers[:] = kept
         self._timer_cancelled_count = 0
 
     def _deadlock_report(self) -> str:

@@ -4,6 +4,9 @@
 implements :class:`~geomx.topology.base.TopologyPlanner` (``hips``: GeoMX's two tiers;
 ``flat``: the vanilla parameter server; ``netstorm``, ``mlnet``, ``mxnet``: one server per
 DC over a mesh, :mod:`geomx.topology.mesh`, planned by :mod:`geomx.topology.netstorm_plan`).
+Two modules here serve both runtimes rather than a planner: :mod:`geomx.topology.routes`
+(the WAN routing rule and path loss) and :mod:`geomx.topology.link_faults` (link failures
+as a timeline of routing states).
 This is a policy package: it takes plain values and imports nothing
 from the scenario, the cluster, the nodes or the runtimes.
 """
