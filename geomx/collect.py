@@ -36,7 +36,7 @@ def _job_seconds(nodes_dir: Path) -> float:
 def collect_run(run_dir: str | Path, scenario: Scenario | str | None = None) -> Summary:
     """Merge ``run_dir/nodes/*`` into the run folder's files; return the summary."""
     from geomx.experiment import finish_run_dir
-    from geomx.runtime.launcher import _collect
+    from geomx.runtime.launcher import collect_summary
 
     run_dir = Path(run_dir)
     nodes_dir = run_dir / "nodes"
@@ -56,7 +56,7 @@ def collect_run(run_dir: str | Path, scenario: Scenario | str | None = None) -> 
     plan = plan_job(scenario, "real")
     have = {p.name[:-len(".result.json")] for p in nodes_dir.glob("*.result.json")}
     missing = sorted(n for n in plan.nodes if safe_name(n) not in have)
-    summary = _collect(scenario, plan, run_dir, _job_seconds(nodes_dir))
+    summary = collect_summary(scenario, plan, run_dir, _job_seconds(nodes_dir))
     if missing:
         summary.extra["missing_nodes"] = missing
     finish_run_dir(scenario, run_dir, summary)

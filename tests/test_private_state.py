@@ -16,10 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "private_state.py"
 
-#: ``x._name`` reads, writes and calls (and private names imported) across objects
-PRIVATE_CEILING = 80
+#: ``x._name`` reads, writes and calls (and private names imported) across objects; all 28
+#: are asyncio Handle/TimerHandle internals that the virtual-time loop (sim/loop.py) builds
+#: and runs itself, as asyncio's own BaseEventLoop does
+PRIVATE_CEILING = 28
 #: writes to a public field that a class of another module declares
-FOREIGN_WRITE_CEILING = 72
+FOREIGN_WRITE_CEILING = 74
 
 
 def _tool():
@@ -83,7 +85,7 @@ def test_the_rules_on_a_small_package(tmp_path):
         "    box.label = 'x'\n"                         # declared by owner.py only: counted
         "    mine.size = 2\n"                           # this module declares size too
         "    ns.verbose = True\n"                       # no geomx class declares it
-        "    os._exit(0)\n")                            # counted
+        "    os._exit(0)\n")                            # the stdlib's public name: not counted
     tool = _tool()
     sites = tool.scan(pkg, tmp_path)
     got = sorted((s.path, s.rule, s.text) for s in sites)
@@ -92,7 +94,6 @@ def test_the_rules_on_a_small_package(tmp_path):
         ("geomx/user.py", "private", "from geomx.owner import _helper"),
         ("geomx/user.py", "private", "box._n"),
         ("geomx/user.py", "private", "owner._helper"),
-        ("geomx/user.py", "private", "os._exit"),
         ("geomx/user.py", "foreign-write", "box.label"),
     ])
-    assert tool.per_file(sites) == {"geomx/owner.py": 1, "geomx/user.py": 5}
+    assert tool.per_file(sites) == {"geomx/owner.py": 1, "geomx/user.py": 4}

@@ -11,7 +11,8 @@ off the syntax tree of every module under ``geomx/``:
    imported from a geomx module), and so does ``other._field`` inside a method of the very class
    that declares ``_field`` (``__eq__`` comparing two instances): a reader cannot tell
    from the syntax that ``other`` is of the same class, so the rule stays simple and
-   such a site is either rewritten or counted.
+   such a site is either rewritten or counted. A standard-library function whose
+   documented name has an underscore (``os._exit``) is public and does not count.
 2. **Foreign public write**: an assignment ``x.name = ...`` / ``x.name += ...`` /
    ``x.name: T = ...`` whose ``x`` is not ``self``/``cls``, whose ``name`` is public,
    is declared by a class of another geomx module and by no class of this one. A
@@ -37,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNER_NAMES = frozenset({"self", "cls"})
+#: Standard-library functions whose documented public name starts with an underscore.
+STDLIB_PUBLIC = frozenset({"os._exit", "sys._getframe"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ def scan_module(path: Path, root: Path, declared_elsewhere: set[str]) -> list[Si
     sites: list[Site] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_private(node.attr) \
-                and not _is_owner(node.value):
+                and not _is_owner(node.value) and ast.unparse(node) not in STDLIB_PUBLIC:
             sites.append(Site(rel, node.lineno, "private", ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom) and _from_geomx(node):
             sites.extend(Site(rel, node.lineno, "private",

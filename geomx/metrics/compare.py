@@ -185,7 +185,7 @@ def plot_comparison(
     `out_dir` when given (compare_accuracy_time.png, compare_accuracy_wan.png,
     compare_wan_links.png)."""
     from geomx.metrics.figure import is_wan_link, new_figure, save_figure
-    from geomx.metrics.plots import _series, byte_unit
+    from geomx.metrics.plots import byte_unit, series
 
     runs, default_labels, _ = collect_runs(sources)
     labels = list(labels or default_labels)
@@ -196,7 +196,7 @@ def plot_comparison(
     fig = new_figure(8.0, 4.5)
     ax = fig.add_subplot(1, 1, 1)
     for run, label, c in zip(runs, labels, colours):
-        xs, ys = _series(run.progress, "t", "accuracy")
+        xs, ys = series(run.progress, "t", "accuracy")
         ax.plot(xs, ys, marker="." if not many else None, label=label, color=c, linewidth=1)
     ax.set_xlabel("time (s, runtime clock: emulated in the emulator, wall over sockets)")
     ax.set_ylabel("test accuracy")
@@ -212,7 +212,7 @@ def plot_comparison(
         r.progress for r in runs) else 0
     div, unit = byte_unit(float(top))
     for run, label, c in zip(runs, labels, colours):
-        xs, ys = _series(run.progress, "bytes_wan", "accuracy")
+        xs, ys = series(run.progress, "bytes_wan", "accuracy")
         ax.plot([x / div for x in xs], ys, marker="." if not many else None, label=label,
                 color=c, linewidth=1)
     ax.set_xlabel(f"cumulative WAN bytes sent ({unit})")

@@ -42,7 +42,7 @@ def _check_axis(time_axis: str) -> None:
         raise ValueError(f"time_axis={time_axis!r}; allowed: {', '.join(TIME_AXES)}")
 
 
-def _series(
+def series(
     rows: Sequence[ProgressRow], x: str, y: str
 ) -> tuple[list[float], list[float]]:
     """Points where both x and y are present and finite."""
@@ -79,12 +79,12 @@ def plot_accuracy(
     rows = _rows(progress_csv)
     fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
-    xs, acc = _series(rows, time_axis, "accuracy")
+    xs, acc = series(rows, time_axis, "accuracy")
     ax.plot(xs, acc, color="tab:blue", marker=".", label="accuracy")
     ax.set_xlabel(TIME_AXES[time_axis])
     ax.set_ylabel("accuracy", color="tab:blue")
     ax.grid(True, alpha=0.3)
-    lx, loss = _series(rows, time_axis, "loss")
+    lx, loss = series(rows, time_axis, "loss")
     if loss:
         ax2 = ax.twinx()
         ax2.plot(lx, loss, color="tab:red", linestyle="--", label="loss")
@@ -103,8 +103,8 @@ def plot_bytes(
     """Cumulative bytes sent on LAN and WAN against `time_axis`."""
     _check_axis(time_axis)
     rows = _rows(progress_csv)
-    xl, lan = _series(rows, time_axis, "bytes_lan")
-    xw, wan = _series(rows, time_axis, "bytes_wan")
+    xl, lan = series(rows, time_axis, "bytes_lan")
+    xw, wan = series(rows, time_axis, "bytes_wan")
     div, unit = byte_unit(max(lan + wan + [0.0]))
     fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
@@ -192,7 +192,7 @@ def compare_runs(
     fig = new_figure()
     ax = fig.add_subplot(1, 1, 1)
     for i, run in enumerate(runs):
-        xs, acc = _series(run.progress, time_axis, "accuracy")
+        xs, acc = series(run.progress, time_axis, "accuracy")
         ax.plot(xs, acc, marker=".", label=labels[i] if labels else run.name)
     ax.set_xlabel(TIME_AXES[time_axis])
     ax.set_ylabel("accuracy")

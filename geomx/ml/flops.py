@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from geomx.ml.phantom import _RESNET_SPECS, _VGG_PLANS, IMAGENET_CLASSES, preset_param_shapes
+from geomx.ml.phantom import RESNET_SPECS, VGG_PLANS, IMAGENET_CLASSES, preset_param_shapes
 
 __all__ = ["resnet_key_flops", "vgg_key_flops", "preset_key_flops", "model_key_flops"]
 
@@ -39,7 +39,7 @@ def _conv_out(size: int, k: int, stride: int, pad: int) -> int:
 def resnet_key_flops(depth: int = 50, num_classes: int = IMAGENET_CLASSES,
                      image: int = IMAGE_SIZE) -> list[int]:
     """Forward FLOPs of every ResNet-``depth`` v1 tensor, in key order."""
-    bottleneck, blocks = _RESNET_SPECS[depth]
+    bottleneck, blocks = RESNET_SPECS[depth]
     out: list[int] = []
 
     def conv(c_out: int, c_in: int, k: int, hw: int) -> None:
@@ -83,7 +83,7 @@ def vgg_key_flops(depth: int = 19, num_classes: int = IMAGENET_CLASSES,
     """Forward FLOPs of every VGG-``depth`` tensor (3x3 same convolutions, 2x2 pools)."""
     out: list[int] = []
     in_ch, hw = 3, image
-    for item in _VGG_PLANS[depth]:
+    for item in VGG_PLANS[depth]:
         if item == "M":
             hw //= 2
             continue
@@ -98,9 +98,9 @@ def vgg_key_flops(depth: int = 19, num_classes: int = IMAGENET_CLASSES,
 def preset_key_flops(preset: str) -> list[int]:
     """Per-key forward FLOPs of a phantom preset (ResNet and VGG families)."""
     key = preset.lower().replace("-", "").replace("_", "").removesuffix("v1")
-    if key.startswith("resnet") and key[6:].isdigit() and int(key[6:]) in _RESNET_SPECS:
+    if key.startswith("resnet") and key[6:].isdigit() and int(key[6:]) in RESNET_SPECS:
         flops = resnet_key_flops(int(key[6:]))
-    elif key.startswith("vgg") and key[3:].isdigit() and int(key[3:]) in _VGG_PLANS:
+    elif key.startswith("vgg") and key[3:].isdigit() and int(key[3:]) in VGG_PLANS:
         flops = vgg_key_flops(int(key[3:]))
     else:
         raise ValueError(f"no per-layer FLOPs for phantom preset {preset!r}; allowed: "

@@ -53,7 +53,7 @@ IMAGENET_CLASSES = 1000
 # -- ResNet -------------------------------------------------------------------------------
 
 # depth -> (bottleneck?, blocks per stage)
-_RESNET_SPECS: dict[int, tuple[bool, tuple[int, int, int, int]]] = {
+RESNET_SPECS: dict[int, tuple[bool, tuple[int, int, int, int]]] = {
     18: (False, (2, 2, 2, 2)),
     34: (False, (3, 4, 6, 3)),
     50: (True, (3, 4, 6, 3)),
@@ -78,9 +78,9 @@ def resnet_param_shapes(depth: int = 50, num_classes: int = IMAGENET_CLASSES) ->
     first block of a stage gets a 1x1 projection + BN when its input width differs from
     its output width (or it strides). Then global pooling and a dense layer with bias.
     """
-    if depth not in _RESNET_SPECS:
-        raise ValueError(f"unknown ResNet depth {depth}; allowed: {sorted(_RESNET_SPECS)}")
-    bottleneck, blocks = _RESNET_SPECS[depth]
+    if depth not in RESNET_SPECS:
+        raise ValueError(f"unknown ResNet depth {depth}; allowed: {sorted(RESNET_SPECS)}")
+    bottleneck, blocks = RESNET_SPECS[depth]
     shapes: NamedShapes = _conv("conv0", 64, 3, 7) + _bn("bn0", 64)
     in_ch = 64
     for stage, (num_blocks, base) in enumerate(zip(blocks, (64, 128, 256, 512)), start=1):
@@ -115,7 +115,7 @@ def resnet50_layer_sizes(num_classes: int = IMAGENET_CLASSES) -> list[int]:
 # -- VGG, AlexNet -------------------------------------------------------------------------
 
 # Channel plans ("M" = 2x2 max pool), Simonyan & Zisserman 2015, table 1.
-_VGG_PLANS: dict[int, tuple[int | str, ...]] = {
+VGG_PLANS: dict[int, tuple[int | str, ...]] = {
     11: (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
     13: (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
     16: (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"),
@@ -130,11 +130,11 @@ def _dense(prefix: str, out_f: int, in_f: int) -> NamedShapes:
 def vgg_param_shapes(depth: int = 16, num_classes: int = IMAGENET_CLASSES) -> NamedShapes:
     """VGG-``depth`` (no batch norm) for 224x224 inputs: 3x3 convs with bias, then
     dense 512*7*7 -> 4096 -> 4096 -> classes."""
-    if depth not in _VGG_PLANS:
-        raise ValueError(f"unknown VGG depth {depth}; allowed: {sorted(_VGG_PLANS)}")
+    if depth not in VGG_PLANS:
+        raise ValueError(f"unknown VGG depth {depth}; allowed: {sorted(VGG_PLANS)}")
     shapes: NamedShapes = []
     in_ch, i = 3, 0
-    for item in _VGG_PLANS[depth]:
+    for item in VGG_PLANS[depth]:
         if item == "M":
             continue
         out_ch = int(item)

@@ -337,7 +337,7 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     if failure is not None:
         raise JobFailed(failure)
     wall_s = time.perf_counter() - wall0
-    return _collect(s, plan, run_dir, wall_s)
+    return collect_summary(s, plan, run_dir, wall_s)
 
 
 def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Path,
@@ -584,8 +584,9 @@ def _stop_all(procs: dict[str, subprocess.Popen], grace_s: float = 5.0) -> None:
             p.wait()
 
 
-def _collect(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
-    """Merge per-process files into events.jsonl, progress.csv and the summary."""
+def collect_summary(s: Scenario, plan: Any, run_dir: Path, wall_s: float) -> Summary:
+    """Merge per-process files into events.jsonl, progress.csv and the summary (also what
+    `geomx collect` does for a by-hand launch)."""
     nodes_dir = run_dir / "nodes"
     # progress.csv: evaluator's evals, with job-wide cumulative bytes at each eval time
     sends: list[tuple[float, int, bool]] = []

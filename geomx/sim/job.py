@@ -27,7 +27,7 @@ from geomx.scenario import Scenario
 from geomx.sim.job_network import (
     build_network, counters_from_network, schedule_link_faults, transfer_recorder,
 )
-from geomx.sim.loop import EmulationDeadlock, VirtualTimeLoop, _cancel_remaining, new_virtual_loop
+from geomx.sim.loop import EmulationDeadlock, VirtualTimeLoop, cancel_remaining, new_virtual_loop
 from geomx.sim.network import Network
 from geomx.sim.services import EmuServices
 from geomx.sim.supervise import deadlock_hint, run_nodes
@@ -156,7 +156,7 @@ def run_job(job: EmulatedJob) -> None:
                         f"{deadlock_hint(s)}: {e}") from e
     finally:
         try:
-            _cancel_remaining(loop)  # a failed job leaves tasks behind: end them in virtual time
+            cancel_remaining(loop)  # a failed job leaves tasks behind: end them in virtual time
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             asyncio.set_event_loop(None)

@@ -54,7 +54,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 __all__ = [
-    "EmulationDeadlock", "EmulationLivelock", "VirtualTimeLoop", "new_virtual_loop", "run_virtual",
+    "EmulationDeadlock", "EmulationLivelock", "VirtualTimeLoop", "cancel_remaining", "new_virtual_loop",
+    "run_virtual",
 ]
 
 T = TypeVar("T")
@@ -412,7 +413,9 @@ def new_virtual_loop(*, start_time: float = 0.0) -> VirtualTimeLoop:
     return VirtualTimeLoop(start_time=start_time)
 
 
-def _cancel_remaining(loop: VirtualTimeLoop) -> None:
+def cancel_remaining(loop: VirtualTimeLoop) -> None:
+    """Cancel every task still pending on ``loop`` and let them finish in virtual time
+    (a job that failed leaves its other nodes' tasks behind)."""
     tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
     if not tasks:
         return
@@ -446,7 +449,7 @@ def run_virtual(coro: Coroutine[Any, Any, T] | Awaitable[T], *,
         return loop.run_until_complete(coro)
     finally:
         try:
-            _cancel_remaining(loop)
+            cancel_remaining(loop)
             loop.run_until_complete(loop.shutdown_asyncgens())
         finally:
             loop.close()
