@@ -304,8 +304,8 @@ def max_message_bytes(plan: JobPlan) -> int:
     """The largest message a node of this job can legitimately receive (real runtime).
 
     A frame announcing more is a stranger's (or a bug's), so the transport refuses it
-    before holding any of it (issue 12: 8 connections announcing 128 MiB frames grew a
-    node by ~1 GB). Built-in models: twice the whole model (a message never carries more
+    before holding any of it (without this bound, 8 connections announcing 128 MiB frames
+    grow a node by ~1 GB). Built-in models: twice the whole model (a message never carries more
     than the model and, with a codec, its residual-free encoding) plus 16 MiB for headers
     and small keys; training programs create keys as they run, so they get
     :data:`PROGRAM_MAX_MESSAGE_BYTES`.

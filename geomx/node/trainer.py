@@ -4,7 +4,7 @@ Written only against the kvstore API (``geomx.kv``, implemented in
 :mod:`geomx.node.kvstore`) so it is also the reference for users writing their own
 loop. What a step sends and receives is the sync algorithm's worker side
 (``geomx.sync.policy.make_worker_sync``). For FSA and MixedSync, two modes, as in
-GeoMX's examples (docs/algorithms.md):
+GeoMX's examples (docs/geomx-behaviour.md §2.2):
 
 * a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
   new *weights*;
