@@ -145,11 +145,12 @@ def test_mesh_refuses_codecs_and_other_sync_algorithms(tmp_path):
 def test_malformed_relays_are_rejected_and_counted():
     from geomx.cluster import plan_job
     from geomx.node.mesh_server import MeshServer
+    from geomx.transport import TransportDefaults
     from geomx.wire import Kind, Message, Payload
 
     plan = plan_job(parse_scenario(MESH))
 
-    class Transport:
+    class Transport(TransportDefaults):
         def local_address(self):
             return ""
 

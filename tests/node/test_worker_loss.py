@@ -73,6 +73,7 @@ def test_reweighting_keeps_the_dc_weight() -> None:
 
     from geomx.cluster import plan_job
     from geomx.node.local_server import LocalServer
+    from geomx.transport import TransportDefaults
     from geomx.wire import Kind, Message, Payload
 
     s = load_scenario(QUICKSTART, ["membership.on_worker_loss=continue"])
@@ -82,7 +83,7 @@ def test_reweighting_keeps_the_dc_weight() -> None:
         def record(self, *a, **k): pass
         def now(self): return 0.0
 
-    class Transport:
+    class Transport(TransportDefaults):
         name = "ls:party-a"
 
     rounds = []
