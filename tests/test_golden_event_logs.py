@@ -1,0 +1,89 @@
+"""Every emulated scenario still writes the events.jsonl it wrote when its golden hash was
+recorded: a refactor that changes one byte of an event log fails here.
+
+The hashes, the commit they were recorded at and the overrides that keep each run short
+are in tests/golden/event_logs.json, written by ``python tools/golden_logs.py record``;
+docs/golden-logs.md says when to re-record. Each scenario runs in this process through
+the public run API (``load_scenario`` + ``run_scenario``), as a user's script would; the
+tool runs the same scenarios through ``geomx run`` in child processes, and both must give
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import ModuleType
+
+import pytest
+
+from geomx.experiment import run_scenario
+from geomx.scenario import load_scenario
+
+from tests.helpers.paths import ROOT
+
+
+def _golden_tool() -> ModuleType:
+    """tools/golden_logs.py, a script outside the package, imported by path: the test and
+    the tool share its list of scenario files, its hashing and its failure report."""
+    name = "golden_logs_tool"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / "golden_logs.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up while the class is made
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+TOOL = _golden_tool()
+GOLDEN = TOOL.load_golden()
+RECORDED = GOLDEN["scenarios"]
+
+# None of them is marked slow: the longest, netstorm_9dc_dynamic, takes about 8 s of CPU.
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e["path"]) for e in RECORDED])
+def test_event_log_is_byte_identical_to_the_recorded_one(entry, tmp_path, monkeypatch):
+    for name in TOOL.scrubbed_names():  # GeoMX's switches in the shell must not leak in
+        monkeypatch.delenv(name)
+    scenario = load_scenario(ROOT / entry["path"], entry["overrides"])
+    result = run_scenario(scenario, runtime="emu", out_dir=tmp_path, progress=False)
+    log = result.run_dir / "events.jsonl"
+    assert log.is_file(), (f"{entry['path']} with {entry['overrides']} wrote no events.jsonl; "
+                           f"{TOOL.rerecord_advice(GOLDEN)}")
+    current = TOOL.sha256_of(log)
+    if current != entry["sha256"]:
+        pytest.fail(TOOL.difference_report(entry["path"], entry["sha256"], current, log, GOLDEN),
+                    pytrace=False)
+
+
+def test_golden_file_accounts_for_every_scenario_file():
+    """A scenario file without a golden hash (or a hash for a file that is gone) fails, so
+    the harness cannot silently miss one; only the files the golden file lists under
+    ``not_run``, each with its reason, are left out."""
+    files = set(TOOL.scenario_files(ROOT))
+    recorded = {e["path"] for e in RECORDED}
+    not_run = {e["path"] for e in GOLDEN["not_run"]}
+    problems = []
+    if missing := sorted(files - recorded - not_run):
+        problems.append(f"no golden log for {', '.join(missing)}: once the test passes for the "
+                        f"others, add them with: python {TOOL.THIS_SCRIPT} record (a file that "
+                        f"cannot run under the test extra goes in NOT_RUNNABLE in "
+                        f"{TOOL.THIS_SCRIPT}, with the reason)")
+    if gone := sorted((recorded | not_run) - files):
+        problems.append(f"golden entries for files that no longer exist: {', '.join(gone)}; "
+                        f"re-record: python {TOOL.THIS_SCRIPT} record")
+    if both := sorted(recorded & not_run):
+        problems.append(f"both recorded and not run: {', '.join(both)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_golden_runs_use_the_overrides_the_tool_would_apply_now():
+    """The tool's shrinking overrides (and a scenario file's own settings that call for
+    one, such as events turned off) are what the golden file recorded."""
+    planned, skipped = TOOL.plan(ROOT)
+    now = {e["path"]: e["overrides"] for e in planned}
+    stale = [f"{e['path']}: recorded with {e['overrides']}, the tool now applies "
+             f"{now[e['path']]}" for e in RECORDED if e["path"] in now
+             and now[e["path"]] != e["overrides"]]
+    assert not stale, ("\n".join(stale) + f"\nre-record at the recorded commit: python "
+                       f"{TOOL.THIS_SCRIPT} record --at {GOLDEN['commit']['sha']}")
+    assert {e["path"] for e in skipped} == {e["path"] for e in GOLDEN["not_run"]}
