@@ -426,6 +426,9 @@ def cmd_record(args: argparse.Namespace) -> int:
             (worktree_at(commit["sha"]) if args.at is not None else _here()) as tree:
         entries, skipped = plan(tree)
         runs = run_all(tree, entries, Path(out), keep)
+        # read while the logs exist: without --keep they live in the temporary folder
+        measured = [(count_lines(r.events_log), sha256_of(r.events_log)) if not r.error
+                    else (0, "") for r in runs]
     failed = [r for r in runs if r.error]
     for r in failed:
         print(f"FAILED {r.path}: {r.error}")
@@ -446,8 +449,8 @@ def cmd_record(args: argparse.Namespace) -> int:
         "recorded_with": runtime_versions(),
         "scenarios": [{"path": r.path, "overrides": r.overrides,
                        **({"why_overrides": e["why"]} if e["why"] else {}),
-                       "events": count_lines(r.events_log), "sha256": sha256_of(r.events_log)}
-                      for e, r in zip(entries, runs)],
+                       "events": events, "sha256": sha256}
+                      for e, r, (events, sha256) in zip(entries, runs, measured)],
         "not_run": skipped,
     }
     GOLDEN_FILE.parent.mkdir(parents=True, exist_ok=True)
