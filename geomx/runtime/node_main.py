@@ -36,6 +36,7 @@ from geomx.runtime.framing import PREAMBLE_BYTES
 from geomx.runtime.services import RealServices
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
+from geomx.transport import Transport
 from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
@@ -119,11 +120,18 @@ class MembersOnly:
     authenticated as; without one, names are taken on trust. Both directions are
     logged (rate-limited) and counted (``dropped_from_strangers``,
     ``dropped_to_strangers``).
+
+    It is a :class:`~geomx.transport.Transport` of its own: each call of the contract
+    goes to the inner transport, through the members check where it has one; nothing
+    else of the inner transport shows through (its owner keeps it for ``stats`` and
+    ``close``).
     """
 
-    def __init__(self, inner: Any, members: set[str], *, allow_claims: bool = False):
+    def __init__(self, inner: Transport, members: set[str], *, allow_claims: bool = False):
         self._inner = inner
-        self._inner_nowait = getattr(inner, "send_nowait", None)
+        self.name = inner.name
+        #: the inner transport's fast path, bound once: it runs for every message sent
+        self._inner_nowait = inner.send_nowait
         self._members = members
         #: schedulers also talk to processes claiming a rank (``claim:TOKEN``, REGISTER
         #: only; the scheduler bounds how many): see geomx/runtime/rank_claim.py
@@ -142,7 +150,7 @@ class MembersOnly:
     def send_nowait(self, msg: Message) -> bool:
         """The inner transport's fast path, for members only (anything else goes through
         :meth:`send`, which drops and logs it)."""
-        if self._inner_nowait is None or msg.dst not in self._members:
+        if msg.dst not in self._members:
             return False
         return self._inner_nowait(msg)
 
@@ -153,19 +161,33 @@ class MembersOnly:
                 return msg
 
     async def listen(self, handler: Callable[[Message], None]) -> None:
-        """The inner transport's ``listen`` (no coroutine call per message), for members'
-        messages only; the inner ``recv`` loop where it has none."""
-        inner = getattr(self._inner, "listen", None)
-        if inner is None:
-            while True:
-                handler(await self.recv())
+        """The inner transport's ``listen``, for members' messages only."""
         members, admit = self._members, self._admit
 
         def members_only(msg: Message) -> None:
             if msg.src in members or admit(msg):
                 handler(msg)
 
-        await inner(members_only)
+        await self._inner.listen(members_only)
+
+    def receive_into(self, peer: str, request_id: int, sink: Any) -> bool:
+        """The inner transport's: a reply comes only from the member a request went to
+        (a request to a stranger is never sent)."""
+        return self._inner.receive_into(peer, request_id, sink)
+
+    def forget_receive(self, request_id: int) -> None:
+        self._inner.forget_receive(request_id)
+
+    def set_address_book(self, book: dict[str, str]) -> None:
+        self._inner.set_address_book(book)
+
+    def local_address(self) -> str:
+        return self._inner.local_address()
+
+    async def close(self) -> None:
+        """Closes the inner transport (the node's process usually closes it itself, with
+        the flush timeout it chooses)."""
+        await self._inner.close()
 
     def _admit(self, msg: Message) -> bool:
         """A member's message (or a rank claim's REGISTER, where allowed); anything else
@@ -183,9 +205,6 @@ class MembersOnly:
             log.warning("%s: %s %s %s %r: not a node of this job (%d so far)",
                         self._inner.name, what, msg.kind.name,
                         "to" if what == "not sending" else "from", who, n)
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._inner, attr)
 
 
 def tls_contexts(cfg: NodeConfig) -> tuple[Any, Any]:
