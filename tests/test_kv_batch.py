@@ -1,4 +1,4 @@
-"""A list push/pull through ``geomx.kv`` travels as one BATCH per server (issue 16), in
+"""A list push/pull through ``geomx.kv`` travels as one BATCH per server, in
 both runtimes, with the same values as the same keys one by one; and the BATCH frame
 round-trips through the wire format and refuses what it must not carry."""
 

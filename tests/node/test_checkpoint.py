@@ -1,4 +1,4 @@
-"""Checkpoint and resume (``[checkpoint]``, ``geomx run/launch --resume``; issue 12).
+"""Checkpoint and resume (``[checkpoint]``, ``geomx run/launch --resume``).
 
 The emulator tests stop a job at round 50 (``run.iterations``), resume it from its
 latest complete checkpoint to round 100, and require the global server's arrays to be

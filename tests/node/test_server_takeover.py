@@ -1,4 +1,4 @@
-"""Server loss and takeover (``[membership] on_server_loss = "wait"``; issue 12).
+"""Server loss and takeover (``[membership] on_server_loss = "wait"``).
 
 A local server that dies is waited for (bounded by ``server_loss_timeout``); a new
 process under its name re-pulls its keys and their rounds from the global tier, its

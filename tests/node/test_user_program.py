@@ -1,4 +1,4 @@
-"""User training programs (issue 9, part 2): ``[training] program`` runs ``main(kv, ctx)``
+"""User training programs: ``[training] program`` runs ``main(kv, ctx)``
 on every worker and the master, in the emulator and over real sockets, and leaves a run
 folder as complete as the built-in trainer's."""
 

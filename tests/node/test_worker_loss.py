@@ -1,4 +1,4 @@
-"""Worker loss (``[membership] on_worker_loss``; issue 12).
+"""Worker loss (``[membership] on_worker_loss``).
 
 ``fail`` (the default) stops the job naming the dead worker. ``continue``: the DC's local
 scheduler declares the worker lost after ``heartbeat_timeout``, the local server

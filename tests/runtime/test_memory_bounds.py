@@ -1,4 +1,4 @@
-"""Nothing a stranger sends can make a transport hold unbounded memory (issue 12).
+"""Nothing a stranger sends can make a transport hold unbounded memory.
 
 Without a secret (the default) anyone completes the handshake. Two ways in were open:
 thousands of connections that never finish their handshake (64 KiB of buffer each), and

@@ -1,4 +1,4 @@
-"""Transient network faults in the real runtime (issue 12): a TCP connection that drops is
+"""Transient network faults in the real runtime: a TCP connection that drops is
 dialled again, and what the receiver had not got is written again, in order, once.
 
 Connections are killed, not processes: ``transport.abort()`` on either end (a reset), or,

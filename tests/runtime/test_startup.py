@@ -2,7 +2,7 @@
 for the address book (bounded), a message that cannot be delivered fails its node by name,
 and a request without a reply fails by name after ``membership.request_timeout``.
 
-The race these pin down (issue 9): the scheduler answers every member's registration at
+The race these pin down: the scheduler answers every member's registration at
 once; one member gets its answer first and sends a request to another whose own answer
 (with the address book) is still in flight. The reply used to be dropped with a warning
 and the requester waited forever.

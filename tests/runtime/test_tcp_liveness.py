@@ -1,4 +1,4 @@
-"""Connections that die silently (issue 12): noticed within ``[real] dead_connection_timeout``.
+"""Connections that die silently: noticed within ``[real] dead_connection_timeout``.
 
 A NAT or firewall that forgets a flow drops its packets without a word: neither end
 sees a FIN or an RST. The blackhole test makes exactly that in a private network

@@ -493,8 +493,8 @@ def test_reassembler_rejects_malformed_datagrams():
 
 
 def test_reassembler_memory_is_bounded_against_announced_chunk_counts():
-    """Issue 12: 13-byte datagrams each claiming to be chunk 0 of 65,535 used to allocate a
-    65,535-slot table apiece (2,500 of them: 300-730 MB). Now a partial message costs what
+    """13-byte datagrams each claiming to be chunk 0 of 65,535 must not each allocate a
+    65,535-slot table (2,500 of them would take 300-730 MB): a partial message costs what
     it carries plus a fixed charge, all counted against max_pending_bytes."""
     import tracemalloc
 

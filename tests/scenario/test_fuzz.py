@@ -1,4 +1,4 @@
-"""Scenario fuzz (issue 12): hundreds of generated bad scenario files, each either refused
+"""Scenario fuzz: hundreds of generated bad scenario files, each either refused
 with one clear line (exit 2) or accepted with a resolved scenario that loads again; never
 a traceback, never a hang.
 

@@ -351,7 +351,7 @@ def test_the_shaper_follows_the_emulators_traces_on_every_hop_of_a_route():
                for t, _, hops in xy)
 
 
-# -- faults x sync algorithms (issue 12's matrix, in the emulator) -----------------------------
+# -- faults x sync algorithms (the whole matrix, in the emulator) -------------------------------
 
 #: DC-ASGD is MixedSync's asynchronous global tier with the delay-compensating optimizer
 #: (scenarios/mixed_dcasgd.toml)
