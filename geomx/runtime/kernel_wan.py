@@ -38,7 +38,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import subprocess
 import uuid
 from typing import Any
 
