@@ -14,7 +14,7 @@ Names: ``none``, ``fp16``, ``bf16``, ``bsc``, ``mpq`` (a policy), ``onebit``.
 Kernels: Numba on the CPU, ``numba.cuda`` for CUDA arrays (chosen per array; see
 ``device.py``). Nothing is compiled at import time.
 """
-from .base import (
+from geomx.policy.codec import (
     DEFAULT_SIZE_LOWER_BOUND,
     SIZE_BOUND_ENV,
     TIERS,

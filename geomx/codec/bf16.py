@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from . import cpu_kernels, device
-from .base import CodecError
+from geomx.policy import device
+from . import cpu_kernels
+from geomx.policy.codec import CodecError
 from .fp16 import HalfWidthCodec
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from . import base, device
-from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
+from geomx.policy import codec as base, device
+from geomx.policy.codec import ArraySpec, Codec, CodecError, CodecState, Encoded
 
 
 class DenseCodec(Codec):

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import base
-from .base import Codec, Tier
+from geomx.policy import codec as base
+from geomx.policy.codec import Codec, CodecPolicy, Tier
 from .bsc import BiSparseCodec
 from .fp16 import FP16Codec
 from .identity import DenseCodec
 
 
-class MPQ:
+class MPQ(CodecPolicy):
     """Policy: ``codec_for(num_elements, tier)`` returns the codec GeoMX's MPQ uses."""
 
     name = "mpq"

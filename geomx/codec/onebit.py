@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import base, cpu_kernels, device
-from .base import ArraySpec, Codec, CodecError, CodecState, Encoded
+from geomx.policy import codec as base, device
+from . import cpu_kernels
+from geomx.policy.codec import ArraySpec, Codec, CodecError, CodecState, Encoded
 from .identity import DenseCodec, WanAboveBound
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
-from .base import Codec
+from geomx.policy.codec import Codec
 
 if TYPE_CHECKING:
     from .mpq import MPQ

@@ -318,7 +318,7 @@ def codec_states(codec: Any) -> list[Any]:
 
 
 def restore_codec_states(codec: Any, saved: list[Any]) -> None:
-    from geomx.codec.base import CodecState
+    from geomx.policy.codec import CodecState
 
     codec.states.clear()
     for k, st in saved:

@@ -1,7 +1,7 @@
 """Topology planning: which nodes a job has, where they run and whom they register with.
 
 ``[topology] kind`` picks a planner from :data:`PLANNERS`; each is a module here that
-implements :class:`~geomx.topology.base.TopologyPlanner` (``hips``: GeoMX's two tiers;
+implements :class:`~geomx.policy.layout.TopologyPlanner` (``hips``: GeoMX's two tiers;
 ``flat``: the vanilla parameter server; ``netstorm``, ``mlnet``, ``mxnet``: one server per
 DC over a mesh, :mod:`geomx.topology.mesh`, planned by :mod:`geomx.topology.netstorm_plan`).
 Two modules here serve both runtimes rather than a planner: :mod:`geomx.topology.routes`
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from geomx.topology import flat, hips, mesh
-from geomx.topology.base import (GLOBAL_SCHEDULER, MASTER_WORKER, STATE_SERVER, DCShape,
+from geomx.policy.layout import (GLOBAL_SCHEDULER, MASTER_WORKER, STATE_SERVER, DCShape,
                                  NodeLayout, TopologyPlanner)
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from geomx.topology.base import DCShape, NodeLayout, assemble_layout
+from geomx.policy.layout import DCShape, NodeLayout, assemble_layout
 
 #: The JobSpec mode of this topology's nodes.
 MODE = "flat_ps"

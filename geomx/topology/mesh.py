@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from geomx.topology.base import (MASTER_WORKER, DCShape, NodeLayout, assemble_layout,
+from geomx.policy.layout import (MASTER_WORKER, DCShape, NodeLayout, assemble_layout,
                                  global_server_name)
 
 #: JobSpec mode of NETSTORM and MLNET jobs (one tree-aggregating server per DC).

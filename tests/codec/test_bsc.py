@@ -8,7 +8,7 @@ import pytest
 
 from geomx.codec import BiSparseCodec, CodecError, DenseCodec, cpu_kernels, decode
 from geomx.codec import reference as ref
-from geomx.codec.base import SIZE_BOUND_ENV
+from geomx.policy.codec import SIZE_BOUND_ENV
 
 M = np.float32(0.9)
 

@@ -11,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from geomx.codec import BF16Codec, BiSparseCodec, CodecError, FP16Codec, OneBitCodec, decode, device
+from geomx.codec import BF16Codec, BiSparseCodec, CodecError, FP16Codec, OneBitCodec, decode
+from geomx.policy import device
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 

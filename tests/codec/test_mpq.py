@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from geomx.codec import MPQ, BiSparseCodec, DenseCodec, FP16Codec, codec_from_config, decode
-from geomx.codec.base import SIZE_BOUND_ENV
+from geomx.policy.codec import SIZE_BOUND_ENV
 
 BOUND = 1000
 

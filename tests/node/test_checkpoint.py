@@ -236,7 +236,7 @@ def test_keep_prunes_old_and_incomplete_rounds(tmp_path: Path) -> None:
 def test_state_trees_round_trip_without_pickle(tmp_path: Path) -> None:
     import dataclasses
 
-    from geomx.codec.base import CodecState
+    from geomx.policy.codec import CodecState
     from geomx.optim import create_optimizer
 
     @dataclasses.dataclass

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 import numpy as np
 
-from . import device
+from geomx.policy import device
 
 Tier = Literal["lan", "wan"]
 #: "lan": worker <-> local server inside a DC; "wan": local server <-> global server.
@@ -245,14 +245,42 @@ def finish_cpu(result_f32: np.ndarray, out: np.ndarray | None, accumulate: bool,
 # --------------------------------------------------------------------------- the codec
 
 
-class Codec(abc.ABC):
-    """A gradient codec. Subclasses register their ``name`` for :func:`decode`."""
+class CodecPolicy(abc.ABC):
+    """What a job's ``[codec] type`` names: per tensor size and hop, which :class:`Codec`
+    encodes it. A plain codec is its own policy (:class:`Codec`); MPQ picks one of two
+    by size (docs/geomx-behaviour.md §4.3). ``params`` are the constructor's keyword
+    arguments a scenario's ``[codec]`` table or ``[codec.options]`` may set; ``config()``
+    is the dict that rebuilds an equal policy on every node (and travels in GeoMX's
+    ``set_gradient_compression`` command)."""
 
     name: ClassVar[str]
-    #: Whether ``encode`` needs a :class:`CodecState` (error feedback).
-    stateful: ClassVar[bool] = False
     #: Constructor parameters accepted from a config dict (``codec_from_config``).
     params: ClassVar[tuple[str, ...]] = ()
+
+    @abc.abstractmethod
+    def applies_to(self, num_elements: int) -> bool:
+        """Whether tensors of this size are compressed (else they travel dense)."""
+
+    @abc.abstractmethod
+    def codec_for(self, num_elements: int, tier: Tier) -> "Codec":
+        """The codec for a tensor of ``num_elements`` on hop ``tier`` (``"lan"``/``"wan"``)."""
+
+    def config(self) -> dict[str, Any]:
+        """The dict that ``codec_from_config`` turns back into an equal policy."""
+        return {"type": self.name, **{p: getattr(self, p) for p in self.params}}
+
+
+class Codec(CodecPolicy):
+    """A gradient codec. Subclasses register their ``name`` for :func:`decode`.
+
+    A codec of your own subclasses this and implements ``encode``, ``encoded_sizes`` and
+    ``_decode_cpu`` (``_decode_cuda`` for CUDA arrays); name it in a scenario as
+    ``[codec] type = "file.py:Class"`` (docs/extending.md). Its ``name`` must be unique:
+    receivers pick the decoder by ``meta["codec"]``.
+    """
+
+    #: Whether ``encode`` needs a :class:`CodecState` (error feedback).
+    stateful: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -324,10 +352,6 @@ class Codec(abc.ABC):
         raise CodecError(f"codec {cls.name!r} has no CUDA decoder")
 
     # -- description ------------------------------------------------------------
-    def config(self) -> dict[str, Any]:
-        """The dict that ``codec_from_config`` turns back into an equal codec."""
-        return {"type": self.name, **{p: getattr(self, p) for p in self.params}}
-
     def __repr__(self) -> str:
         args = ", ".join(f"{p}={getattr(self, p)!r}" for p in self.params)
         return f"{type(self).__name__}({args})"

@@ -1,0 +1,188 @@
+"""Finding a policy class by the name a scenario gives it.
+
+A scenario names a policy the way it names a training program (``[training] program``):
+
+* a **built-in name** (``"fsa"``, ``"bsc"``, ``"netstorm"``): the rows of :data:`BUILTIN`,
+  each a ``module:Class`` string imported on first use (so a job pays only for the
+  policies it runs, and the node layer never imports a concrete policy module);
+* a **file** next to the scenario, ``"lab/ssp.py:BoundedStaleness"`` (the scenario loader
+  makes the path absolute, so every node of a job finds the same file);
+* an **importable module**, ``"lab.ssp:BoundedStaleness"``;
+* an **installed plug-in**: a name in the ``geomx.policies`` entry-point group
+  (``[project.entry-points."geomx.policies"] ssp = "lab.ssp:BoundedStaleness"``).
+
+:func:`policy_class` returns the class and checks that it is a policy of the asked
+kind with every abstract method written; every failure is a :class:`PolicyError` of one
+line naming the policy. ps-lite plugs application behaviour into a fixed transport the
+same way (``KVServer::set_request_handle``); Flower users pass a ``Strategy`` instance.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+import zlib
+from typing import Any
+
+__all__ = ["KINDS", "BUILTIN", "PolicyError", "policy_class", "is_builtin", "builtin_names",
+           "describe_spec", "ENTRY_POINT_GROUP"]
+
+#: The kinds of policy a scenario can name, and where: ``[sync] algorithm``,
+#: ``[sched] policy``, ``[topology] kind``, ``[codec] type``.
+KINDS = ("sync", "sched", "topology", "codec")
+
+ENTRY_POINT_GROUP = "geomx.policies"
+
+#: kind -> built-in name -> ``module:Class``. The classes are plug-ins of this package's
+#: API like any user's; the names are what the scenario documentation lists.
+BUILTIN: dict[str, dict[str, str]] = {
+    "sync": {},
+    "sched": {},
+    "topology": {},
+    "codec": {
+        "none": "geomx.codec.identity:DenseCodec",
+        "fp16": "geomx.codec.fp16:FP16Codec",
+        "bf16": "geomx.codec.bf16:BF16Codec",
+        "bsc": "geomx.codec.bsc:BiSparseCodec",
+        "mpq": "geomx.codec.mpq:MPQ",
+        "onebit": "geomx.codec.onebit:OneBitCodec",
+    },
+}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be found, loaded or used; one line naming the policy."""
+
+
+def builtin_names(kind: str) -> tuple[str, ...]:
+    return tuple(BUILTIN[kind])
+
+
+def is_builtin(kind: str, spec: str) -> bool:
+    return spec in BUILTIN.get(kind, {})
+
+
+def describe_spec(kind: str, spec: str) -> str:
+    """How errors name a policy: ``sync policy 'lab/ssp.py:BoundedStaleness'``."""
+    return f"{kind} policy {spec!r}"
+
+
+def _split(spec: str) -> tuple[str, str]:
+    where, sep, cls = spec.rpartition(":")
+    if not sep or not where or not cls:
+        return spec, ""
+    if len(where) == 1 and where.isalpha():  # a Windows drive letter, no class given
+        return spec, ""
+    return where, cls
+
+
+@functools.lru_cache(maxsize=64)
+def _load_file(path: str, label: str) -> Any:
+    if not os.path.isfile(path):
+        raise PolicyError(f"{label}: no such file {path!r} (a relative path is taken next to "
+                          "the scenario file)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if folder not in sys.path:  # like `python lab/ssp.py`: its folder's modules import
+        sys.path.insert(0, folder)
+    mod_name = f"geomx_user_policy_{zlib.crc32(os.path.abspath(path).encode()):08x}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    mspec = importlib.util.spec_from_file_location(mod_name, path)
+    if mspec is None or mspec.loader is None:
+        raise PolicyError(f"{label}: cannot load {path!r} as Python")
+    module = importlib.util.module_from_spec(mspec)
+    sys.modules[mod_name] = module
+    try:
+        mspec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(mod_name, None)
+        raise PolicyError(f"{label} failed to import: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _load_module(name: str, label: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name == name.partition(".")[0] and cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+            try:
+                return importlib.import_module(name)
+            except Exception as e2:
+                raise PolicyError(f"{label}: cannot import module {name!r}: "
+                                  f"{type(e2).__name__}: {e2}") from e2
+        raise PolicyError(f"{label}: cannot import module {name!r}: {e}") from e
+    except Exception as e:
+        raise PolicyError(f"{label}: cannot import module {name!r}: "
+                          f"{type(e).__name__}: {e}") from e
+
+
+def _entry_point(spec: str) -> str | None:
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == spec:
+            return str(ep.value)
+    return None
+
+
+def _base_of(kind: str) -> type:
+    if kind == "sync":
+        from geomx.policy.sync import SyncAlgorithm
+        return SyncAlgorithm
+    if kind == "sched":
+        from geomx.policy.scheduling import TransferScheduler
+        return TransferScheduler
+    if kind == "topology":
+        from geomx.policy.topology import Topology
+        return Topology
+    from geomx.policy.codec import Codec, CodecPolicy
+    return CodecPolicy if kind == "codec" else Codec
+
+
+def policy_class(kind: str, spec: str) -> type:
+    """The class ``spec`` names for a policy of ``kind`` (one of :data:`KINDS`).
+
+    Raises :class:`PolicyError`: unknown built-in name (listing them), a file or module
+    that does not import, a missing class, a class of another kind, or one that leaves
+    abstract methods unwritten.
+    """
+    if kind not in KINDS:
+        raise PolicyError(f"unknown policy kind {kind!r}; allowed: {', '.join(KINDS)}")
+    if not isinstance(spec, str) or not spec.strip():
+        raise PolicyError(f"{kind} policy: a name is required, one of "
+                          f"{', '.join(BUILTIN[kind]) or 'a file.py:Class'}, or file.py:Class, "
+                          "package.module:Class, an installed plug-in name")
+    spec = spec.strip()
+    label = describe_spec(kind, spec)
+    target = BUILTIN[kind].get(spec)
+    if target is None and ":" not in spec:
+        target = _entry_point(spec)
+        if target is None:
+            names = ", ".join(repr(n) for n in BUILTIN[kind])
+            raise PolicyError(f"unknown {kind} policy {spec!r}; allowed: {names}, "
+                              "'file.py:Class', 'package.module:Class' or an installed "
+                              f"'{ENTRY_POINT_GROUP}' plug-in")
+    where, cls_name = _split(target or spec)
+    if not cls_name:
+        raise PolicyError(f"{label}: name the class, as in 'file.py:Class'")
+    if where.endswith(".py") or os.sep in where or "/" in where:
+        module = _load_file(where, label)
+    else:
+        module = _load_module(where, label)
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise PolicyError(f"{label}: {where!r} has no class {cls_name!r}")
+    base = _base_of(kind)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise PolicyError(f"{label}: {cls_name} is not a {kind} policy; subclass "
+                          f"geomx.policy.{base.__name__}")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()) or ())
+    if inspect.isabstract(cls) and missing:
+        raise PolicyError(f"{label}: {cls_name} does not implement "
+                          f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
+    return cls

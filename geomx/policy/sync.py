@@ -1,0 +1,266 @@
+"""Sync algorithms: when servers aggregate and reply, and what a worker does per step.
+
+A synchronisation algorithm touches three places of a HiPS job (docs/geomx-behaviour.md
+§1, §3), and a :class:`SyncAlgorithm` builds one *side* for each:
+
+* the **global server** (:class:`GlobalSide`): when a pushed value is applied and when
+  the push is answered (FSA §3.2, MixedSync §3.3, a bounded-staleness rule of your own);
+* the **local server** (:class:`LocalSide`): what it does once every worker of its DC
+  has pushed a key -- forward the DC sum across the WAN, or average locally and only
+  sometimes talk to the global tier (HFA §3.4);
+* the **worker** (:class:`WorkerSide`): what one training step sends and receives.
+
+Each side talks to its node only through a context (:class:`GlobalContext`,
+:class:`LocalContext`, :class:`WorkerContext`), never through the node object, so the
+same algorithm runs in the emulator, over sockets and in a by-hand launch. Name it in a
+scenario as ``[sync] algorithm = "lab/ssp.py:BoundedStaleness"`` with its options in
+``[sync.options]`` (docs/extending.md).
+
+What must be deterministic: a side's decisions may depend only on what its hooks are
+given, its own state and its context (``ctx.now()`` is virtual time in the emulator).
+Hooks that are plain ``def`` run to completion inside the node's message handler and
+must not block; ``async`` hooks may await their context's requests.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from geomx.policy.base import Policy
+from geomx.policy.context import NodeContext
+from geomx.wire import Message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from geomx.policy.layout import NodeLayout
+
+__all__ = ["SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
+           "LocalContext", "WorkerContext", "ServerSlot", "LocalSlotView", "JobView"]
+
+#: A tensor value as servers hold it: a numpy array, or a phantom payload (a shape and
+#: a byte count without data, for jobs that emulate a model's traffic only).
+Value = Any
+
+
+class JobView(Protocol):
+    """What a policy may read about the whole job (identical on every node)."""
+
+    mode: str                       # "hips" | "flat_ps" | "netstorm"
+    party_dcs: list[str]
+    global_servers: list[str]
+    workers_of: dict[str, list[str]]
+
+    @property
+    def num_all_workers(self) -> int: ...
+
+
+class ServerSlot(Protocol):
+    """A global server's state of one (key, part) in the current round."""
+
+    key: int
+    version: int                    # rounds applied to ``store``
+    count: int                      # pushes summed into ``merged`` this round
+    merged: Value | None            # their sum
+    contributors: set[str]          # who pushed this round
+    waiting_pushes: list[Message]   # pushes parked until the round completes
+
+
+class LocalSlotView(Protocol):
+    """A local server's state of one key."""
+
+    key: int
+    round: int                      # the DC's rounds of this key so far
+    store: Value | None             # the value workers pull
+
+
+class GlobalContext(NodeContext, Protocol):
+    """A global server as its sync side sees it."""
+
+    @property
+    def pushers(self) -> Sequence[str]:
+        """Who pushes to this server: a local server per DC, or every worker (flat PS)."""
+        ...
+
+    @property
+    def departed(self) -> set[str]:
+        """Pushers that have finished (said goodbye) or were lost."""
+        ...
+
+    @property
+    def stop_requested(self) -> bool:
+        """A worker asked the job to stop (its target was reached)."""
+        ...
+
+    @property
+    def has_optimizer(self) -> bool:
+        """The master worker installed an optimizer on this server."""
+        ...
+
+    def slot(self, key: int, part: int) -> ServerSlot: ...
+
+    def contributors_of(self, push: Message) -> list[str]:
+        """Whose pushes ``push`` carries (its sender, or every member of a merged push)."""
+        ...
+
+    def accumulate(self, slot: ServerSlot, value: Value, count: int) -> None:
+        """Add ``value`` (``count`` pushes' worth) into ``slot.merged``."""
+        ...
+
+    def apply_update(self, key: int, slot: ServerSlot, value: Value, *, sender: str) -> None:
+        """Run the global optimizer (or plain sum) on ``value``; ``slot.version`` += 1."""
+        ...
+
+    def reply_push(self, push: Message, slot: ServerSlot) -> None:
+        """Answer ``push`` (with the new value when the scheduler fuses the pull)."""
+        ...
+
+    def reply_error(self, push: Message, reason: str) -> None: ...
+
+
+class LocalContext(NodeContext, Protocol):
+    """A local server as its sync side sees it."""
+
+    @property
+    def num_dcs(self) -> int: ...
+
+    @property
+    def workers(self) -> Sequence[str]:
+        """This DC's workers, rank order."""
+        ...
+
+    async def exchange_global(self, key: int, slot: LocalSlotView, value: Value, *,
+                              stop: bool) -> Value:
+        """Push ``value`` for ``key`` to the global tier (through the job's transfer
+        scheduler and codec), wait for the round, and return the new global value."""
+        ...
+
+    def answer_workers(self, slot: LocalSlotView, waiting: list[Message]) -> None:
+        """Acknowledge the parked pushes of ``slot``'s finished round."""
+        ...
+
+
+class WorkerContext(NodeContext, Protocol):
+    """A worker's training loop as its sync side sees it."""
+
+    @property
+    def kv(self) -> Any:
+        """The worker's kvstore (``push``, ``pull``, ``num_workers``, ``request_stop``)."""
+        ...
+
+    @property
+    def params(self) -> list[Any]:
+        """The model's parameter arrays, updated in place."""
+        ...
+
+    @property
+    def pull_weights(self) -> bool:
+        """The global servers run an optimizer: a pull returns weights, not a sum."""
+        ...
+
+    @property
+    def max_iterations(self) -> int:
+        """This worker's last iteration (0 = no limit)."""
+        ...
+
+    @property
+    def state_server(self) -> str:
+        """The job's state server (``""`` unless the algorithm asks for one)."""
+        ...
+
+    def local_optimizer(self) -> Any:
+        """A fresh optimizer for local steps (the scenario's optimizer and rate)."""
+        ...
+
+
+class GlobalSide(abc.ABC):
+    """A global server's part of a sync algorithm."""
+
+    #: False: the server's store holds a plain sum, ``set_optimizer`` is ignored.
+    uses_optimizer: bool = True
+
+    def start_problem(self, ctx: GlobalContext) -> str | None:
+        """Why the job cannot start on this server (checked at the first INIT), or None."""
+        return None
+
+    @abc.abstractmethod
+    def on_push(self, ctx: GlobalContext, push: Message, slot: ServerSlot,
+                value: Value) -> None:
+        """A decoded push from ``push.src`` for ``slot``: accumulate, apply, answer."""
+
+    def on_pusher_left(self, ctx: GlobalContext, pusher: str) -> None:
+        """``pusher`` has finished or was lost: release whoever waits for it."""
+        return None
+
+    def state_dict(self) -> Any:
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        return None
+
+
+class LocalSide(abc.ABC):
+    """A local server's part of a sync algorithm."""
+
+    def on_initialized(self, ctx: LocalContext, key: int, slot: LocalSlotView) -> None:
+        """``slot.store`` now holds the global initial value of ``key``."""
+        return None
+
+    @abc.abstractmethod
+    async def on_round(self, ctx: LocalContext, key: int, slot: LocalSlotView,
+                       merged: Value, waiting: list[Message], stop: bool) -> None:
+        """Every live worker of the DC pushed ``key`` (their sum is ``merged``): decide
+        the round, set ``slot.store`` and ``slot.round``, answer ``waiting``."""
+
+    def key_state(self, key: int) -> Any:
+        """What a checkpoint keeps of ``key`` (None: nothing)."""
+        return None
+
+    def load_key_state(self, key: int, state: Any) -> None:
+        return None
+
+
+class WorkerSide(abc.ABC):
+    """One worker's part of a sync algorithm, driven by the training loop each step."""
+
+    @abc.abstractmethod
+    async def step(self, iteration: int, grads: list[Any]) -> bool:
+        """Apply this step's gradients (locally and/or through ``ctx.kv``).
+
+        Returns True when the worker's parameters are now a model every worker shares
+        (where evaluating is meaningful)."""
+
+    async def finish(self) -> None:
+        """The training loop is over."""
+        return None
+
+
+class SyncAlgorithm(Policy):
+    """A sync algorithm: its three sides and what it needs from the job."""
+
+    kind: ClassVar[str] = "sync"
+    #: The global servers run the job's optimizer and a pull returns weights; False:
+    #: they only sum what workers push (model deltas), workers step locally.
+    uses_global_optimizer: ClassVar[bool] = True
+    #: HiPS only (needs a local server per DC).
+    needs_local_tier: ClassVar[bool] = False
+    #: Asks the planner for a state server (ESync's).
+    needs_state_server: ClassVar[bool] = False
+    #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
+    kvstore_type: ClassVar[str] = "dist_sync"
+
+    def check(self, job: JobView) -> str | None:
+        """Why this job cannot run the algorithm (refused at load), or None."""
+        return None
+
+    @abc.abstractmethod
+    def global_side(self, job: JobView) -> GlobalSide:
+        """The global servers' side (one per server)."""
+
+    @abc.abstractmethod
+    def local_side(self, job: JobView) -> LocalSide:
+        """The local servers' side (one per local server)."""
+
+    @abc.abstractmethod
+    def worker_side(self, ctx: WorkerContext) -> WorkerSide:
+        """The worker's side (one per worker, built when its training loop starts)."""
