@@ -30,7 +30,7 @@ import time
 import zlib
 from typing import Any, Callable, Iterator
 
-from geomx.node import kvstore
+from geomx.node import checkpoint, kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
 from geomx.sync.policy import kvstore_type
@@ -115,6 +115,15 @@ class ProgramContext:
         self._cpu_mark = time.process_time()
         self._last_report: dict[str, Any] = {}
         self._stop_reason = ""
+        #: the program's own loop state, saved with each checkpoint (see ``state``)
+        self._state: dict[str, Any] = {}
+        self._streams: list[BatchStream] = []
+        self._saver = checkpoint.NodeCheckpoints(node.job, node.name)
+        self._start_iteration = 0
+        self._saved_streams: list[Any] = []
+        loaded = None if node.is_master else self._saver.load()
+        if loaded is not None:
+            self._restore(loaded)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -236,9 +245,65 @@ class ProgramContext:
         return worker_indices(self._spec, self.worker_index, self.num_all_workers)
 
     def batches(self, batch_size: int | None = None) -> BatchStream:
-        """Endless minibatches of this worker's partition, reshuffled every epoch (seeded)."""
-        return BatchStream(self.partition(), batch_size or self._spec.batch_size,
-                           self._node.services.rng(f"batches:{self._node.name}"))
+        """Endless minibatches of this worker's partition, reshuffled every epoch (seeded).
+
+        Checkpoints save every stream made here (its order, position and generator) and a
+        resumed run gets each back where it was, in the order the program makes them."""
+        stream = BatchStream(self.partition(), batch_size or self._spec.batch_size,
+                             self._node.services.rng(f"batches:{self._node.name}"))
+        if len(self._streams) < len(self._saved_streams):
+            saved = self._saved_streams[len(self._streams)]
+            checkpoint.set_rng_state(stream.rng, saved["rng"])
+            stream.seek(saved["order"], saved["pos"], saved["epoch"])
+        self._streams.append(stream)
+        return stream
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def state(self) -> dict[str, Any]:
+        """The program's own loop state, saved with every checkpoint and handed back on
+        ``--resume`` (``[checkpoint]``; docs/guide.md, "Checkpoints").
+
+        Put here what the next iterations read that geomx does not hold: a local
+        optimizer's state, a learning-rate schedule's step, a generator of your own
+        (``rng.bit_generator.state``). Values: numbers, strings, booleans, numpy arrays,
+        and lists and dicts of them. geomx itself saves the iteration counter of
+        :meth:`iterations`, the streams of :meth:`batches` and the codec's error feedback;
+        the model comes back from the servers (pull it after ``kv.init``, as usual).
+        A checkpoint is taken where :meth:`iterations` starts the next iteration, so
+        update this dict before the loop body ends."""
+        return self._state
+
+    @property
+    def resumed(self) -> bool:
+        """This run continues a checkpoint: ``state`` holds what was saved."""
+        return self._start_iteration > 0
+
+    def _restore(self, loaded: Any) -> None:
+        tree, meta, arrays = loaded
+        saved = checkpoint.unpack(tree, arrays)
+        self._state = dict(saved["program"])
+        self._saved_streams = list(saved["streams"])
+        self._start_iteration = int(saved["iteration"])
+        self._last_report = dict(saved["last_report"])
+        checkpoint.restore_codec_states(self._node.lan_codec, saved["codec"])
+        self._node.iteration = self._start_iteration
+        self._node.record("restore", round=meta["round"], iteration=self._start_iteration)
+
+    def _save_if_due(self, iteration: int) -> None:
+        """This worker's part of a checkpoint round the global tier announced (the
+        round's replies carry it): everything the next iterations read."""
+        due = int(getattr(self._node, "ckpt_due", 0) or 0)
+        if not due or not self._saver.enabled:
+            return
+        self._node.ckpt_due = 0
+        state = {"iteration": iteration, "program": self._state,
+                 "streams": [{"rng": checkpoint.rng_state(st.rng), **st.position()}
+                             for st in self._streams],
+                 "codec": checkpoint.codec_states(self._node.lan_codec),
+                 "last_report": self._last_report}
+        path = self._saver.save(due, state, {"t": self._node.now(), "iteration": iteration})
+        self._node.record("checkpoint", round=due, iteration=iteration, file=path.name)
 
     def build_model(self) -> Any:
         """The scenario's numpy model (``[training] model``), identical on every node."""
@@ -252,9 +317,11 @@ class ProgramContext:
     def iterations(self) -> Iterator[int]:
         """1, 2, ... until ``[run] iterations``, a stop (``target_accuracy``, a time limit,
         another worker's stop) or the program breaks out. Sets the node's iteration counter,
-        which the summary counts."""
-        it = 0
+        which the summary counts. A resumed run starts after the checkpoint's iteration;
+        a checkpoint round is saved here, between two iterations."""
+        it = self._start_iteration
         while True:
+            self._save_if_due(it)
             if self.max_iterations > 0 and it >= self.max_iterations:
                 self._stop_reason = self._stop_reason or "iteration limit"
                 return

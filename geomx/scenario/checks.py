@@ -436,8 +436,6 @@ def _check_checkpoint(s: Scenario) -> None:
         (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
          f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",
          "'hips', 'flat'"),
-        (bool(s.training.program), "training.program", s.training.program,
-         "a user program's loop state is its own", '"" (the built-in trainer)'),
         (bool(s.training.algorithm), "training.algorithm", s.training.algorithm,
          "an algorithm's pass over its data is not saved", '"" (a model)'),
         (s.training.model == "phantom", "training.model", "phantom",
