@@ -442,11 +442,10 @@ def _check_checkpoint(s: Scenario) -> None:
          "a phantom model has no values to save", "a real model"),
         (s.training.layer_compute != "off", "training.layer_compute",
          s.training.layer_compute, "the per-layer compute model overlaps rounds", "'off'"),
-        (s.sched.p3, "sched.p3", True, "P3 overlaps rounds", "false"),
         (s.sched.dgt != "off", "sched.dgt", s.sched.dgt,
-         "DGT keeps late blocks across rounds", "'off'"),
-        (s.sched.tsengine_inter or s.sched.tsengine_intra, "sched.tsengine_inter", True,
-         "TSEngine's overlay state is not saved", "false"),
+         "DGT's per-block contributions and channel state are not saved", "'off'"),
+        (s.sched.tsengine_inter, "sched.tsengine_inter", True,
+         "the overlay's broadcast does not carry the checkpoint round", "false"),
     ]
     for bad, path, got, why, allowed in problems:
         if bad:

@@ -105,6 +105,18 @@ def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sched", [["sched.p3=true", "sched.p3_slice_elements=200"],
+                                   ["sched.tsengine_intra=true"]], ids=["p3", "tsengine_intra"])
+def test_scheduled_transfers_resume_bit_exact(tmp_path: Path, sched: list[str]) -> None:
+    """P3 (sliced keys, fused push replies) and TSEngine inside the DCs (merged pushes,
+    relayed model) finish every transfer of a round before the next starts, so their
+    checkpoints are consistent cuts too."""
+    clean, resumed, _ = _stop_and_resume(tmp_path, ["checkpoint.every=10", *sched],
+                                         stop=30, end=50)
+    assert _max_difference(clean, resumed) == 0.0
+
+
+@pytest.mark.slow
 def test_flat_ps_momentum_resume_is_bit_exact(tmp_path: Path) -> None:
     """The flat PS (workers push to the global server) with momentum SGD."""
     clean, resumed, _ = _stop_and_resume(
@@ -283,7 +295,8 @@ def test_bad_every_is_refused(every, problem) -> None:
 
 @pytest.mark.parametrize("extra, field", [
     ({"sync": {"algorithm": "mixed"}}, "sync.algorithm"),
-    ({"sched": {"p3": True}}, "sched.p3"),
+    ({"sched": {"dgt": "tcp"}}, "sched.dgt"),
+    ({"sched": {"tsengine_inter": True}}, "sched.tsengine_inter"),
     ({"training": {"model": "phantom"}}, "training.model"),
     ({"topology": {"kind": "netstorm"}}, "topology.kind")])
 def test_checkpoint_refuses_what_it_cannot_save(extra, field) -> None:
