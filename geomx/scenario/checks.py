@@ -515,9 +515,6 @@ def _check_server_loss(s: Scenario) -> None:
          "only FSA has a round every tier agrees on (the dedupe key)", "'fsa'"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
-        (s.codec.type != "none", "codec.type", s.codec.type,
-         "a codec's residuals die with the server", "'none'"),
-        (s.sched.p3, "sched.p3", True, "P3's slices are not covered", "false"),
         *_every_member_schedulers(s),
     ]
     _refuse_first("membership.on_server_loss = 'wait'", problems)
