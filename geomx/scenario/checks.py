@@ -471,8 +471,8 @@ def _check_worker_loss(s: Scenario) -> None:
     problems = [
         (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
          "a loss is found by missed heartbeats", "a duration > 0"),
-        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
-         "the local server re-weights an FSA round", "'fsa'"),
+        (s.sync.resolved_algorithm == "esync", "sync.algorithm", "esync",
+         "ESync's state server waits for every worker's report", "'fsa', 'mixed', 'hfa'"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server stands in for its DC", "'hips'"),
         *_every_member_schedulers(s),
@@ -486,7 +486,6 @@ def _every_member_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str
     return [
         (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
          "TSEngine's merge trees need every member", "false"),
-        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt, "DGT is not covered", "'off'"),
         (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
          "per-layer pushes are not covered", "'off'"),
     ]

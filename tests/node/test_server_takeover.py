@@ -156,11 +156,13 @@ def test_takeover_is_deterministic(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("sets", [["codec.type=fp16"],
                                   ["codec.type=bsc", "codec.size_lower_bound=1000"],
-                                  ["sched.p3=true", "sched.p3_slice_elements=200"]],
-                         ids=["fp16", "bsc", "p3"])
+                                  ["sched.p3=true", "sched.p3_slice_elements=200"],
+                                  ["sched.dgt=udp"]],
+                         ids=["fp16", "bsc", "p3", "dgt"])
 def test_takeover_with_a_codec_or_p3(tmp_path: Path, sets: list[str]) -> None:
     """A codec (stateless, or with error feedback whose residuals at the lost server are
-    dropped once) and P3's slices and fused replies survive a local server's takeover:
+    dropped once), P3's slices and fused replies and DGT's block channels (a successor
+    starts with fresh contribution estimates) survive a local server's takeover:
     every round is applied once per key and the job trains to the end."""
     r, nodes, events = _run(tmp_path, [*WAIT, "fault.0.at=3s", "fault.0.duration=2s", *sets])
     gs = nodes["gs:0"]
@@ -173,7 +175,7 @@ def test_takeover_with_a_codec_or_p3(tmp_path: Path, sets: list[str]) -> None:
 @pytest.mark.parametrize("sets,field", [
     (["sync.algorithm=hfa"], "sync.algorithm"),
     (["membership.heartbeat_interval=0s"], "membership.heartbeat_interval"),
-    (["sched.dgt=tcp"], "sched.dgt"),
+    (["sched.tsengine_intra=true"], "sched.tsengine_intra"),
 ])
 def test_wait_refuses_what_it_cannot_rebuild(sets, field) -> None:
     with pytest.raises(ScenarioError) as e:

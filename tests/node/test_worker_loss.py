@@ -112,9 +112,27 @@ def test_reweighting_keeps_the_dc_weight() -> None:
     assert waiting == ["w:party-a:0"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sets", [["sync.algorithm=mixed"], ["sched.dgt=udp"],
+                                  ["sync.algorithm=hfa", "sync.k1=2", "sync.k2=2",
+                                   "fault.0.at=0.3s", "run.iterations=200"]],
+                         ids=["mixed", "dgt", "hfa"])
+def test_continue_composes_with_sync_algorithms_and_dgt(tmp_path: Path, sets) -> None:
+    """The local server re-weights whatever its DC's round sums -- gradients (MixedSync,
+    DGT's blocks leave after it) or HFA's params / n_local -- by workers / contributors,
+    so the DC keeps its weight without the lost worker."""
+    r, nodes = _run(tmp_path, ["membership.on_worker_loss=continue", *sets])
+    events = run_events(r.run_dir)
+    assert [e["lost"] for e in events if e["ev"] == "worker_lost"] == ["w:party-a:1"]
+    assert any(e["ev"] == "reweight" for e in events)
+    assert nodes["w:party-a:0"].iteration == r.summary.iterations
+    assert nodes["ls:party-a"].live == ["w:party-a:0"]
+    assert r.summary.final_accuracy > (0.4 if "sync.algorithm=hfa" in sets else 0.9)
+
+
 @pytest.mark.parametrize("sets, field", [
     (["membership.heartbeat_interval=0s"], "membership.heartbeat_interval"),
-    (["sync.algorithm=hfa"], "sync.algorithm"),
+    (["sync.algorithm=esync"], "sync.algorithm"),
     (["topology.kind=flat"], "topology.kind")])
 def test_continue_needs_what_it_relies_on(sets, field) -> None:
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
