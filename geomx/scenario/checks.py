@@ -353,12 +353,12 @@ def _check_tsengine(s: Scenario) -> None:
             "topology.kind = 'flat' does not have; allowed with flat: false",
             path=field, value=True, allowed="false")
     algorithm = s.sync.resolved_algorithm
-    if algorithm != "fsa":
+    if algorithm not in ("fsa", "hfa"):
         raise ScenarioError(
             f"{field} = true merges one synchronous round's pushes and broadcasts its model; "
-            f"sync.algorithm = {s.sync.algorithm!r} is not that; allowed with TSEngine: 'fsa' "
-            "(or 'auto' with a dist_sync store)",
-            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'auto'")
+            f"sync.algorithm = {s.sync.algorithm!r} is not that; allowed with TSEngine: 'fsa', "
+            "'hfa' (or 'auto' with a dist_sync store)",
+            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'hfa', 'auto'")
     if s.codec.type != "none":
         raise ScenarioError(
             f"{field} = true adds values at relaying nodes, so it runs on uncompressed data only "

@@ -175,6 +175,22 @@ def test_overlay_changes_timing_not_the_model(scenario_of, extra):
         assert parts == {(0, "gs:0"), (1, "gs:1")}
 
 
+@pytest.mark.parametrize("extra", [INTER, INTRA], ids=["inter", "intra"])
+def test_hfa_global_syncs_ride_the_overlay(scenario_of, extra):
+    """HFA's local syncs (K1) and global syncs (K2) are synchronous rounds of one key
+    each, so the merge trees and the relayed model carry them like FSA's rounds."""
+    base = ("run.iterations=8", "sync.algorithm=hfa", "sync.k1=2", "sync.k2=2")
+    r_off, off = _run(scenario_of, "quickstart.toml", *base)
+    r_on, on = _run(scenario_of, "quickstart.toml", *base, *extra)
+    for x, y in zip(off, on):
+        for p, q in zip(x.params, y.params):
+            np.testing.assert_allclose(p, q, rtol=1e-5, atol=1e-6)
+    ev = run_events(r_on.run_dir)
+    assert {e["overlay"] for e in ev if e["ev"] == "ts_choose"} == \
+        {"inter" if extra == INTER else "intra"}
+    assert sum(e["ev"] == "global_sync" for e in ev) > 0
+
+
 @pytest.mark.slow
 def test_merge_tree_relieves_the_central_in_cast(scenario_of):
     over = ("run.iterations=3",)
@@ -214,7 +230,7 @@ def test_same_seed_same_decisions_and_summary(scenario_of):
 @pytest.mark.parametrize("overrides,field", [
     (("codec.type=fp16",), "codec.type"),
     (("codec.type=bsc",), "codec.type"),
-    (("sync.algorithm=hfa", "training.worker_optimizer=sgd"), "sync.algorithm"),
+    (("sync.algorithm=mixed",), "sync.algorithm"),
     (("sched.p3=true",), "sched.p3"),
     (("sched.dgt=tcp",), "sched.dgt"),
     (("sched.tsengine_max_greed_rate=1.5",), "sched.tsengine_max_greed_rate"),
