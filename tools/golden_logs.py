@@ -11,7 +11,9 @@ the commit, the Python/numpy/numba/machine it ran on, and per scenario its overr
 event count and hash. ``--at REF`` runs REF's scenarios with REF's geomx from a temporary
 ``git worktree`` instead of the working tree, so a refactor's base can be recorded on the
 machine that checks the refactor. ``check`` runs the working tree and compares;
-``tests/test_golden_event_logs.py`` does the same in-process, in the test suite.
+``tests/test_golden_event_logs.py`` does the same in the test suite, through ``hashes``
+(every scenario in one child process). Every run computes as :data:`REFERENCE_CPU`, so
+a log does not depend on which instructions the machine offers.
 
 The logs themselves stay out of git (about 120 MB). ``--keep`` keeps them, by default in
 ``runs/golden-logs/<commit>/``, where ``check`` and the test look for the recorded ones to
@@ -358,11 +360,52 @@ def worktree_at(sha: str) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
 
 
+#: The CPU every golden run computes as, whatever the machine: numpy's AVX-512 loops,
+#: OpenBLAS's kernel choice and Numba's code generation all pick instructions by the CPU
+#: they find, and float results differ in the last bits between those choices (an AVX-512
+#: EPYC and an AVX2 Xeon gave different logs for 23 of 35 scenarios). Pinned to the x86-64
+#: v3 level (AVX2, Haswell), which every machine that runs the suite has, the logs are the
+#: same everywhere. Only the golden runs use it: a user's run takes the fastest kernels.
+REFERENCE_CPU = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR",
+                 "OPENBLAS_CORETYPE": "Haswell", "NUMBA_CPU_NAME": "haswell"}
+
+
 def env_for(tree: Path) -> dict[str, str]:
-    """A scrubbed environment whose ``import geomx`` finds ``tree``'s package first."""
+    """A scrubbed environment with :data:`REFERENCE_CPU` whose ``import geomx`` finds
+    ``tree``'s package first."""
     env = scrubbed_environ()
+    env.update(REFERENCE_CPU)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def cmd_hashes(args: argparse.Namespace) -> int:
+    """Run the golden file's scenarios in this process through the public run API (as a
+    user's script would) and print one JSON line per scenario: path, sha256, log. The
+    test suite starts this with :func:`env_for`, so the runs compute as
+    :data:`REFERENCE_CPU` whatever the machine."""
+    missing = [k for k, v in REFERENCE_CPU.items() if os.environ.get(k) != v]
+    if missing:
+        raise SystemExit(f"golden_logs hashes: run with the reference CPU environment "
+                         f"(missing {', '.join(missing)}); the test suite does")
+    from geomx.experiment import run_scenario
+    from geomx.scenario import load_scenario
+
+    out = Path(args.out).resolve()
+    wanted = set(args.only or ())
+    for i, entry in enumerate(load_golden()["scenarios"]):
+        if wanted and entry["path"] not in wanted:
+            continue
+        row: dict[str, Any] = {"path": entry["path"]}
+        try:
+            scenario = load_scenario(ROOT / entry["path"], entry["overrides"])
+            result = run_scenario(scenario, runtime="emu", out_dir=out / str(i), progress=False)
+            log = result.run_dir / "events.jsonl"
+            row.update(sha256=sha256_of(log) if log.is_file() else None, log=str(log))
+        except Exception as e:  # reported by the test for this scenario, not for all
+            row.update(sha256=None, error=f"{type(e).__name__}: {e}")
+        print(json.dumps(row), flush=True)
+    return 0
 
 
 def check_imports_from(tree: Path, env: Mapping[str, str]) -> None:
@@ -555,6 +598,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "first differing line (default: the default --keep folder of the "
                           "recorded commit)")
     chk.set_defaults(handler=cmd_check)
+    hsh = sub.add_parser("hashes", help="(for the test suite) run the recorded scenarios in "
+                                         "this process, print their hashes as JSON lines")
+    hsh.add_argument("--out", required=True, help="folder for the run folders")
+    hsh.add_argument("--only", nargs="*", help="these scenario paths only")
+    hsh.set_defaults(handler=cmd_hashes)
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the temporary worktree and run folders go either way
     signal.signal(signal.SIGTERM, _raise_interrupt)
