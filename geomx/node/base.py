@@ -21,6 +21,7 @@ import math
 from types import CoroutineType
 from typing import Any, Awaitable, Callable
 
+from geomx.node.restart import RESTART_MODES, RestartMode
 from geomx.transport import NodeServices, Transport
 from geomx.wire import Kind, Message
 
@@ -121,8 +122,27 @@ class Node:
         #: (ps-lite's resender, across a process's death rather than a connection's)
         self.replaceable_peers: set[str] = set()
         self._resendable: dict[int, Message] = {}
+        #: how this process joined the job: None with the job, or in place of one the job
+        #: lost (geomx/node/restart.py); set once, before it runs, by :meth:`restart_as`
+        self._restarted_as: RestartMode | None = None
         self.on(Kind.NODE_FAILED, self._on_node_failed)
         self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
+
+    # ---------------------------------------------------------------- restart
+    @property
+    def restarted_as(self) -> RestartMode | None:
+        """``"rejoin"`` or ``"takeover"`` when this process replaces one the job lost
+        (geomx/node/restart.py), None when it started with the job."""
+        return self._restarted_as
+
+    def restart_as(self, mode: RestartMode) -> None:
+        """Declare, before the node runs, that this process replaces one the job lost.
+        :func:`geomx.node.restart.restart_node` checks first that the job allows it."""
+        if mode not in RESTART_MODES:
+            raise ValueError(f"restart mode {mode!r}; allowed: {', '.join(RESTART_MODES)}")
+        if self._running:
+            raise RuntimeError(f"{self.name}: restart_as() after the node started")
+        self._restarted_as = mode
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:

@@ -127,9 +127,9 @@ class GlobalServer(Node):
         self._dedupe_rounds = job.on_server_loss == "wait" and job.mode == "hips"
         self.applied: dict[str, int] = {p: 0 for p in self.pushers}
         self.deduped: dict[str, int] = {p: 0 for p in self.pushers}
-        #: this process took over the server's name (set before it runs): it waits for
+        #: this process took over the server's name (``taking_over``): it waits for
         #: every local server's values (``_awaiting``), parking other requests meanwhile
-        self.taking_over = False
+        self._taking_over = False
         self._awaiting: set[str] = set()
         self._parked: list[Message] = []
         self._snapshot_state: dict[str, Any] | None = None
@@ -537,15 +537,22 @@ class GlobalServer(Node):
             self.dispatch(m)
 
     # ------------------------------------------------------------------ lifecycle
+    @property
+    def taking_over(self) -> bool:
+        """This process took over the server's name (geomx/node/restart.py) from one that
+        had joined the job."""
+        return self._taking_over
+
     async def main(self) -> None:
         self.ckpt.last_t = self.now()  # a checkpoint period counts from the (re)start
+        self._taking_over = self.restarted_as == "takeover"
         if self.taking_over:
             self._load_own_snapshot()
             self._awaiting = set(self.pushers)
         await register(self, self.job.global_scheduler)
         if self.taking_over and not hasattr(self, "members_left"):
             # its predecessor died before the job began: an ordinary start
-            self.taking_over = False
+            self._taking_over = False
             self._awaiting = set()
             parked, self._parked = self._parked, []
             for m in parked:

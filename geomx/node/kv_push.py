@@ -81,7 +81,7 @@ class PushCalls(KVStoreState):
             self._learn((await node.request(self._push_msg(key, value)[0]),))
             return
         parts = self._parts(key)
-        meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
+        meta: dict[str, Any] = {"stop": True} if self._worker_state.stop_wanted else {}
         if self._loss is not None and self._carry_loss:
             meta["loss"] = self._loss  # DGT's adaptive K at the local server
         p3 = self.p3.enabled
@@ -128,7 +128,7 @@ class PushCalls(KVStoreState):
         p = self._parts(key)[0]
         payloads, m = node.lan_codec.encode_push(key, value, tier=node.push_tier,
                                                  part=p.index)
-        if getattr(node, "stop_wanted", False):
+        if self._worker_state.stop_wanted:
             m["stop"] = True
         if self._loss is not None and self._carry_loss:
             m["loss"] = self._loss  # DGT's adaptive K at the local server
@@ -160,7 +160,7 @@ class PushCalls(KVStoreState):
     async def _push_batch(self, values: list[tuple[int, Any]]) -> None:
         """Push many whole keys, one BATCH per server (what ``_push_one`` does per key)."""
         node = self._node
-        meta: dict[str, Any] = {"stop": True} if getattr(node, "stop_wanted", False) else {}
+        meta: dict[str, Any] = {"stop": True} if self._worker_state.stop_wanted else {}
         if self._loss is not None and self._carry_loss:
             meta["loss"] = self._loss
         msgs = []

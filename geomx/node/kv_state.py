@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from geomx.node.push_snapshots import PushSnapshots
+from geomx.node.worker_state import WorkerState
 from geomx.sched.p3 import P3Config
 from geomx.sched.placement import place
 from geomx.wire import Kind, Message
@@ -40,6 +41,8 @@ class KVStoreState:
 
     def __init__(self, node: Any, type_: str):
         self._node = node
+        #: what this store learns from replies, shared with the training loop
+        self._worker_state: WorkerState = node.state
         self.type = type_
         job = node.job
         self._job = job
@@ -71,7 +74,7 @@ class KVStoreState:
         self._loss: float | None = None
         #: TSEngine inside the DC (the worker's overlay peer): pushes join the merge tree,
         #: and a pull after a push takes the round's value from the overlay broadcast
-        self._ts = getattr(node, "ts", None)
+        self._ts = node.ts
         self._ts_round: dict[int, int] = {}
         self._ts_pushed: set[int] = set()
         dgt = job.sched.get("dgt") or {}
@@ -171,19 +174,18 @@ class KVStoreState:
         """What replies carry besides values: a stop, and a codec the master configured
         with ``set_gradient_compression`` (the local server passes it on, as GeoMX's global
         server forwards the command down the tiers)."""
-        node = self._node
+        node, state = self._node, self._worker_state
         for r in replies:
             if self._number_rounds and r.kind in (Kind.PUSH_ACK, Kind.PULL_REPLY):
                 self._rounds[r.key] = max(self._rounds.get(r.key, 0), r.version)
+            state.saw_version(r.version)
             if not r.meta:  # the common case: nothing but the version
-                node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
                 continue
             if r.meta.get("stop"):
-                node.stop_seen = True
-            node.seen_version = max(int(getattr(node, "seen_version", 0)), r.version)
+                state.saw_stop()
             if r.meta.get("ckpt"):
                 # a checkpoint round (geomx/node/checkpoint.py): the trainer saves after it
-                node.ckpt_due = max(int(getattr(node, "ckpt_due", 0)), int(r.meta["ckpt"]))
+                state.saw_checkpoint(int(r.meta["ckpt"]))
             cfg = r.meta.get("codec_config")
             if cfg is not None and dict(cfg) != getattr(node.lan_codec, "config", None):
                 from geomx.node.link_codec import LinkCodec

@@ -87,10 +87,7 @@ class KVStore(PushCalls, PullCalls):
             # GeoMX sends the sync mode when the store is created: before any init
             self._fenced(functools.partial(self._command, {"cmd": "set_sync",
                                                            "algorithm": "mixed"}))
-        stores = getattr(node, "kv_stores", None)
-        if stores is None:
-            stores = node.kv_stores = []
-        stores.append(self)
+        node.state.add_store(self)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -117,11 +114,11 @@ class KVStore(PushCalls, PullCalls):
     @property
     def stop_requested(self) -> bool:
         """The global tier told this worker that the job should stop."""
-        return bool(getattr(self._node, "stop_seen", False))
+        return self._worker_state.stop_seen
 
     @stop_requested.setter
     def stop_requested(self, value: bool) -> None:
-        self._node.stop_seen = bool(value)
+        self._worker_state.saw_stop(value)
 
     # ------------------------------------------------------------------ API
     def init(self, key: Any, value: Any) -> asyncio.Task[Any]:
@@ -170,7 +167,7 @@ class KVStore(PushCalls, PullCalls):
                         for p in parts]
             if requests:
                 self._learn(await asyncio.gather(*requests))
-            if not self._node.is_master and not getattr(self._node, "rejoining", False):
+            if not self._node.is_master and not self._node.rejoining:
                 await self._barrier_now()  # (a rejoined worker's DC passed it long ago)
 
         keyed = [self._inflight.get(k) for k, _ in items]
@@ -221,7 +218,7 @@ class KVStore(PushCalls, PullCalls):
 
     def request_stop(self) -> None:
         """Ask the whole job to stop: carried on this worker's next pushes to the global tier."""
-        self._node.stop_wanted = True
+        self._worker_state.want_stop()
 
     # ------------------------------------------------------------------ commands
     def set_optimizer(self, optimizer: Any) -> asyncio.Task[Any]:

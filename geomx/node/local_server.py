@@ -97,10 +97,9 @@ class LocalServer(Node):
         self._joining: list[str] = []
         self._join_pulls: list[Message] = []
         self._rounds_running = 0
-        #: [membership] on_server_loss = "wait": this process took over the server's name
-        #: (set before it runs); worker pushes being handled, by (sender, request id), and
+        #: [membership] on_server_loss = "wait" (``taking_over``: this process took over
+        #: the server's name): worker pushes being handled, by (sender, request id), and
         #: pushes that arrived twice (resent after a takeover) and were answered, not applied
-        self.taking_over = False
         self._open_pushes: set[tuple[str, int]] = set()
         #: a taken-over server: requests for keys no worker has declared to it yet (they
         #: can overtake the declarations: sent before the sender heard of the takeover)
@@ -245,6 +244,11 @@ class LocalServer(Node):
                 self.dispatch(m)
         if msg.request_id:
             self.post(msg.reply(Kind.INIT_ACK))
+
+    @property
+    def taking_over(self) -> bool:
+        """This process took over the server's name (geomx/node/restart.py)."""
+        return self.restarted_as == "takeover"
 
     def _park_undeclared(self, msg: Message) -> bool:
         """A taken-over server: a worker's push or pull of a key not declared yet waits

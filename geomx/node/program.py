@@ -335,11 +335,11 @@ class ProgramContext:
     @property
     def stop_requested(self) -> bool:
         """Some worker asked the job to stop and the global tier told us."""
-        return bool(getattr(self._node, "stop_seen", False))
+        return self._node.state.stop_seen
 
     def request_stop(self) -> None:
         """Ask the whole job to stop (carried on this worker's next pushes)."""
-        self._node.stop_wanted = True
+        self._node.state.want_stop()
 
     async def compute(self, seconds: float | str = "per_iter", *,
                       measured_s: float | None = None) -> None:
@@ -417,7 +417,7 @@ async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: li
             returned = await func(kv, ctx)
         else:
             returned = await func(ctx)
-        for store in getattr(node, "kv_stores", ()):
+        for store in node.state.kv_stores:
             await store.waitall()
     except (asyncio.CancelledError, NodeFailure, NodeStopped, ProgramError):
         raise

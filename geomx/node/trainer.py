@@ -218,10 +218,10 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     if loaded is not None:
         it, next_eval, losses, last_eval = restore_worker(node, loaded, params, sync, stream)
         node.iteration = it
-    if getattr(node, "rejoining", False):
-        # a restarted worker (geomx node --rejoin) pulled the current model of round
+    if node.rejoining:
+        # a restarted worker (geomx/node/restart.py) pulled the current model of round
         # ``seen_version``: it trains from the next round on, to the job's last iteration
-        it = int(getattr(node, "seen_version", 0))
+        it = node.state.seen_version
         next_eval = (it // spec.eval_every + 1) * spec.eval_every if spec.eval_every > 0 else 0
         node.iteration = it
         node.record("rejoined", iteration=it)
@@ -255,7 +255,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             last_eval = evaluate(node, model, data, it, losses)
             if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:
                 kv.request_stop()
-        if getattr(node, "ckpt_due", 0) and saver.enabled:
+        if node.state.ckpt_due and saver.enabled:
             save_worker(node, saver, it, next_eval, losses, last_eval, params, sync, stream)
         if spec.max_emulated_s > 0 and node.now() >= spec.max_emulated_s:
             kv.request_stop()
@@ -274,10 +274,11 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
 def save_worker(node: Any, saver: NodeCheckpoints, it: int, next_eval: int,
                 losses: list[float], last_eval: dict[str, Any], params: list[Any], sync: Any,
                 stream: BatchStream | None) -> None:
-    """This worker's part of checkpoint round ``node.ckpt_due`` (geomx/node/checkpoint.py):
-    everything the next iterations read -- the model, local optimizer states (FSA without
-    a global optimizer, HFA), the data stream and its RNG, the codec's error feedback."""
-    round_, node.ckpt_due = node.ckpt_due, 0
+    """This worker's part of the checkpoint round now due (``node.state.ckpt_due``,
+    geomx/node/checkpoint.py): everything the next iterations read -- the model, local
+    optimizer states (FSA without a global optimizer, HFA), the data stream and its RNG,
+    the codec's error feedback."""
+    round_ = node.state.take_checkpoint()
     state = {"iteration": it, "next_eval": next_eval, "losses": losses[-20:],
              "last_eval": last_eval, "params": list(params),
              "sync_states": list(getattr(sync, "states", [])),

@@ -19,6 +19,7 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import barrier, leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.ts_overlay import OverlayPeer
+from geomx.node.worker_state import WorkerState
 from geomx.sched.tsengine import TsSettings
 from geomx.wire import Kind, Message
 
@@ -39,6 +40,8 @@ class Worker(Node):
         self.compute_s_per_iter = compute_s_per_iter
         self.iteration = 0
         self.result: Any = None
+        #: what its kvstores learn from replies and its training loop reads back
+        self.state = WorkerState()
         # Workers talk to their local server over the LAN; in the flat-PS baseline they
         # talk to the global servers across the WAN, so the WAN codec applies.
         self.push_tier = "wan" if (job.mode == "flat_ps" or is_master) else "lan"
@@ -52,12 +55,19 @@ class Worker(Node):
             self.on(Kind.PUSH, self.ts.on_merge)
             self.on(Kind.RELAY, self.ts.on_relay)
 
+    @property
+    def rejoining(self) -> bool:
+        """This process is a worker the job lost, come back (geomx/node/restart.py): it
+        skips the start-up barrier its DC passed long ago and trains from the round after
+        the model it pulls (geomx/node/trainer.py)."""
+        return self.restarted_as == "rejoin"
+
     def before_resend(self, server: str) -> None:
         """Its local server was taken over: declare the keys to the new process first (the
         master worker's global servers take theirs from the local servers)."""
         if self.is_master:
             return
-        for kv in getattr(self, "kv_stores", ()):
+        for kv in self.state.kv_stores:
             kv.declare_keys(server)
 
     def _barrier_scheduler(self) -> str:

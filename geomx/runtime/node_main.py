@@ -29,6 +29,7 @@ from typing import Any, Callable
 from geomx.cluster import make_node, max_message_bytes, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
+from geomx.node.restart import RestartError, restart_mode, restart_node
 from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
@@ -227,6 +228,9 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     """Run node ``cfg.name`` until it finishes; write its events and result files.
 
     ``on_node`` (tests, notebooks) is called with the node object before it starts.
+    ``rejoin``: this process replaces one the job lost (``geomx node --rejoin``,
+    geomx/node/restart.py); a node the job would not take back raises
+    :class:`~geomx.node.restart.RestartError` before it listens.
     """
     plan = plan_job(cfg.scenario, "real")  # the job's plan: the same whatever rank is claimed
     if plan.job.checkpoint:  # [checkpoint]: this run's folder (shared by the job's hosts)
@@ -236,6 +240,8 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
         from geomx.runtime.rank_claim import claim_rank
 
         cfg, token = await claim_rank(cfg, plan, _start_transport)
+    if rejoin and cfg.name in plan.roles:  # (an unknown name: make_node says so below)
+        restart_mode(plan.job, cfg.name, plan.roles[cfg.name])
     transport = await _start_transport(cfg, plan, cfg.name)
     s, name = cfg.scenario, cfg.name
     nodes_dir = cfg.run_dir / "nodes"
@@ -250,6 +256,8 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     members = MembersOnly(transport, set(plan.nodes),
                           allow_claims=plan.roles[name] in ("global_scheduler", "local_scheduler"))
     node = make_node(plan, name, members, services)
+    if rejoin:
+        restart_node(node, plan.job, plan.roles[name])
     node.address_book.update(cfg.book)
     node.claim_token = token
     _PARENT.attach(asyncio.get_running_loop(), node)
@@ -465,23 +473,6 @@ def _reconnect_timeout_s(s: Any) -> float:
     return s.real.reconnect_timeout_s
 
 
-def _mark_rejoining(node: Any) -> None:
-    """``geomx node --rejoin``: a worker the job lost comes back (geomx/node/trainer.py),
-    or a new process takes over a local server's name ([membership] on_server_loss =
-    "wait", geomx/node/local_server.py)."""
-    if getattr(node, "role", "") in ("local_server", "global_server"):
-        if node.name not in node.job.replaceable_servers():
-            raise ConfigError(f"--rejoin of {node.name}: the job does not wait for it "
-                              "(membership.on_server_loss = 'wait' is needed, and for a "
-                              "global server checkpoint.every)")
-        node.taking_over = True
-        return
-    if getattr(node, "role", "") != "worker" or getattr(node, "is_master", False):
-        raise ConfigError(f"--rejoin is for a training worker or a local server, "
-                          f"not {node.name}")
-    node.rejoining = True
-
-
 def node_main(ns: Any) -> int:
     """Entry point of ``geomx node`` (argparse namespace from ``geomx.cli``)."""
     from geomx.runtime.eventloop import run
@@ -504,8 +495,10 @@ def node_main(ns: Any) -> int:
     if cfg.parent_watch:
         _watch_parent()
     try:
-        rejoin = bool(getattr(ns, "rejoin", False))
-        run(run_node(cfg, on_node=_mark_rejoining if rejoin else None, rejoin=rejoin))
+        run(run_node(cfg, rejoin=bool(getattr(ns, "rejoin", False))))
+    except RestartError as e:  # --rejoin of a node the job would not take back
+        print(f"geomx node: {e}", file=sys.stderr, flush=True)
+        return 2
     except Exception as e:  # the launcher reports the node by name
         if isinstance(e, NodeFailure):
             # the job failed the way it says (a peer lost, a bound passed): one line, no

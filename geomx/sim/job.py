@@ -23,6 +23,7 @@ from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import EventRecorder
 from geomx.metrics.summary import Summary, build_summary
 from geomx.node.checkpoint import note_crash, read_manifest
+from geomx.node.restart import restart_mode, restart_node
 from geomx.scenario import Scenario
 from geomx.sim.job_network import (
     build_network, counters_from_network, schedule_link_faults, transfer_recorder,
@@ -54,13 +55,10 @@ class EmulatedJob:
     wall0_s: float  # time.perf_counter() when the run's clocks started
 
     def restart(self, name: str) -> Any:
-        """A crashed worker started again, as ``geomx node --rejoin`` does (a local server:
-        a new process taking over its name, [membership] on_server_loss = "wait")."""
+        """A crashed node started again, as ``geomx node --rejoin`` starts one
+        (geomx/node/restart.py: a worker rejoins, a server is taken over)."""
         node = make_node(self.plan, name, self.fabric.transport(name), self.services)
-        if self.plan.roles.get(name) in ("local_server", "global_server"):
-            node.taking_over = True
-        else:
-            node.rejoining = True
+        restart_node(node, self.plan.job, self.plan.roles[name])
         return node
 
 
@@ -88,6 +86,10 @@ def run_emulated(s: Scenario, run_dir: Path, *, progress: bool = True,
 def assemble_job(s: Scenario, run_dir: Path, *, progress: bool) -> EmulatedJob:
     """The loop, the network, the run's event recording and every node, not yet running."""
     plan = plan_job(s, "emu")
+    for f in s.faults:
+        if f.kind == "crash" and f.duration_s > 0:
+            # a restart the job cannot take is refused now, not when the loop restarts it
+            restart_mode(plan.job, f.node, plan.roles[f.node])
     start_s = resume_time_s(s)
     if plan.job.checkpoint:
         plan.job.checkpoint["dir"] = str(run_dir / "checkpoints")
