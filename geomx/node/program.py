@@ -287,16 +287,14 @@ class ProgramContext:
         self._start_iteration = int(saved["iteration"])
         self._last_report = dict(saved["last_report"])
         checkpoint.restore_codec_states(self._node.lan_codec, saved["codec"])
-        self._node.iteration = self._start_iteration
         self._node.record("restore", round=meta["round"], iteration=self._start_iteration)
 
     def _save_if_due(self, iteration: int) -> None:
         """This worker's part of a checkpoint round the global tier announced (the
         round's replies carry it): everything the next iterations read."""
-        due = int(getattr(self._node, "ckpt_due", 0) or 0)
-        if not due or not self._saver.enabled:
+        if not self._node.state.ckpt_due or not self._saver.enabled:
             return
-        self._node.ckpt_due = 0
+        due = self._node.state.take_checkpoint()
         state = {"iteration": iteration, "program": self._state,
                  "streams": [{"rng": checkpoint.rng_state(st.rng), **st.position()}
                              for st in self._streams],
