@@ -33,7 +33,8 @@ from typing import Any, Callable, Iterator
 from geomx.node import checkpoint, kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
-from geomx.sync.policy import kvstore_type
+from geomx.sync.policy import (algorithm_of, kvstore_type, make_worker_sync,
+                               needs_state_server, uses_global_optimizer)
 
 
 class ProgramError(RuntimeError):
@@ -124,6 +125,7 @@ class ProgramContext:
         loaded = None if node.is_master else self._saver.load()
         if loaded is not None:
             self._restore(loaded)
+        self._worker_syncs: list[Any] = []
 
     # ------------------------------------------------------------------ identity
     @property
@@ -307,6 +309,39 @@ class ProgramContext:
         """The scenario's numpy model (``[training] model``), identical on every node."""
         return build_model(self._spec)
 
+    # ------------------------------------------------------------------ sync
+    def worker_sync(self, kv: Any, params: list[Any]) -> Any:
+        """The scenario's per-step sync policy for ``params`` (updated in place), the one
+        the built-in trainer uses (geomx/sync/policy.py ``WorkerSync``): ``await
+        sync.step(iteration, grads)`` pushes and pulls as ``[sync] algorithm`` says --
+        a gradient under FSA and MixedSync, local steps and a model average every ``k1``
+        under HFA, local steps sized by the state server under ESync (docs/papers.md
+        §5) -- and returns True when every worker holds the same model. A program that
+        uses it trains under every algorithm; its ``finish`` is called when the program
+        returns."""
+        from geomx.optim import optimizer_from_config
+
+        sync = make_worker_sync(self._spec.sync, node=self._node, kv=kv, params=params,
+                                pull_weights=self._spec.global_optimizer is not None,
+                                local_optimizer=lambda: optimizer_from_config(
+                                    dict(self._spec.worker_optimizer)),
+                                max_iterations=self.max_iterations)
+        self._worker_syncs.append(sync)
+        return sync
+
+    async def finish_sync(self) -> None:
+        """The program returned: end its sync policies (ESync's say goodbye to the state
+        server, which stops once every worker has). A worker under ESync that made none
+        still says goodbye, so a program that pushes by hand never leaves the state
+        server waiting for it."""
+        for sync in self._worker_syncs:
+            await sync.finish()
+        if (not self._worker_syncs and not self.is_master
+                and needs_state_server(algorithm_of(self._spec.sync))):
+            from geomx.sync.esync import leave_state_server
+
+            leave_state_server(self._node)
+
     # ------------------------------------------------------------------ time
     def now(self) -> float:
         """Job time: emulated seconds in the emulator, wall seconds over sockets."""
@@ -398,6 +433,33 @@ class ProgramContext:
                 **self._last_report}
 
 
+class _LocalStepKVStore(kvstore.KVStore):
+    """The store handed to a program under an algorithm whose global tier runs no
+    optimizer (HFA, ESync: it sums the workers' models or model deltas). A program that
+    installs a global optimizer there pushes gradients for it, and would train to chance
+    without a word, so ``set_optimizer`` is refused naming the algorithm and the fix."""
+
+    def __init__(self, node: Any, type_: str, algorithm: str):
+        super().__init__(node, type_)
+        self.algorithm = algorithm
+
+    def set_optimizer(self, optimizer: Any) -> asyncio.Task[Any]:
+        raise kvstore.KVStoreError(
+            f"kv.set_optimizer: sync.algorithm = {self.algorithm!r} runs no global optimizer (its "
+            "servers average the workers' models), so pushed gradients would not train; take "
+            "local steps and push models (examples/cnn_hfa.py, or ctx.worker_sync), or use "
+            "sync.algorithm = 'fsa'")
+
+
+def _program_kvstore(node: Any, type_: str, sync: dict[str, Any]) -> kvstore.KVStore:
+    """The store ``main(kv, ctx)`` gets: a plain one, or under HFA / ESync one that
+    refuses a global optimizer (:class:`_LocalStepKVStore`)."""
+    algorithm = algorithm_of(sync)
+    if uses_global_optimizer(algorithm):
+        return kvstore.create(type_)
+    return _LocalStepKVStore(node, type_, algorithm)
+
+
 async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: list[str],
                            compute_scale: float = 1.0) -> dict[str, Any]:
     """Run ``program`` on ``node`` (a worker or the master worker); errors name both."""
@@ -411,12 +473,13 @@ async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: li
     params = inspect.signature(func).parameters
     try:
         if len(params) >= 2:
-            kv = kvstore.create(ctx.kvstore_type)
+            kv = _program_kvstore(node, ctx.kvstore_type, spec.sync)
             returned = await func(kv, ctx)
         else:
             returned = await func(ctx)
         for store in node.state.kv_stores:
             await store.waitall()
+        await ctx.finish_sync()
     except (asyncio.CancelledError, NodeFailure, NodeStopped, ProgramError):
         raise
     except SystemExit as e:  # argparse on bad ctx.args, or an explicit sys.exit

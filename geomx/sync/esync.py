@@ -186,4 +186,12 @@ class ESyncWorker:
 
     async def finish(self) -> None:
         """Tell the state server this worker is done (it stops when all are)."""
-        self.node.post(Message(Kind.SHUTDOWN, self.node.name, self.server))
+        leave_state_server(self.node)
+
+
+def leave_state_server(node: Any) -> None:
+    """Tell the job's state server that worker ``node`` is done; it stops once every
+    worker has, so every worker of an ESync job must say it exactly once when its
+    training ends (the built-in trainer's :class:`ESyncWorker` and a user program alike,
+    geomx/node/program.py)."""
+    node.post(Message(Kind.SHUTDOWN, node.name, node.job.state_server))
