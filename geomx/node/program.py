@@ -33,7 +33,6 @@ from typing import Any, Callable, Iterator
 from geomx.node import kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
-from geomx.sync.policy import kvstore_type
 
 
 class ProgramError(RuntimeError):
@@ -179,7 +178,7 @@ class ProgramContext:
     @property
     def kvstore_type(self) -> str:
         """The kvstore type the scenario's ``[sync] algorithm`` means."""
-        return kvstore_type(self._spec.sync.get("algorithm", "fsa"))
+        return self._node.job.sync_algorithm.kvstore_type
 
     @property
     def sync(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from geomx.policy.sync import SyncAlgorithm, sync_algorithm
+
 
 @dataclass(frozen=True)
 class KeySpec:
@@ -62,6 +64,12 @@ class JobSpec:
     #: and how long the others wait for it (server_loss_timeout)
     on_server_loss: str = "fail"
     server_loss_timeout_s: float = 0.0
+    #: the algorithm ``sync`` names, built once with its options from that table
+    #: (geomx/policy/sync.py); each node asks it for its side
+    sync_algorithm: SyncAlgorithm = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.sync_algorithm = sync_algorithm(self.sync)
 
     @property
     def num_all_workers(self) -> int:
