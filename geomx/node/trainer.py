@@ -3,18 +3,18 @@
 Written only against the kvstore API (``geomx.kv``, implemented in
 :mod:`geomx.node.kvstore`) so it is also the reference for users writing their own
 loop. What a step sends and receives is the sync algorithm's worker side
-(``SyncAlgorithm.worker_side``, geomx/policy/sync.py). For FSA and MixedSync, two modes,
-as in GeoMX's examples (docs/geomx-behaviour.md §2.2):
+(``SyncAlgorithm.worker_side``, geomx/policy/sync.py). A side that pushes gradients
+(geomx/sync/fsa.py) has two modes, as in GeoMX's examples (docs/geomx-behaviour.md §2.2):
 
 * a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
   new *weights*;
 * no global optimizer (``cnn_bsc.py``, ``cnn_fp16.py``): workers pull the aggregated
   gradient sum and take a local optimizer step with it, divided by ``num_all_workers``.
 
-HFA (``cnn_hfa.py``) and ESync take local steps with ``worker_optimizer`` and
-synchronise models now and then; the evaluator evaluates only at points where every
-worker holds the same model (after a global sync / a round), at the first such point at
-or after each multiple of ``eval_every``.
+A side that takes local steps with ``worker_optimizer`` synchronises models now and
+then (GeoMX's ``cnn_hfa.py``); its ``step`` says when every worker holds the same model,
+and the evaluator evaluates only at such points, the first one at or after each
+multiple of ``eval_every``.
 
 Differences from the GeoMX examples, on purpose: each worker reshuffles its partition
 every epoch (GeoMX iterates slices in order, unshuffled); test accuracy is over all test
