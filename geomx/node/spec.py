@@ -70,6 +70,9 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         self.sync_algorithm = sync_algorithm(self.sync)
+        problem = self.sync_algorithm.check(self)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def num_all_workers(self) -> int:

@@ -294,7 +294,12 @@ class SyncAlgorithm(Policy):
                                   "but does not build a state_service")
 
     def check(self, job: JobView) -> str | None:
-        """Why this job cannot run the algorithm (refused at load), or None."""
+        """Why this job cannot run the algorithm (refused when the job is described), or
+        None. The default refuses a job without local servers when
+        :attr:`needs_local_tier` is set."""
+        if self.needs_local_tier and job.mode != "hips":
+            return (f"sync algorithm {self.name!r} needs a local server per DC; allowed "
+                    f"topologies: hips (this job runs {job.mode!r})")
         return None
 
     @abc.abstractmethod

@@ -76,3 +76,12 @@ def test_hfa_local_side_keeps_its_checkpoint_state_through_the_declared_api():
     np.testing.assert_array_equal(fresh.milestone[0], Slot.store)
     # a side without state keeps nothing
     assert LocalSide.key_state(fresh, 0) is None
+
+
+def test_an_algorithm_that_needs_local_servers_refuses_a_flat_job(scenario_of):
+    import dataclasses
+
+    job = plan_job(scenario_of("quickstart.toml", "topology.kind=flat")).job
+    assert job.mode == "flat_ps"
+    with pytest.raises(ValueError, match="sync algorithm 'hfa' needs a local server per DC"):
+        dataclasses.replace(job, sync={"algorithm": "hfa", "k1": 1, "k2": 1})
