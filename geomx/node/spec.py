@@ -6,10 +6,19 @@ it. Keeping this below ``scenario.py`` keeps the layering of docs/architecture.m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from geomx.policy.sync import SyncAlgorithm, sync_algorithm
+from geomx.policy.registry import policy_class
+from geomx.policy.sync import SyncAlgorithm
+
+
+def sync_algorithm(sync: Mapping[str, Any]) -> SyncAlgorithm:
+    """The algorithm a job's ``[sync]`` table names (geomx/policy/registry.py), built
+    with its options; :class:`JobSpec` does it once, nodes only use the object."""
+    cls = policy_class("sync", str(sync.get("algorithm", "fsa")))
+    return cls(cls.options_from_sync(sync))
 
 
 @dataclass(frozen=True)

@@ -31,12 +31,11 @@ from typing import Any, ClassVar, Protocol
 from geomx.policy.base import Policy
 from geomx.policy.context import NodeContext
 from geomx.policy.options import PolicyOptions, options_from_table
-from geomx.policy.registry import describe_spec, policy_class
 from geomx.wire import Message
 
 __all__ = ["SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "StateService",
            "GlobalContext", "LocalContext", "WorkerContext", "ServerSlot", "LocalSlotView",
-           "JobView", "KVSTORE_ALGORITHMS", "sync_algorithm"]
+           "JobView", "KVSTORE_ALGORITHMS"]
 
 #: A tensor value as servers hold it: a numpy array, or a phantom payload (a shape and
 #: a byte count without data, for jobs that emulate a model's traffic only).
@@ -280,7 +279,7 @@ class SyncAlgorithm(Policy):
         """This algorithm's options from the job's ``[sync]`` table (its ``options``
         sub-table; built-ins read their historical ``[sync]`` fields instead)."""
         return options_from_table(cls.Options, sync.get("options"),
-                                  policy=describe_spec("sync", str(sync.get("algorithm"))),
+                                  policy=f"sync policy {str(sync.get('algorithm'))!r}",
                                   where="sync.options")
 
     def exchange_iterations(self) -> int:
@@ -319,10 +318,3 @@ class SyncAlgorithm(Policy):
 #: "auto"``: ``dist_sync`` runs FSA, ``dist_async`` switches the job to MixedSync
 #: (docs/geomx-behaviour.md §3.3).
 KVSTORE_ALGORITHMS: dict[str, str] = {"dist_sync": "fsa", "dist_async": "mixed"}
-
-
-def sync_algorithm(sync: Mapping[str, Any]) -> SyncAlgorithm:
-    """The algorithm a job's ``[sync]`` table names, built with its options (once per
-    job description: ``geomx.node.spec.JobSpec`` holds it)."""
-    cls = policy_class("sync", str(sync.get("algorithm", "fsa")))
-    return cls(cls.options_from_sync(sync))

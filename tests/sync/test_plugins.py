@@ -8,7 +8,8 @@ from geomx.cluster import plan_job
 from geomx.node.kvstore import check_kvstore_type
 from geomx.node.kv_state import KVStoreError
 from geomx.policy.registry import BUILTIN, policy_class
-from geomx.policy.sync import LocalSide, SyncAlgorithm, sync_algorithm
+from geomx.node.spec import sync_algorithm
+from geomx.policy.sync import LocalSide, SyncAlgorithm
 from geomx.sync.hfa import HFAOptions, HierarchicalAveraging
 
 

@@ -74,7 +74,7 @@ def test_esync_state_server_is_in_the_central_dc_and_known_to_workers(scenario_o
 
 def test_worker_sides(scenario_of):
     from geomx.node.sync_contexts import WorkerSyncContext
-    from geomx.policy.sync import sync_algorithm
+    from geomx.node.spec import sync_algorithm
 
     class KV:
         num_workers = 2
