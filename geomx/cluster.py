@@ -36,7 +36,7 @@ from geomx.node.trainer import (TrainSpec, build_model, initial_params,
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario, ScenarioError
 from geomx.sched.tsengine import TsSettings
-from geomx.sync.policy import needs_state_server, uses_global_optimizer
+from geomx.policy.registry import policy_class
 from geomx.topology import STATE_SERVER, DCShape, plan_nodes
 
 __all__ = ["STATE_SERVER", "JobPlan", "plan_job", "make_node", "codec_config",
@@ -115,7 +115,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     layout = plan_nodes(s.topology.kind, central.name,
                         [DCShape(d.name, d.workers) for d in parties],
                         global_servers=central.global_servers,
-                        state_server=needs_state_server(algorithm))
+                        state_server=policy_class("sync", algorithm).needs_state_server)
     workers_of = layout.workers_of
     job = JobSpec(
         mode=layout.mode, central_dc=layout.central_dc, party_dcs=list(layout.party_dcs),
@@ -161,7 +161,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         dirichlet_alpha=t.dirichlet_alpha, batch_size=t.batch_size,
         # HFA / ESync: the global tier sums model deltas; local steps use worker_optimizer
         global_optimizer=(_optimizer_config(t.optimizer, t.lr, s)
-                          if uses_global_optimizer(algorithm) else None),
+                          if job.sync_algorithm.uses_global_optimizer else None),
         worker_optimizer=_optimizer_config(t.worker_optimizer, worker_lr, s, "worker_optimizer") or {"name": "sgd",
                                                                                   "lr": worker_lr},
         codec=dict(job.codec), iterations=s.run.iterations, eval_every=s.run.eval_every,
@@ -280,9 +280,7 @@ def auto_request_timeout_s(s: Scenario, job: JobSpec, train: TrainSpec,
     ``AUTO_REQUEST_TIMEOUT_FLOOR_S`` (process start-up and a loaded machine add seconds
     that no scenario declares). It is a bound for lost replies, not a performance target.
     """
-    algo = s.sync.resolved_algorithm
-    steps = {"hfa": s.sync.k1 * s.sync.k2, "esync": 2,
-             "mixed": s.sync.staleness + 1}.get(algo, 1)
+    steps = job.sync_algorithm.exchange_iterations()
     compute = max(compute_s.values(), default=0.0) * steps
     if train.algorithm:
         model_bytes = algorithm_state_bytes(train, job.num_all_workers)

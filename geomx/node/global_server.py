@@ -2,10 +2,11 @@
 
 Follows docs/geomx-behaviour.md §3.1–3.3. For each (key, part) the GS keeps ``store`` (the
 weights when an optimizer is installed, otherwise the aggregated sum). When a push is
-applied and answered is the job's sync policy (``geomx/sync``): under FSA the GS collects
-one push per contributor (a local server per DC in HiPS; every worker in the flat-PS
-baseline), then runs the optimizer and answers all parked pushes; under MixedSync each
-push is a step of its own. Pulls are served from ``store`` once the key is initialised
+applied and answered is the global side of the job's sync algorithm
+(``geomx/policy/sync.py``), which it reaches through a :class:`GlobalSyncContext`: a
+synchronous side collects one push per contributor (a local server per DC in HiPS;
+every worker in the flat-PS baseline), then runs the optimizer and answers all parked
+pushes; an asynchronous one applies each push as a step of its own. Pulls are served from ``store`` once the key is initialised
 (parked until then); each pull is noted for optimizers that keep a per-sender backup
 (DC-ASGD), and every update names its sender.
 
@@ -30,11 +31,12 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
+from geomx.node.sync_contexts import GlobalSyncContext
 from geomx.node.values import Value, add_into, freeze, from_payload, is_phantom, thaw
 from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
 from geomx.sched.p3 import wants_fused_reply
 from geomx.sched.tsengine import TS_FROM, TS_META, TsSettings
-from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
+from geomx.policy.sync import KVSTORE_ALGORITHMS, GlobalSide
 from geomx.wire import Kind, Message
 
 #: message kinds of the per-message paths (a module global reads faster than the enum)
@@ -65,15 +67,17 @@ class Slot:
 
 def switch_sync(node: Any, algorithm: Any) -> str:
     """``kv.create("dist_async")`` under ``[sync] algorithm = "auto"``: the node's job now
-    runs MixedSync. Returns the problem, or "" when switched. Only before any key exists
-    (GeoMX sends its sync mode at kvstore creation, before ``init``)."""
-    if algorithm != "mixed":
-        return f"set_sync: algorithm {algorithm!r}; allowed: 'mixed'"
+    runs the algorithm a ``dist_async`` store stands for (``KVSTORE_ALGORITHMS``). Returns
+    the problem, or "" when switched. Only before any key exists (GeoMX sends its sync
+    mode at kvstore creation, before ``init``)."""
+    allowed = KVSTORE_ALGORITHMS["dist_async"]
+    if algorithm != allowed:
+        return f"set_sync: algorithm {algorithm!r}; allowed: {allowed!r}"
     if TsSettings.from_sched(node.job.sched).mode != "off":
-        return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
+        return (f"set_sync: a dist_async store runs {allowed}, but TSEngine "
                 "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
     if getattr(node.job, "on_server_loss", "fail") == "wait":
-        return ("set_sync: a dist_async store runs MixedSync, but membership.on_server_loss "
+        return (f"set_sync: a dist_async store runs {allowed}, but membership.on_server_loss "
                 "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
@@ -95,7 +99,9 @@ class GlobalServer(Node):
         self.slots: dict[tuple[int, int], Slot] = {}
         self.optimizer: Any = None
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
-        self.policy: GlobalSyncPolicy = make_global_policy(job)
+        #: this server's side of the job's sync algorithm, and what it sees of the server
+        self.policy: GlobalSide = job.sync_algorithm.global_side(job)
+        self.sync_ctx = GlobalSyncContext(self)
         self.stop_requested = False
         dgt = DgtSettings.from_dict(job.sched.get("dgt"))
         #: DGT reassembly of local servers' block pushes (None = DGT off)
@@ -149,9 +155,9 @@ class GlobalServer(Node):
             return
         cmd = msg.meta.get("cmd")
         if cmd == "set_optimizer" and not self.policy.uses_optimizer:
-            # HFA / ESync: the global tier only sums model deltas
-            self.record("warning", text=f"sync policy {self.policy.name!r} runs no global "
-                                        "optimizer; set_optimizer ignored")
+            # the sync algorithm's global tier only sums (model deltas)
+            self.record("warning", text=f"sync algorithm {self.job.sync_algorithm.name!r} "
+                                        "runs no global optimizer; set_optimizer ignored")
         elif cmd == "set_optimizer":
             from geomx.optim import optimizer_from_config
 
@@ -173,8 +179,8 @@ class GlobalServer(Node):
             if problem:
                 self.reply_error(msg, problem)
                 return
-            self.policy = make_global_policy(self.job)
-            self.record("command", cmd=cmd, algorithm=self.job.sync["algorithm"])
+            self.policy = self.job.sync_algorithm.global_side(self.job)
+            self.record("command", cmd=cmd, algorithm=self.job.sync_algorithm.name)
             if self.rank == 0 and self.job.mode == "hips":
                 self.spawn(self._forward_command(msg))
                 return
@@ -196,7 +202,7 @@ class GlobalServer(Node):
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a pusher")
             return
         self._stopped_by.add(msg.src)
-        self.policy.on_pusher_left(self, msg.src)
+        self.policy.on_pusher_left(self.sync_ctx, msg.src)
         if set(self.pushers) <= self._stopped_by:
             self._done.set()
 
@@ -221,7 +227,7 @@ class GlobalServer(Node):
         if len(msg.payloads) != 1:
             self.reply_error(msg, "INIT needs exactly one payload")
             return
-        problem = self.policy.start_problem(self)
+        problem = self.policy.start_problem(self.sync_ctx)
         if problem:
             self.reply_error(msg, problem)
             return
@@ -277,7 +283,7 @@ class GlobalServer(Node):
         if self._dedupe_rounds and self._duplicate_round(msg, slot):
             return
         self.applied[msg.src] = self.applied.get(msg.src, 0) + 1
-        self.policy.on_push(self, msg, slot, value)
+        self.policy.on_push(self.sync_ctx, msg, slot, value)
 
     def _duplicate_round(self, msg: Message, slot: Slot) -> bool:
         """FSA, ``on_server_loss = "wait"``: a local server's push of round ``version``
@@ -307,7 +313,7 @@ class GlobalServer(Node):
                              f"{getattr(value, 'size', '?')} elements, not {slot.store.size}")
         if msg.meta.get("stop"):
             self.stop_requested = True
-        self.policy.on_push(self, msg, slot, value.reshape(slot.store.shape)
+        self.policy.on_push(self.sync_ctx, msg, slot, value.reshape(slot.store.shape)
                             if not is_phantom(value) else value)
 
     def contributors_of(self, msg: Message) -> list[str]:
@@ -323,7 +329,7 @@ class GlobalServer(Node):
                              f"{sorted(self.pushers)}, once")
         return senders
 
-    # called by sync policies ---------------------------------------------------
+    # called by the sync side (through GlobalSyncContext) -----------------------
     def accumulate(self, slot: Slot, value: Value, count: int = 1) -> None:
         if slot.merged is None:
             slot.merged = value  # decode() returned a fresh array: take it, no copy

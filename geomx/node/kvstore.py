@@ -36,6 +36,7 @@ from geomx.node.kv_pull import SINK_MIN_BYTES, PullCalls
 from geomx.node.kv_push import PushCalls
 from geomx.node.kv_state import STRING_KEY_BASE, KVStoreError
 from geomx.node.values import flat_slice, is_phantom
+from geomx.policy.sync import KVSTORE_ALGORITHMS
 from geomx.sched.p3 import P3Error, slices_of
 from geomx.wire import Kind, Message, Payload
 
@@ -52,7 +53,7 @@ def create(name: str = "dist_sync") -> "KVStore":
     """Create the store of the worker running this code (GeoMX's ``mx.kv.create``).
 
     ``dist_sync`` selects fully synchronous training (FSA); ``dist_async`` asynchronous
-    aggregation across DCs (MixedSync) when the scenario's ``[sync] algorithm`` is ``auto``
+    aggregation across DCs when the scenario's ``[sync] algorithm`` is ``auto``
     (the default); a scenario that chose another algorithm explicitly is an error.
     """
     lname = name.lower()
@@ -83,10 +84,10 @@ class KVStore(PushCalls, PullCalls):
 
     def __init__(self, node: Any, type_: str):
         super().__init__(node, type_)
-        if check_kvstore_type(type_, self._job.sync) and node.is_master:
+        if check_kvstore_type(type_, self._job) and node.is_master:
             # GeoMX sends the sync mode when the store is created: before any init
-            self._fenced(functools.partial(self._command, {"cmd": "set_sync",
-                                                           "algorithm": "mixed"}))
+            self._fenced(functools.partial(self._command, {
+                "cmd": "set_sync", "algorithm": KVSTORE_ALGORITHMS["dist_async"]}))
         node.state.add_store(self)
 
     # ------------------------------------------------------------------ identity
@@ -265,19 +266,19 @@ async def _nothing() -> None:
     return None
 
 
-def check_kvstore_type(type_: str, sync: dict[str, Any]) -> bool:
-    """``dist_async`` means MixedSync across DCs (GeoMX); True when the job must switch to
-    it (``[sync] algorithm = "auto"``). A scenario that chose a synchronous algorithm
-    explicitly conflicts with it (and ``dist_sync`` with ``mixed``): an error, not a
-    warning in the event log."""
+def check_kvstore_type(type_: str, job: Any) -> bool:
+    """``dist_async`` means asynchronous aggregation across DCs (GeoMX); True when
+    ``job`` (a ``JobSpec``) must switch to the algorithm that store type stands for
+    (``[sync] algorithm = "auto"``). A scenario that chose an algorithm of the other
+    kvstore type explicitly conflicts with it: an error, not a warning in the event log."""
     if type_ == "local":
         return False
-    algo = sync.get("algorithm", "fsa")
+    algo = job.sync.get("algorithm", "fsa")
     wants_async = "async" in type_
-    if sync.get("auto"):
+    if job.sync.get("auto"):
         return wants_async
-    if wants_async != (algo == "mixed"):
-        fix = ("set [sync] algorithm = \"mixed\"" if wants_async
+    if wants_async != (job.sync_algorithm.kvstore_type == "dist_async"):
+        fix = (f"set [sync] algorithm = \"{KVSTORE_ALGORITHMS['dist_async']}\"" if wants_async
                else "create the store with geomx.kv.create(\"dist_async\")")
         raise KVStoreError(f"kvstore type {type_!r} conflicts with the scenario's [sync] "
                            f"algorithm = {algo!r}; {fix}")

@@ -1,11 +1,12 @@
 """Local server (LS): aggregates its DC's workers and speaks for the DC across the WAN.
 
 Follows docs/geomx-behaviour.md §3.1–3.2. Per key: sum the pushes of all local workers
-and park their requests; then the job's local sync policy (``geomx/sync``) decides what
-the round is. For FSA, MixedSync and ESync it pushes the DC sum to the global server(s) owning the key
+and park their requests; then the local side of the job's sync algorithm
+(``geomx/policy/sync.py``, reached through a :class:`LocalSyncContext`) decides what the
+round is. A forwarding side pushes the DC sum to the global server(s) owning the key
 (split by the placement rule), waits for every part's acknowledgement, pulls the new
 value back, stores it, and only then acknowledges the parked worker pushes — so only
-LS<->GS traffic crosses the WAN. For HFA most rounds are answered locally.
+LS<->GS traffic crosses the WAN. A side may also answer most rounds locally (§3.4).
 
 Initialisation (§3.1): the DC's rank-0 worker INITs the key here; the LS immediately
 pulls the global value (the master worker's) and serves workers' pulls from it.
@@ -25,13 +26,14 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import leave, register
 from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
+from geomx.node.sync_contexts import LocalSyncContext
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
 from geomx.sched.dgt import DgtSender, DgtSettings
 from geomx.sched.p3 import FUSE_META, P3Config, wants_fused_reply
 from geomx.sched.placement import place
 from geomx.sched.tsengine import TS_META, TsSettings
-from geomx.sync.policy import LocalSyncPolicy, make_local_policy
+from geomx.policy.sync import LocalSide
 from geomx.wire import Kind, Message, Payload
 
 #: message kinds of the per-message paths (a module global reads faster than the enum)
@@ -84,7 +86,9 @@ class LocalServer(Node):
         self.slots: dict[int, LocalSlot] = {}
         # one codec for both hops: it picks per tier and keys its state by tier
         self.codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
-        self.policy: LocalSyncPolicy = make_local_policy(job)
+        #: this server's side of the job's sync algorithm, and what it sees of the server
+        self.policy: LocalSide = job.sync_algorithm.local_side(job)
+        self.sync_ctx = LocalSyncContext(self)
         self.p3 = P3Config.from_sched(job.sched)
         self.global_stop = False
         dgt = DgtSettings.from_dict(job.sched.get("dgt"))
@@ -141,7 +145,7 @@ class LocalServer(Node):
         """GeoMX's global server forwards ``set_gradient_compression`` to every local
         server; this one installs it and hands it to its workers with their next reply.
         ``set_sync`` (a ``dist_async`` store under ``[sync] algorithm = "auto"``) switches
-        this server to MixedSync's local policy."""
+        this server to that algorithm's local side."""
         cmd = msg.meta.get("cmd")
         if cmd == "set_gradient_compression" and (self.ts_inter or self.ts_intra):
             self.reply_error(msg, "set_gradient_compression: TSEngine (sched.tsengine_inter / "
@@ -159,8 +163,8 @@ class LocalServer(Node):
             if problem:
                 self.reply_error(msg, problem)
                 return
-            self.policy = make_local_policy(self.job)
-            self.record("command", cmd=cmd, algorithm=self.job.sync["algorithm"])
+            self.policy = self.job.sync_algorithm.local_side(self.job)
+            self.record("command", cmd=cmd, algorithm=self.job.sync_algorithm.name)
             self.post(msg.reply(Kind.COMMAND_ACK))
             return
         config = dict(msg.meta["config"])
@@ -332,7 +336,7 @@ class LocalServer(Node):
         self._complete_round(slot)
 
     def _complete_round(self, slot: LocalSlot) -> None:
-        """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync policy.
+        """Every live worker pushed ``slot``'s key: hand the DC's sum to the sync side.
         Without a lost worker's push the sum is scaled by workers / contributors, so the
         DC keeps its weight in the global aggregate."""
         # (counts first: the subset test then runs once a round, not once a push)
@@ -358,7 +362,7 @@ class LocalServer(Node):
     async def _run_round(self, slot: LocalSlot, merged: Value, waiting: list[Message],
                          stop: bool) -> None:
         try:
-            await self.policy.on_round(self, slot.key, slot, merged, waiting, stop)
+            await self.policy.on_round(self.sync_ctx, slot.key, slot, merged, waiting, stop)
         finally:
             self._rounds_running -= 1
         self._admit_joining()
@@ -432,7 +436,7 @@ class LocalServer(Node):
             slot.count = 0
             slot.contributors.clear()
             stop, slot.stop_requested = slot.stop_requested, False
-            self.spawn(self.policy.on_round(self, msg.key, slot, merged, [], stop))
+            self.spawn(self.policy.on_round(self.sync_ctx, msg.key, slot, merged, [], stop))
 
     async def _ts_exchange(self, key: int, slot: LocalSlot, value: Value,
                            meta: dict[str, Any]) -> Value:
@@ -453,7 +457,7 @@ class LocalServer(Node):
                    else list(await asyncio.gather(*(one(p) for p in parts))))
         return self._assemble(slot, results)
 
-    # called by sync policies -------------------------------------------------------
+    # called by the sync side (through LocalSyncContext) ------------------------------
     async def exchange_global(self, key: int, slot: LocalSlot, value: Value, *,
                               stop: bool) -> Value:
         """Push ``value`` to the global server(s) owning ``key``, wait for every part's
@@ -529,26 +533,22 @@ class LocalServer(Node):
         if len(keys) < len(self.slots):
             return
         del self._ckpt_answered[round_]
-        slots = [[k, {"store": s.store, "round": s.round, "policy": self._policy_state(k)}]
+        slots = [[k, {"store": s.store, "round": s.round, "policy": self.policy.key_state(k)}]
                  for k, s in sorted(self.slots.items())]
         state = {"slots": slots, "codec": ckpt.codec_states(self.codec)}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
 
-    def _policy_state(self, key: int) -> Any:
-        get = getattr(self.policy, "checkpoint_state", None)
-        return get(key) if get is not None else None
-
     def _restore_slot(self, key: int, slot: LocalSlot) -> None:
         """Resuming: after the global initial pull, the checkpoint's value and round of
-        ``key`` and its sync-policy state replace what initialisation set."""
+        ``key`` and its sync side's state replace what initialisation set."""
         saved = self._restored.pop(key, None)
         if saved is None:
             return
         slot.store = saved["store"]
         slot.round = int(saved["round"])
         if saved["policy"] is not None:
-            self.policy.restore_state(key, saved["policy"])  # type: ignore[attr-defined]
+            self.policy.load_key_state(key, saved["policy"])
 
     async def pull_global(self, key: int, slot: LocalSlot, *, initial: bool = False) -> Value:
         """The current global value of ``key``, reassembled from its parts (``initial``:
@@ -588,11 +588,11 @@ class LocalServer(Node):
         return new
 
     async def _initialise(self, key: int, slot: LocalSlot) -> None:
-        """Every DC starts from the global initial value, also under HFA
-        (docs/geomx-behaviour.md §3.1)."""
+        """Every DC starts from the global initial value, also with a sync side that
+        averages locally (docs/geomx-behaviour.md §3.1)."""
         slot.store = await self.pull_global(key, slot, initial=True)
         slot.initialized = True
-        self.policy.on_initialized(self, key, slot)
+        self.policy.on_initialized(self.sync_ctx, key, slot)
         if self._restored:
             self._restore_slot(key, slot)
         if self.taking_over:

@@ -33,8 +33,7 @@ from typing import Any, Callable, Iterator
 from geomx.node import checkpoint, kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
-from geomx.sync.policy import (algorithm_of, kvstore_type, make_worker_sync,
-                               needs_state_server, uses_global_optimizer)
+from geomx.node.sync_contexts import WorkerSyncContext
 
 
 class ProgramError(RuntimeError):
@@ -190,7 +189,7 @@ class ProgramContext:
     @property
     def kvstore_type(self) -> str:
         """The kvstore type the scenario's ``[sync] algorithm`` means."""
-        return kvstore_type(self._spec.sync.get("algorithm", "fsa"))
+        return self._node.job.sync_algorithm.kvstore_type
 
     @property
     def sync(self) -> dict[str, Any]:
@@ -312,20 +311,14 @@ class ProgramContext:
     # ------------------------------------------------------------------ sync
     def worker_sync(self, kv: Any, params: list[Any]) -> Any:
         """The scenario's per-step sync policy for ``params`` (updated in place), the one
-        the built-in trainer uses (geomx/sync/policy.py ``WorkerSync``): ``await
+        the built-in trainer uses (``SyncAlgorithm.worker_side``, geomx/policy/sync.py): ``await
         sync.step(iteration, grads)`` pushes and pulls as ``[sync] algorithm`` says --
         a gradient under FSA and MixedSync, local steps and a model average every ``k1``
         under HFA, local steps sized by the state server under ESync (docs/papers.md
         §5) -- and returns True when every worker holds the same model. A program that
         uses it trains under every algorithm; its ``finish`` is called when the program
         returns."""
-        from geomx.optim import optimizer_from_config
-
-        sync = make_worker_sync(self._spec.sync, node=self._node, kv=kv, params=params,
-                                pull_weights=self._spec.global_optimizer is not None,
-                                local_optimizer=lambda: optimizer_from_config(
-                                    dict(self._spec.worker_optimizer)),
-                                max_iterations=self.max_iterations)
+        sync = self._node.job.sync_algorithm.worker_side(self._sync_context(kv, params))
         self._worker_syncs.append(sync)
         return sync
 
@@ -336,11 +329,17 @@ class ProgramContext:
         server waiting for it."""
         for sync in self._worker_syncs:
             await sync.finish()
-        if (not self._worker_syncs and not self.is_master
-                and needs_state_server(algorithm_of(self._spec.sync))):
-            from geomx.sync.esync import leave_state_server
+        if not self._worker_syncs and not self.is_master:
+            await self._node.job.sync_algorithm.worker_left(self._sync_context(None, []))
 
-            leave_state_server(self._node)
+    def _sync_context(self, kv: Any, params: list[Any]) -> WorkerSyncContext:
+        from geomx.optim import optimizer_from_config
+
+        return WorkerSyncContext(
+            self._node, kv=kv, params=params,
+            pull_weights=self._spec.global_optimizer is not None,
+            local_optimizer=lambda: optimizer_from_config(dict(self._spec.worker_optimizer)),
+            max_iterations=self.max_iterations)
 
     # ------------------------------------------------------------------ time
     def now(self) -> float:
@@ -454,10 +453,10 @@ class _LocalStepKVStore(kvstore.KVStore):
 def _program_kvstore(node: Any, type_: str, sync: dict[str, Any]) -> kvstore.KVStore:
     """The store ``main(kv, ctx)`` gets: a plain one, or under HFA / ESync one that
     refuses a global optimizer (:class:`_LocalStepKVStore`)."""
-    algorithm = algorithm_of(sync)
-    if uses_global_optimizer(algorithm):
+    algorithm = node.job.sync_algorithm
+    if algorithm.uses_global_optimizer:
         return kvstore.create(type_)
-    return _LocalStepKVStore(node, type_, algorithm)
+    return _LocalStepKVStore(node, type_, algorithm.name)
 
 
 async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: list[str],

@@ -6,8 +6,19 @@ it. Keeping this below ``scenario.py`` keeps the layering of docs/architecture.m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from geomx.policy.registry import policy_class
+from geomx.policy.sync import SyncAlgorithm
+
+
+def sync_algorithm(sync: Mapping[str, Any]) -> SyncAlgorithm:
+    """The algorithm a job's ``[sync]`` table names (geomx/policy/registry.py), built
+    with its options; :class:`JobSpec` does it once, nodes only use the object."""
+    cls = policy_class("sync", str(sync.get("algorithm", "fsa")))
+    return cls(cls.options_from_sync(sync))
 
 
 @dataclass(frozen=True)
@@ -62,6 +73,15 @@ class JobSpec:
     #: and how long the others wait for it (server_loss_timeout)
     on_server_loss: str = "fail"
     server_loss_timeout_s: float = 0.0
+    #: the algorithm ``sync`` names, built once with its options from that table
+    #: (geomx/policy/sync.py); each node asks it for its side
+    sync_algorithm: SyncAlgorithm = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.sync_algorithm = sync_algorithm(self.sync)
+        problem = self.sync_algorithm.check(self)
+        if problem:
+            raise ValueError(problem)
 
     @property
     def num_all_workers(self) -> int:

@@ -3,18 +3,18 @@
 Written only against the kvstore API (``geomx.kv``, implemented in
 :mod:`geomx.node.kvstore`) so it is also the reference for users writing their own
 loop. What a step sends and receives is the sync algorithm's worker side
-(``geomx.sync.policy.make_worker_sync``). For FSA and MixedSync, two modes, as in
-GeoMX's examples (docs/geomx-behaviour.md §2.2):
+(``SyncAlgorithm.worker_side``, geomx/policy/sync.py). A side that pushes gradients
+(geomx/sync/fsa.py) has two modes, as in GeoMX's examples (docs/geomx-behaviour.md §2.2):
 
 * a global optimizer is installed (``cnn.py``): workers push mean gradients and pull the
   new *weights*;
 * no global optimizer (``cnn_bsc.py``, ``cnn_fp16.py``): workers pull the aggregated
   gradient sum and take a local optimizer step with it, divided by ``num_all_workers``.
 
-HFA (``cnn_hfa.py``) and ESync take local steps with ``worker_optimizer`` and
-synchronise models now and then; the evaluator evaluates only at points where every
-worker holds the same model (after a global sync / a round), at the first such point at
-or after each multiple of ``eval_every``.
+A side that takes local steps with ``worker_optimizer`` synchronises models now and
+then (GeoMX's ``cnn_hfa.py``); its ``step`` says when every worker holds the same model,
+and the evaluator evaluates only at such points, the first one at or after each
+multiple of ``eval_every``.
 
 Differences from the GeoMX examples, on purpose: each worker reshuffles its partition
 every epoch (GeoMX iterates slices in order, unshuffled); test accuracy is over all test
@@ -35,7 +35,7 @@ import numpy as np
 
 from geomx.node import checkpoint, kvstore
 from geomx.node.checkpoint import NodeCheckpoints
-from geomx.sync.policy import kvstore_type, make_worker_sync
+from geomx.node.sync_contexts import WorkerSyncContext
 from geomx.wire import Payload
 
 
@@ -163,7 +163,7 @@ def iterations_for_epochs(spec: TrainSpec, epochs: float, num_all_workers: int) 
 
 async def master_program(node: Any, spec: TrainSpec) -> None:
     """The master worker: configure the global servers and publish the initial model."""
-    kv = kvstore.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
+    kv = kvstore.create(node.job.sync_algorithm.kvstore_type)
     if spec.global_optimizer is not None:
         await kv.set_optimizer(spec.global_optimizer)
     params = initial_params(spec)
@@ -175,7 +175,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     """One worker's training loop (GeoMX ``examples/cnn.py`` shape)."""
     from geomx.optim import optimizer_from_config
 
-    kv = kvstore.create(kvstore_type(spec.sync.get("algorithm", "fsa")))
+    kv = kvstore.create(node.job.sync_algorithm.kvstore_type)
     job = node.job
     global_rank = job.all_workers.index(node.name)
     evaluator = node.name == spec.evaluator
@@ -198,11 +198,10 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             shares=spec.layer_shares, backward_fraction=spec.backward_fraction,
             compute_s=node.compute_s_per_iter)
     else:
-        sync = make_worker_sync(spec.sync, node=node, kv=kv, params=params,
-                                pull_weights=spec.global_optimizer is not None,
-                                local_optimizer=lambda: optimizer_from_config(
-                                    dict(spec.worker_optimizer)),
-                                max_iterations=spec.iterations)
+        sync = job.sync_algorithm.worker_side(WorkerSyncContext(
+            node, kv=kv, params=params, pull_weights=spec.global_optimizer is not None,
+            local_optimizer=lambda: optimizer_from_config(dict(spec.worker_optimizer)),
+            max_iterations=spec.iterations))
 
     data = None if spec.phantom else load_data(spec)
     stream = None

@@ -41,7 +41,12 @@ ENTRY_POINT_GROUP = "geomx.policies"
 #: kind -> built-in name -> ``module:Class``. The classes are plug-ins of this package's
 #: API like any user's; the names are what the scenario documentation lists.
 BUILTIN: dict[str, dict[str, str]] = {
-    "sync": {},
+    "sync": {
+        "fsa": "geomx.sync.fsa:FSA",
+        "mixed": "geomx.sync.mixed:MixedSync",
+        "hfa": "geomx.sync.hfa:HFA",
+        "esync": "geomx.sync.esync:ESync",
+    },
     "sched": {},
     "topology": {},
     "codec": {

@@ -25,18 +25,17 @@ must not block; ``async`` hooks may await their context's requests.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from geomx.policy.base import Policy
 from geomx.policy.context import NodeContext
+from geomx.policy.options import PolicyOptions, options_from_table
 from geomx.wire import Message
 
-if TYPE_CHECKING:  # pragma: no cover
-    from geomx.policy.layout import NodeLayout
-
-__all__ = ["SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
-           "LocalContext", "WorkerContext", "ServerSlot", "LocalSlotView", "JobView"]
+__all__ = ["SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "StateService",
+           "GlobalContext", "LocalContext", "WorkerContext", "ServerSlot", "LocalSlotView",
+           "JobView", "KVSTORE_ALGORITHMS"]
 
 #: A tensor value as servers hold it: a numpy array, or a phantom payload (a shape and
 #: a byte count without data, for jobs that emulate a model's traffic only).
@@ -53,6 +52,11 @@ class JobView(Protocol):
 
     @property
     def num_all_workers(self) -> int: ...
+
+    @property
+    def all_workers(self) -> list[str]:
+        """Every training worker of the job, DC by DC, rank order."""
+        ...
 
 
 class ServerSlot(Protocol):
@@ -223,6 +227,10 @@ class LocalSide(abc.ABC):
 class WorkerSide(abc.ABC):
     """One worker's part of a sync algorithm, driven by the training loop each step."""
 
+    #: The local optimizer's per-parameter states (a worker checkpoint keeps them);
+    #: empty when the side takes no local steps.
+    states: list[Any] = []
+
     @abc.abstractmethod
     async def step(self, iteration: int, grads: list[Any]) -> bool:
         """Apply this step's gradients (locally and/or through ``ctx.kv``).
@@ -233,6 +241,23 @@ class WorkerSide(abc.ABC):
     async def finish(self) -> None:
         """The training loop is over."""
         return None
+
+
+class StateService(abc.ABC):
+    """A coordinator the worker sides of an algorithm query (ESync's step budgets).
+
+    It runs on the job's state server, a node of its own that the planner adds when the
+    algorithm sets :attr:`SyncAlgorithm.needs_state_server`. Workers send it
+    ``STATE_QUERY`` messages (``version`` = the round asked about, ``meta`` = what the
+    worker reports) through their context's ``request``; it answers each with a
+    ``STATE_REPLY`` whose ``meta`` is what :meth:`on_query` returned for that worker.
+    """
+
+    @abc.abstractmethod
+    def on_query(self, ctx: NodeContext, worker: str, round_: int,
+                 meta: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+        """``worker``'s query for ``round_``. None: keep it waiting; otherwise the reply
+        ``meta`` of every worker waiting on ``round_`` (raise ValueError to refuse)."""
 
 
 class SyncAlgorithm(Policy):
@@ -249,8 +274,31 @@ class SyncAlgorithm(Policy):
     #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
     kvstore_type: ClassVar[str] = "dist_sync"
 
+    @classmethod
+    def options_from_sync(cls, sync: Mapping[str, Any]) -> PolicyOptions:
+        """This algorithm's options from the job's ``[sync]`` table (its ``options``
+        sub-table; built-ins read their historical ``[sync]`` fields instead)."""
+        return options_from_table(cls.Options, sync.get("options"),
+                                  policy=f"sync policy {str(sync.get('algorithm'))!r}",
+                                  where="sync.options")
+
+    def exchange_iterations(self) -> int:
+        """The most worker iterations between two of a worker's exchanges with the global
+        tier (what a reply may legitimately wait for; 1: every iteration)."""
+        return 1
+
+    def state_service(self, job: JobView) -> StateService:
+        """The state server's coordinator (called when :attr:`needs_state_server`)."""
+        raise NotImplementedError(f"sync algorithm {self.name!r} sets needs_state_server "
+                                  "but does not build a state_service")
+
     def check(self, job: JobView) -> str | None:
-        """Why this job cannot run the algorithm (refused at load), or None."""
+        """Why this job cannot run the algorithm (refused when the job is described), or
+        None. The default refuses a job without local servers when
+        :attr:`needs_local_tier` is set."""
+        if self.needs_local_tier and job.mode != "hips":
+            return (f"sync algorithm {self.name!r} needs a local server per DC; allowed "
+                    f"topologies: hips (this job runs {job.mode!r})")
         return None
 
     @abc.abstractmethod
@@ -261,6 +309,17 @@ class SyncAlgorithm(Policy):
     def local_side(self, job: JobView) -> LocalSide:
         """The local servers' side (one per local server)."""
 
+    async def worker_left(self, ctx: WorkerContext) -> None:
+        """A worker's training ended without a :meth:`worker_side` (a training program
+        that pushes and pulls by hand): release whatever waits for it. Default: nothing."""
+        return None
+
     @abc.abstractmethod
     def worker_side(self, ctx: WorkerContext) -> WorkerSide:
         """The worker's side (one per worker, built when its training loop starts)."""
+
+
+#: The built-in algorithm a GeoMX kvstore type stands for under ``[sync] algorithm =
+#: "auto"``: ``dist_sync`` runs FSA, ``dist_async`` switches the job to MixedSync
+#: (docs/geomx-behaviour.md §3.3).
+KVSTORE_ALGORITHMS: dict[str, str] = {"dist_sync": "fsa", "dist_async": "mixed"}

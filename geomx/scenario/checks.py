@@ -14,7 +14,7 @@ from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.model import Scenario
 from geomx.scenario.sched import DGT_CODECS
 from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
-from geomx.sync.policy import needs_state_server
+from geomx.policy.registry import policy_class
 from geomx.topology import MESH_KINDS, DCShape, plan_nodes
 
 __all__ = ["SCENARIO_CHECKS", "scenario_check"]
@@ -190,7 +190,8 @@ def _check_faults(s: Scenario) -> None:
     nodes = plan_nodes(s.topology.kind, central.name,
                        [DCShape(d.name, d.workers) for d in s.party_dcs],
                        global_servers=central.global_servers,
-                       state_server=needs_state_server(s.sync.resolved_algorithm)).nodes
+                       state_server=policy_class("sync", s.sync.resolved_algorithm)
+                       .needs_state_server).nodes
     wans = {frozenset(w.endpoints): f"{w.a}-{w.b}" for w in s.wans}
     for i, f in enumerate(s.faults):
         if f.kind == "link_down":

@@ -26,11 +26,17 @@ messages through the Transport.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from geomx.policy.context import NodeContext
+from geomx.policy.options import PolicyOptions
+from geomx.policy.sync import (GlobalSide, JobView, LocalSide, StateService, SyncAlgorithm,
+                               WorkerContext, WorkerSide)
+from geomx.sync.fsa import ForwardEveryRound, FullySync
 from geomx.sync.tensors import copy_of, difference, phantom
 from geomx.wire import Kind, Message
 
@@ -119,17 +125,36 @@ class StateBoard:
                 for w in self.workers}
 
 
-class ESyncWorker:
+class StateBoardService(StateService):
+    """The state server's side of ESync: a :class:`StateBoard` answering ``STATE_QUERY``
+    meta (``step_s``, ``end_s``, ``steps``) with each worker's budget (``steps``)."""
+
+    def __init__(self, board: StateBoard):
+        self.board = board
+
+    def on_query(self, ctx: NodeContext, worker: str, round_: int,
+                 meta: Mapping[str, Any]) -> dict[str, dict[str, Any]] | None:
+        step_s = meta.get("step_s")
+        budgets = self.board.report(worker, round_=round_,
+                                    step_s=None if step_s is None else float(step_s),
+                                    end_s=meta.get("end_s"), steps=int(meta.get("steps", 0)))
+        if budgets is None:
+            return None
+        ctx.record("esync_round", round=round_, budgets=budgets)
+        return {w: {"steps": n} for w, n in budgets.items()}
+
+
+class ESyncWorker(WorkerSide):
     """Worker: local steps until the budget is used, then a synchronous delta average."""
 
     name = "esync"
 
-    def __init__(self, *, node: Any, kv: Any, params: list[Any], local_optimizer: Any,
+    def __init__(self, *, ctx: WorkerContext, kv: Any, params: list[Any], local_optimizer: Any,
                  max_iterations: int = 0):
-        self.node = node
+        self.ctx = ctx
         self.kv = kv
         self.params = params
-        self.server = node.job.state_server
+        self.server = ctx.state_server
         if not self.server:
             raise ValueError("sync.algorithm = 'esync' needs a state server in the job "
                              "(JobSpec.state_server); build the job with geomx.cluster.plan_job")
@@ -145,10 +170,10 @@ class ESyncWorker:
         self.budget = 1
         self.steps = 0
         self.step_s: float | None = None
-        self._mark = node.now()
+        self._mark = ctx.now()
 
     async def step(self, iteration: int, grads: list[Any]) -> bool:
-        self.step_s = self.node.now() - self._mark
+        self.step_s = self.ctx.now() - self._mark
         if self.local_opt is not None:
             for k, g in enumerate(grads):
                 self.local_opt.update(k, self.params[k], g, self.states[k])
@@ -160,14 +185,14 @@ class ESyncWorker:
             end_round = True
         if end_round:
             await self._synchronise()
-        self._mark = self.node.now()
+        self._mark = self.ctx.now()
         return end_round
 
     async def _synchronise(self) -> None:
-        node, kv = self.node, self.kv
-        query = node.spawn(node.request(Message(
-            Kind.STATE_QUERY, node.name, self.server, version=self.round + 1,
-            meta={"step_s": self.step_s, "end_s": node.now(), "steps": self.steps})))
+        ctx, kv = self.ctx, self.kv
+        query = ctx.spawn(ctx.request(Message(
+            Kind.STATE_QUERY, ctx.node_name, self.server, version=self.round + 1,
+            meta={"step_s": self.step_s, "end_s": ctx.now(), "steps": self.steps})))
         for k in reversed(range(len(self.params))):
             kv.push(k, difference(self.params[k], self.prev[k]), priority=-k)
         for k in range(len(self.params)):
@@ -186,12 +211,62 @@ class ESyncWorker:
 
     async def finish(self) -> None:
         """Tell the state server this worker is done (it stops when all are)."""
-        leave_state_server(self.node)
+        self.ctx.post(Message(Kind.SHUTDOWN, self.ctx.node_name, self.server))
 
 
-def leave_state_server(node: Any) -> None:
-    """Tell the job's state server that worker ``node`` is done; it stops once every
-    worker has, so every worker of an ESync job must say it exactly once when its
-    training ends (the built-in trainer's :class:`ESyncWorker` and a user program alike,
-    geomx/node/program.py)."""
-    node.post(Message(Kind.SHUTDOWN, node.name, node.job.state_server))
+@dataclass(frozen=True)
+class ESyncOptions(PolicyOptions):
+    """``epsilon_s``: the ready rule's slack; ``max_local_steps``: the most local steps a
+    worker takes in one round."""
+
+    epsilon_s: float = 0.0
+    max_local_steps: int = 64
+
+    def __post_init__(self) -> None:
+        if self.epsilon_s < 0:
+            raise ValueError(f"sync.esync_epsilon = {self.epsilon_s}; allowed: a duration >= 0")
+        if self.max_local_steps < 1:
+            raise ValueError(f"sync.esync_max_local_steps = {self.max_local_steps}; "
+                             "allowed: an integer >= 1")
+
+
+class ESync(SyncAlgorithm):
+    """``esync``: local steps sized by a state server so that every worker of the job
+    arrives at the synchronous delta average together (docs/papers.md §5)."""
+
+    name = "esync"
+    Options = ESyncOptions
+    uses_global_optimizer = False
+    needs_local_tier = True
+    needs_state_server = True
+    options: ESyncOptions
+
+    @classmethod
+    def options_from_sync(cls, sync: Mapping[str, Any]) -> ESyncOptions:
+        return ESyncOptions(epsilon_s=float(sync.get("esync_epsilon_s", 0.0)),
+                            max_local_steps=int(sync.get("esync_max_local_steps", 64)))
+
+    def exchange_iterations(self) -> int:
+        return 2
+
+    def global_side(self, job: JobView) -> GlobalSide:
+        # workers push model deltas that the global tier only sums
+        return FullySync(uses_optimizer=False)
+
+    def local_side(self, job: JobView) -> LocalSide:
+        return ForwardEveryRound()
+
+    def worker_side(self, ctx: WorkerContext) -> WorkerSide:
+        return ESyncWorker(ctx=ctx, kv=ctx.kv, params=ctx.params,
+                           local_optimizer=ctx.local_optimizer(),
+                           max_iterations=ctx.max_iterations)
+
+    async def worker_left(self, ctx: WorkerContext) -> None:
+        """A worker that trained without an :class:`ESyncWorker` (a program pushing by
+        hand) still leaves the state server, which stops once every worker has."""
+        ctx.post(Message(Kind.SHUTDOWN, ctx.node_name, ctx.state_server))
+
+    def state_service(self, job: JobView) -> StateService:
+        return StateBoardService(StateBoard(list(job.all_workers),
+                                            epsilon_s=self.options.epsilon_s,
+                                            max_steps=self.options.max_local_steps))

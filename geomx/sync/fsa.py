@@ -1,6 +1,7 @@
 """FSA, fully synchronous aggregation (GeoMX ``dist_sync``; docs/geomx-behaviour.md §3.2).
 
-Three parts, one per tier:
+:class:`FSA` is the ``[sync] algorithm = "fsa"`` plug-in (geomx/policy/sync.py); its
+three sides, one per tier, are reused by the other built-ins:
 
 * :class:`FullySync` (global server): collect one push from every contributor (a local
   server per DC, or every worker in flat-PS mode), run one global step on the sum, answer
@@ -18,25 +19,25 @@ from __future__ import annotations
 
 import asyncio
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
+from geomx.policy.sync import (GlobalContext, GlobalSide, JobView, LocalContext, LocalSide,
+                               LocalSlotView, ServerSlot, SyncAlgorithm, WorkerContext,
+                               WorkerSide)
 from geomx.sync.tensors import Value, phantom
 from geomx.wire import Message
 
 
-class FullySync:
+class FullySync(GlobalSide):
     """Global server: one global step per key per round, after every contributor pushed."""
 
     def __init__(self, *, uses_optimizer: bool = True):
         self.uses_optimizer = uses_optimizer
         self.name = "fsa" if uses_optimizer else "sum"
 
-    def start_problem(self, gs: Any) -> str | None:
-        return None
-
-    def on_push(self, gs: Any, msg: Message, slot: Any, value: Value) -> None:
+    def on_push(self, gs: GlobalContext, msg: Message, slot: ServerSlot, value: Value) -> None:
         # a TSEngine merge carries several contributors' pushes (geomx/node/ts_overlay.py)
         senders = gs.contributors_of(msg)
         again = [s for s in senders if s in slot.contributors]
@@ -58,39 +59,32 @@ class FullySync:
         for req in waiting:
             gs.reply_push(req, slot)
 
-    def on_pusher_left(self, gs: Any, pusher: str) -> None:
-        return None
 
-
-class ForwardEveryRound:
+class ForwardEveryRound(LocalSide):
     """Local server: every completed local round is a global round."""
 
     name = "forward"
 
-    def on_initialized(self, ls: Any, key: int, slot: Any) -> None:
-        return None
-
-    async def on_round(self, ls: Any, key: int, slot: Any, merged: Value,
+    async def on_round(self, ls: LocalContext, key: int, slot: LocalSlotView, merged: Value,
                        waiting: list[Message], stop: bool) -> None:
         slot.round += 1
         slot.store = await ls.exchange_global(key, slot, merged, stop=stop)
         ls.answer_workers(slot, waiting)
 
 
-class GradientSync:
+class GradientSync(WorkerSide):
     """Worker: push gradients every step, pull weights (or the sum and step locally)."""
 
     name = "gradient"
 
-    def __init__(self, *, kv: Any, params: list[Any], pull_weights: bool,
-                 local_optimizer: Callable[[], Any]):
-        self.kv = kv
-        self.params = params
+    def __init__(self, ctx: WorkerContext):
+        self.kv = kv = ctx.kv
+        self.params = params = ctx.params
         self.local_opt = None
         self.states: list[Any] = []
         self.agg: list[np.ndarray] = []
-        if not pull_weights and params and not phantom(params[0]):
-            self.local_opt = local_optimizer()
+        if not ctx.pull_weights and params and not phantom(params[0]):
+            self.local_opt = ctx.local_optimizer()
             # the pulled value is the sum over all workers: step with its mean
             self.local_opt.rescale_grad = 1.0 / kv.num_all_workers
             self.states = [self.local_opt.create_state(k, p) for k, p in enumerate(params)]
@@ -109,5 +103,18 @@ class GradientSync:
                 self.local_opt.update(k, self.params[k], self.agg[k], self.states[k])
         return True
 
-    async def finish(self) -> None:
-        return None
+
+class FSA(SyncAlgorithm):
+    """``fsa``: every worker's gradient of every step reaches the global optimizer, and
+    nobody goes on before the round is complete (docs/geomx-behaviour.md §3.2)."""
+
+    name = "fsa"
+
+    def global_side(self, job: JobView) -> GlobalSide:
+        return FullySync()
+
+    def local_side(self, job: JobView) -> LocalSide:
+        return ForwardEveryRound()
+
+    def worker_side(self, ctx: WorkerContext) -> WorkerSide:
+        return GradientSync(ctx)

@@ -20,13 +20,31 @@ Fixes relative to GeoMX (docs/geomx-behaviour.md §6, bug 1):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from geomx.policy.options import PolicyOptions
+from geomx.policy.sync import (GlobalSide, JobView, LocalContext, LocalSide, LocalSlotView,
+                               SyncAlgorithm, WorkerContext, WorkerSide)
+from geomx.sync.fsa import FullySync
 from geomx.sync.tensors import Value, copy_of, difference, digest, phantom, scaled, total
 from geomx.wire import Message
 
 
-class HierarchicalAveraging:
+@dataclass(frozen=True)
+class HFAOptions(PolicyOptions):
+    """``k1``: local steps per local sync; ``k2``: local syncs per global sync."""
+
+    k1: int = 20
+    k2: int = 10
+
+    def __post_init__(self) -> None:
+        if self.k1 < 1 or self.k2 < 1:
+            raise ValueError(f"sync.k1 = {self.k1}, sync.k2 = {self.k2}; allowed: integers >= 1")
+
+
+class HierarchicalAveraging(LocalSide):
     """Local server: local average every round, global delta average every ``k2`` rounds."""
 
     name = "hfa"
@@ -42,23 +60,23 @@ class HierarchicalAveraging:
         self.local_syncs: dict[int, int] = {}
         self._stop_pending: dict[int, bool] = {}
 
-    def on_initialized(self, ls: Any, key: int, slot: Any) -> None:
+    def on_initialized(self, ls: LocalContext, key: int, slot: LocalSlotView) -> None:
         self.milestone[key] = copy_of(slot.store)
         self.local_syncs[key] = 0
 
-    def checkpoint_state(self, key: int) -> dict[str, Any]:
+    def key_state(self, key: int) -> dict[str, Any]:
         """What a checkpoint keeps of ``key`` (geomx/node/checkpoint.py): the milestone
         and the local-sync count (taken after a global sync: no stop is pending)."""
         return {"milestone": self.milestone[key], "local_syncs": self.local_syncs[key]}
 
-    def restore_state(self, key: int, state: dict[str, Any]) -> None:
+    def load_key_state(self, key: int, state: dict[str, Any]) -> None:
         self.milestone[key] = state["milestone"]
         self.local_syncs[key] = int(state["local_syncs"])
 
     def is_global(self, local_sync: int) -> bool:
         return local_sync % self.k2 == 0
 
-    async def on_round(self, ls: Any, key: int, slot: Any, merged: Value,
+    async def on_round(self, ls: LocalContext, key: int, slot: LocalSlotView, merged: Value,
                        waiting: list[Message], stop: bool) -> None:
         # workers pushed params / n_local, so ``merged`` is the DC average
         n = self.local_syncs.get(key, 0) + 1
@@ -81,7 +99,7 @@ class HierarchicalAveraging:
         ls.answer_workers(slot, waiting)
 
 
-class HFAWorker:
+class HFAWorker(WorkerSide):
     """Worker: local steps; every ``k1`` iterations push ``params / n_local`` and pull."""
 
     name = "hfa"
@@ -111,5 +129,31 @@ class HFAWorker:
             await kv.pull(k, out=self.params[k], priority=-k)
         return (iteration // self.k1) % self.k2 == 0
 
-    async def finish(self) -> None:
-        return None
+
+class HFA(SyncAlgorithm):
+    """``hfa``: local optimizer steps, a DC average every ``k1`` iterations and a global
+    average of the DC models every ``k2``-th of those (docs/geomx-behaviour.md §3.4)."""
+
+    name = "hfa"
+    Options = HFAOptions
+    uses_global_optimizer = False
+    needs_local_tier = True
+    options: HFAOptions
+
+    @classmethod
+    def options_from_sync(cls, sync: Mapping[str, Any]) -> HFAOptions:
+        return HFAOptions(k1=int(sync.get("k1", 20)), k2=int(sync.get("k2", 10)))
+
+    def exchange_iterations(self) -> int:
+        return self.options.k1 * self.options.k2
+
+    def global_side(self, job: JobView) -> GlobalSide:
+        # the DCs push model deltas that the global tier only sums
+        return FullySync(uses_optimizer=False)
+
+    def local_side(self, job: JobView) -> LocalSide:
+        return HierarchicalAveraging(k2=self.options.k2, num_dcs=len(job.party_dcs))
+
+    def worker_side(self, ctx: WorkerContext) -> WorkerSide:
+        return HFAWorker(kv=ctx.kv, params=ctx.params, local_optimizer=ctx.local_optimizer(),
+                         k1=self.options.k1, k2=self.options.k2)

@@ -23,8 +23,14 @@ Fixes relative to GeoMX:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from geomx.policy.options import PolicyOptions
+from geomx.policy.sync import (GlobalContext, GlobalSide, JobView, LocalSide, ServerSlot,
+                               SyncAlgorithm, WorkerContext, WorkerSide)
+from geomx.sync.fsa import ForwardEveryRound, GradientSync
 from geomx.sync.tensors import Value
 from geomx.wire import Message
 
@@ -34,7 +40,19 @@ NO_OPTIMIZER = ("sync.algorithm = 'mixed' (MixedSync, kvstore 'dist_async') appl
                 "dcasgd_shared) or call kv.set_optimizer before kv.init")
 
 
-class AsyncAcrossDCs:
+@dataclass(frozen=True)
+class MixedOptions(PolicyOptions):
+    """``staleness``: how many pushes a DC may be applied ahead of the slowest DC still
+    training before its acknowledgement waits (0 = unbounded, as in GeoMX)."""
+
+    staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if self.staleness < 0:
+            raise ValueError(f"sync.staleness = {self.staleness}; allowed: an integer >= 0")
+
+
+class AsyncAcrossDCs(GlobalSide):
     """Global server: apply each push on arrival; answer within the staleness bound."""
 
     name = "mixed"
@@ -48,11 +66,11 @@ class AsyncAcrossDCs:
         self._applied: dict[tuple[int, int], dict[str, int]] = {}
         self._held: dict[tuple[int, int], list[Message]] = {}
 
-    def start_problem(self, gs: Any) -> str | None:
-        return NO_OPTIMIZER if gs.optimizer is None else None
+    def start_problem(self, gs: GlobalContext) -> str | None:
+        return None if gs.has_optimizer else NO_OPTIMIZER
 
-    def on_push(self, gs: Any, msg: Message, slot: Any, value: Value) -> None:
-        if gs.optimizer is None:
+    def on_push(self, gs: GlobalContext, msg: Message, slot: ServerSlot, value: Value) -> None:
+        if not gs.has_optimizer:
             gs.reply_error(msg, NO_OPTIMIZER)
             return
         gs.apply_update(msg.key, slot, value, sender=msg.src)
@@ -69,23 +87,23 @@ class AsyncAcrossDCs:
             gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
                       lead=self.lead(gs, where, msg.src))
 
-    def on_pusher_left(self, gs: Any, pusher: str) -> None:
+    def on_pusher_left(self, gs: GlobalContext, pusher: str) -> None:
         # a finished DC no longer holds the others back
         for where in list(self._held):
             self._release(gs, where)
 
-    def lead(self, gs: Any, where: tuple[int, int], pusher: str) -> int:
+    def lead(self, gs: GlobalContext, where: tuple[int, int], pusher: str) -> int:
         """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
         applied = self._applied.get(where, {})
         active = [p for p in gs.pushers if p not in gs.departed]
         slowest = min((applied.get(p, 0) for p in active), default=0)
         return applied.get(pusher, 0) - slowest
 
-    def _release(self, gs: Any, where: tuple[int, int]) -> None:
+    def _release(self, gs: GlobalContext, where: tuple[int, int]) -> None:
         held = self._held.get(where)
         if not held:
             return
-        slot = gs.slots[where]
+        slot = gs.slot(*where)
         keep = []
         for msg in held:
             if (self.staleness == 0 or gs.stop_requested
@@ -94,3 +112,29 @@ class AsyncAcrossDCs:
             else:
                 keep.append(msg)
         self._held[where] = keep
+
+
+class MixedSync(SyncAlgorithm):
+    """``mixed``: synchronous inside each DC (FSA's local and worker sides), each DC's
+    push applied on arrival at the global tier (GeoMX ``dist_async``)."""
+
+    name = "mixed"
+    Options = MixedOptions
+    kvstore_type = "dist_async"
+    options: MixedOptions
+
+    @classmethod
+    def options_from_sync(cls, sync: Mapping[str, Any]) -> MixedOptions:
+        return MixedOptions(staleness=int(sync.get("staleness", 0) or 0))
+
+    def exchange_iterations(self) -> int:
+        return self.options.staleness + 1
+
+    def global_side(self, job: JobView) -> GlobalSide:
+        return AsyncAcrossDCs(staleness=self.options.staleness)
+
+    def local_side(self, job: JobView) -> LocalSide:
+        return ForwardEveryRound()
+
+    def worker_side(self, ctx: WorkerContext) -> WorkerSide:
+        return GradientSync(ctx)

@@ -6,7 +6,8 @@ import pytest
 
 from geomx.experiment import run_scenario
 from geomx.scenario import ScenarioError
-from geomx.sync.policy import kvstore_type
+from geomx.policy.registry import policy_class
+from geomx.policy.sync import KVSTORE_ALGORITHMS
 
 from tests.helpers.events import run_events
 
@@ -18,9 +19,13 @@ def _nodes(seen):
 
 
 def test_kvstore_types_map_to_algorithms():
+    kvstore_type = lambda name: policy_class("sync", name).kvstore_type
     assert kvstore_type("fsa") == "dist_sync"
     assert kvstore_type("mixed") == "dist_async"
     assert kvstore_type("hfa") == kvstore_type("esync") == "dist_sync"
+    # and under [sync] algorithm = "auto" each store type names the algorithm of its type
+    assert {t: kvstore_type(a) for t, a in KVSTORE_ALGORITHMS.items()} == {
+        "dist_sync": "dist_sync", "dist_async": "dist_async"}
 
 
 def test_each_dc_push_is_its_own_global_step(scenario_of):

@@ -8,7 +8,6 @@ from geomx.sync.esync import ESyncWorker
 from geomx.sync.fsa import ForwardEveryRound, FullySync, GradientSync
 from geomx.sync.hfa import HFAWorker, HierarchicalAveraging
 from geomx.sync.mixed import AsyncAcrossDCs
-from geomx.sync.policy import make_global_policy, make_local_policy
 
 SCENARIOS = {"quickstart.toml": "fsa", "mixed.toml": "mixed", "mixed_dcasgd.toml": "mixed",
              "hfa.toml": "hfa", "esync.toml": "esync", "heterogeneous.toml": "fsa"}
@@ -43,7 +42,8 @@ def test_mixed_dcasgd_scenario_ships_lambda(scenario_of):
 ])
 def test_policies_per_algorithm(scenario_of, algorithm, gs_policy, ls_policy):
     job = plan_job(scenario_of("quickstart.toml", f"sync.algorithm={algorithm}")).job
-    gs, ls = make_global_policy(job), make_local_policy(job)
+    assert job.sync_algorithm.name == algorithm
+    gs, ls = job.sync_algorithm.global_side(job), job.sync_algorithm.local_side(job)
     assert isinstance(gs, gs_policy) and isinstance(ls, ls_policy)
     # HFA and ESync sum model deltas at the global tier: no optimizer there
     assert gs.uses_optimizer == (algorithm in ("fsa", "mixed"))
@@ -73,13 +73,15 @@ def test_esync_state_server_is_in_the_central_dc_and_known_to_workers(scenario_o
 
 
 def test_worker_sides(scenario_of):
-    from geomx.sync.policy import make_worker_sync
+    from geomx.node.sync_contexts import WorkerSyncContext
+    from geomx.node.spec import sync_algorithm
 
     class KV:
         num_workers = 2
         num_all_workers = 4
 
     class Node:
+        name = "w:party-a:0"
         job = plan_job(scenario_of("esync.toml")).job
 
         @staticmethod
@@ -91,13 +93,15 @@ def test_worker_sides(scenario_of):
     from geomx.optim import create_optimizer
 
     params = [np.zeros(3, np.float32)]
-    make = lambda algo: make_worker_sync({"algorithm": algo, "k1": 2, "k2": 3}, node=Node,
-                                         kv=KV, params=params, pull_weights=True,
-                                         local_optimizer=lambda: create_optimizer("sgd"))
+    ctx = WorkerSyncContext(Node, kv=KV, params=params, pull_weights=True,
+                            local_optimizer=lambda: create_optimizer("sgd"))
+    make = lambda algo: sync_algorithm({"algorithm": algo, "k1": 2, "k2": 3}).worker_side(ctx)
     assert isinstance(make("fsa"), GradientSync)
     assert isinstance(make("mixed"), GradientSync)
     assert isinstance(make("hfa"), HFAWorker)
     assert isinstance(make("esync"), ESyncWorker)
+    hfa = make("hfa")
+    assert (hfa.k1, hfa.k2) == (2, 3)
 
 
 def test_hfa_without_local_optimizer_is_an_error(scenario_of):
