@@ -34,11 +34,11 @@ from geomx.node.ts_overlay import install_coordinators
 from geomx.node.trainer import (TrainSpec, build_model, initial_params,
                                 iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
+from geomx.policy.options import options_to_table
+from geomx.policy.topology import MeshTopology, Topology
 from geomx.scenario import Scenario, ScenarioError
 from geomx.sched.tsengine import TsSettings
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
-from geomx.policy.options import options_to_table
-from geomx.policy.topology import MeshTopology, Topology
 from geomx.topology import STATE_SERVER, DCShape, make_topology, plan_nodes
 
 __all__ = ["STATE_SERVER", "JobPlan", "plan_job", "make_node", "codec_config",

@@ -30,8 +30,8 @@ from typing import Any
 
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
-from geomx.policy.mesh_plan import Link, MeshPlan, initial_rates
 from geomx.policy.loading import build_policy
+from geomx.policy.mesh_plan import Link, MeshPlan, initial_rates
 from geomx.policy.topology import MeshTopology, MeshView
 from geomx.wire import Kind, Message
 

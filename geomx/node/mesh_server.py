@@ -52,8 +52,8 @@ from geomx.node.neighbour_queues import NeighbourQueues
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, flat_slice, from_payload, is_phantom
-from geomx.policy.mesh_plan import AUX_QUEUE_LIMIT, Chunk, MeshPlan
 from geomx.policy.loading import build_policy
+from geomx.policy.mesh_plan import AUX_QUEUE_LIMIT, Chunk, MeshPlan
 from geomx.policy.topology import MeshTopology
 from geomx.wire import Kind, Message, Payload
 
