@@ -1,4 +1,4 @@
-"""What a topology planner is given and what it returns (the contract of ``geomx.topology``).
+"""What a topology is given and what it lays out (:meth:`geomx.policy.Topology.layout`).
 
 A *topology* decides which nodes a job has, in which data centre each runs, which role
 each plays and which scheduler each registers with. GeoMX has one (HiPS: a local tier per
@@ -7,7 +7,7 @@ parameter-server baseline another (every worker talks to the global servers); th
 kinds (NETSTORM's multi-root trees, MLNET, docs/papers.md §1) put one server in every DC
 (:func:`assemble_mesh_layout`) and no central tier.
 
-A planner is a policy: it takes plain values (DC names, worker counts), never a scenario,
+A topology takes plain values (DC names, worker counts), never a scenario,
 so both :mod:`geomx.cluster` (building the job) and the scenario's checks (is
 ``[[fault]] node`` a real node?) can call it without importing each other. Node names
 follow docs/architecture.md, "Naming of nodes".
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 __all__ = [
     "GLOBAL_SCHEDULER", "MASTER_WORKER", "STATE_SERVER", "DCShape", "NodeLayout",
-    "TopologyPlanner", "global_server_name", "worker_name", "assemble_layout",
+    "global_server_name", "worker_name", "assemble_layout",
     "MESH_MODE", "mesh_server_name", "assemble_mesh_layout",
 ]
 
@@ -92,18 +91,6 @@ class NodeLayout:
             if dc in self.local_scheduler_of:
                 out += [self.local_scheduler_of[dc], self.local_server_of[dc]]
         return out + self.all_workers
-
-
-class TopologyPlanner(Protocol):
-    """``plan(central_dc, parties, global_servers=, state_server=) -> NodeLayout``.
-
-    ``central_dc`` hosts the global scheduler, the ``global_servers`` global servers, the
-    master worker and (``state_server=True``) ESync's state server; ``parties`` are the
-    other DCs in file order, each with at least one worker.
-    """
-
-    def __call__(self, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
-                 state_server: bool) -> NodeLayout: ...
 
 
 def assemble_layout(mode: str, central_dc: str, parties: Sequence[DCShape], *,
