@@ -16,6 +16,7 @@ from geomx.topology import DCShape, make_topology, plan_nodes
 from geomx.topology.mlnet import MLNet
 from geomx.topology.netstorm import NetStorm
 
+from tests.helpers.events import run_events
 from tests.helpers.paths import ROOT
 
 LINKS = (Link("a", "b", 0.01), Link("b", "c", 0.01), Link("c", "d", 0.01),
@@ -181,3 +182,19 @@ def test_the_ring_example_runs_and_every_dc_roots_a_quarter(tmp_path):
     # both arcs towards each root: no tree deeper than two hops on a ring of four
     assert plan.parent["a"] == {"b": "a", "c": "b", "d": "a"}
     assert not nodes["ns:a"].awareness  # the ring does not measure links
+
+
+@pytest.mark.slow
+def test_the_ring_example_over_sockets_ends_with_the_emulators_model(tmp_path):
+    # the file topology is loaded by every node process from the resolved scenario
+    short = [f"run.out_dir={tmp_path}", "run.progress=false", "run.iterations=6",
+             "run.eval_every=6", "metrics.plot=false", "metrics.trace=false"]
+    path = ROOT / "examples" / "policies" / "ring.toml"
+    real = run_scenario(load_scenario(path, [*short, "real.shape=true"]), runtime="real")
+    emu = run_scenario(load_scenario(path, short), runtime="emu")
+    assert real.summary.runtime == "real" and real.summary.iterations == 6
+    fr, fe = real.summary.extra["final_eval"], emu.summary.extra["final_eval"]
+    assert fr["accuracy"] == fe["accuracy"]
+    assert fr["loss"] == pytest.approx(fe["loss"], rel=1e-4)
+    plans = [e for e in run_events(real.run_dir) if e["ev"] == "plan"]
+    assert [p["kind"] for p in plans] == ["ring"]
