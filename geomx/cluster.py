@@ -34,10 +34,12 @@ from geomx.node.ts_overlay import install_coordinators
 from geomx.node.trainer import (TrainSpec, build_model, initial_params,
                                 iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
+from geomx.policy.options import options_to_table
+from geomx.policy.topology import MeshTopology, Topology
 from geomx.scenario import Scenario, ScenarioError
 from geomx.sched.tsengine import TsSettings
 from geomx.policy.registry import policy_class
-from geomx.topology import STATE_SERVER, DCShape, plan_nodes
+from geomx.topology import STATE_SERVER, DCShape, make_topology, plan_nodes
 
 __all__ = ["STATE_SERVER", "JobPlan", "plan_job", "make_node", "codec_config",
            "auto_request_timeout_s"]
@@ -112,7 +114,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     central = s.central_dc
     parties = s.party_dcs
     algorithm = s.sync.resolved_algorithm
-    layout = plan_nodes(s.topology.kind, central.name,
+    topology = scenario_topology(s)
+    layout = plan_nodes(topology, central.name,
                         [DCShape(d.name, d.workers) for d in parties],
                         global_servers=central.global_servers,
                         state_server=policy_class("sync", algorithm).needs_state_server)
@@ -175,8 +178,8 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
     if t.layer_compute != "off":
         train.layer_shares = layer_shares(s, train)
         train.backward_fraction = t.layer_backward_fraction
-    if s.topology.kind in ("netstorm", "mlnet"):
-        job.mesh = mesh_config(s, train)
+    if isinstance(topology, MeshTopology):
+        job.mesh = mesh_config(s, train, topology)
     if s.run.epochs > 0 and t.model != "phantom":
         train.iterations = iterations_for_epochs(train, s.run.epochs, job.num_all_workers)
     compute_s: dict[str, float] = {}
@@ -223,20 +226,26 @@ def layer_shares(s: Scenario, train: TrainSpec) -> list[float]:
     return normalised_shares(weights, num_keys)
 
 
-def mesh_config(s: Scenario, train: TrainSpec) -> dict[str, Any]:
-    """What the NETSTORM/MLNET controller and servers read (``JobSpec.mesh``): the
-    ``[netstorm]`` settings, the mesh's links (a, b, one-way delay) and the global
-    optimizer the roots apply (installed at start, so no round can beat the master's
-    ``set_optimizer``)."""
+def scenario_topology(s: Scenario) -> Topology:
+    """The job's topology object: ``[topology] kind`` with ``[topology.options]``, or a
+    built-in's options from its existing section (``[netstorm]``)."""
+    return make_topology(s.topology.kind, options=s.topology.options_table,
+                         sections={"netstorm": s.netstorm})
+
+
+def mesh_config(s: Scenario, train: TrainSpec, topology: Topology) -> dict[str, Any]:
+    """What a mesh job's controller and servers read (``JobSpec.mesh``): the topology (its
+    name and options table, which every node builds its object from), the mechanics of
+    ``[netstorm]`` (chunking, link timing, when to re-plan, the send window), the mesh's
+    links (a, b, one-way delay) and the global optimizer the roots apply (installed at
+    start, so no round can beat the master's ``set_optimizer``)."""
     n = s.netstorm
-    return {"kind": s.topology.kind, "seed": s.run.seed,
-            "links": [[w.a, w.b, w.latency_s] for w in s.wans],
-            "roots": n.roots, "chunk_elements": n.chunk_elements,
+    return {"topology": s.topology.kind, "topology_options": options_to_table(topology.options),
+            "seed": s.run.seed, "links": [[w.a, w.b, w.latency_s] for w in s.wans],
+            "chunk_elements": n.chunk_elements,
             "report_bytes": n.report_bytes, "report_samples": n.report_samples,
             "report_rate": n.report_rate, "check_period_s": n.check_period_s,
-            "update_rate": n.update_rate, "multipath": n.multipath,
-            "awareness": n.awareness, "cost": n.cost, "dynamic_roots": n.dynamic_roots,
-            "send_window": n.send_window, "mlnet_fan_in": n.mlnet_fan_in,
+            "update_rate": n.update_rate, "send_window": n.send_window,
             "optimizer": train.global_optimizer}
 
 

@@ -24,6 +24,7 @@ from geomx.metrics.chrome_trace import convert_events_file
 from geomx.metrics.summary import Summary, write_summary
 from geomx.node.checkpoint import injected_crashes
 from geomx.scenario import Scenario, scenario_to_toml
+from geomx.topology import aggregates_over_trees
 from geomx.traces import wan_traces
 
 def __getattr__(name: str) -> Any:
@@ -133,7 +134,7 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
 
         caps = summary.extra.get("link_capacity_bps") if summary.extra else None
         write_run_plots(run_dir, caps)
-        if s.topology.kind in ("netstorm", "mlnet") and s.metrics.events:
+        if aggregates_over_trees(s.topology.kind) and s.metrics.events:
             from geomx.metrics.netstorm_plots import write_netstorm_plots
 
             write_netstorm_plots(run_dir, [(w.a, w.b) for w in s.wans], true_rate_bps(s))

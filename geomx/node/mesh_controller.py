@@ -1,24 +1,27 @@
-"""The NETSTORM controller: the job's scheduler that also plans the trees.
+"""The mesh controller: the job's scheduler that also asks the topology for trees.
 
-docs/papers.md §1 (b) (fengwenjiao/netstorm ``van.cc``: Route_Manager, speed reports,
+docs/papers.md §1 (b) (the reference system's Route_Manager, speed reports and
 ROUTE_RELEASE handling). Besides registration, barriers and liveness (it *is* a
 :class:`~geomx.node.scheduler.Scheduler`), it keeps the directed rate matrix
 ``rates[(u, v)]`` in bit/s:
 
-* before any measurement, seeded pseudo-random values (the repo's [0, 100) MB/s), so the
-  first plan is effectively random; with ``awareness`` off it is never replaced (the
-  ablation's "random first plan");
+* before any measurement, seeded pseudo-random values (the reference's [0, 100) MB/s,
+  :func:`geomx.policy.mesh_plan.initial_rates`), so a rate-driven first plan is
+  effectively random; when the topology does not measure links it is never replaced;
 * SPEED_REPORTs from receiving servers overwrite entries (no probe traffic);
-* a dead link (a SPEED_REPORT of 0 bit/s, or ``link_down`` below) is left out of the graph.
+* a dead link (a SPEED_REPORT of 0 bit/s, or ``link_down`` below) reads 0.
 
+The plans come from the job's topology object
+(:meth:`geomx.policy.topology.MeshTopology.plan_trees`, given a
+:class:`~geomx.policy.topology.MeshView` of the DCs, links and rates); each is checked
+(:meth:`~geomx.policy.mesh_plan.MeshPlan.problem`) before a server sees it.
 ROUTE_RELEASE is a barrier per iteration over all servers. When the last server of
 iteration v arrives, the controller decides: if ``check_period`` has passed since the
 last check and the mean relative change of the entries that changed since the last plan
-exceeds ``update_rate`` (or a link died), it computes a new plan
-(:func:`geomx.topology.netstorm_plan.plan_netstorm`) and answers every server with it;
-otherwise with "keep". Checking at the barrier instead of on a free-running timer keeps the
-emulation finite and deterministic, and a plan can only take effect at a boundary anyway.
-MLNET jobs get their static tree once.
+exceeds ``update_rate`` (or a link died), it asks for a new plan and answers every server
+with it; otherwise with "keep". Checking at the barrier instead of on a free-running timer
+keeps the emulation finite and deterministic, and a plan can only take effect at a
+boundary anyway.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
-from geomx.topology.netstorm_plan import Link, MeshPlan, initial_rates, plan_mlnet, plan_netstorm
+from geomx.policy.loading import build_policy
+from geomx.policy.mesh_plan import Link, MeshPlan, initial_rates
+from geomx.policy.topology import MeshTopology, MeshView
 from geomx.wire import Kind, Message
 
 __all__ = ["MeshController"]
@@ -42,12 +47,17 @@ class MeshController(Scheduler):
         cfg = job.mesh
         self.job = job
         self.cfg = cfg
-        self.kind = str(cfg.get("kind", "netstorm"))
+        topology = build_policy("topology", str(cfg["topology"]), cfg.get("topology_options"))
+        if not isinstance(topology, MeshTopology):
+            raise ValueError(f"topology {cfg['topology']!r} does not plan trees; a mesh job "
+                             "needs a geomx.policy.MeshTopology")
+        self.topology = topology
         self.dcs = list(job.party_dcs)
         self.servers = [job.local_server_of[d] for d in self.dcs]
         self.links = [Link(str(a), str(b), float(d)) for a, b, d in cfg.get("links", [])]
         self.linked = {(ln.a, ln.b) for ln in self.links} | {(ln.b, ln.a) for ln in self.links}
-        self.awareness = bool(cfg.get("awareness", True)) and self.kind == "netstorm"
+        self.awareness = topology.measures_links
+        self.chunk_bytes = 4.0 * int(cfg.get("chunk_elements", 1_000_000))
         self.check_period_s = float(cfg.get("check_period_s", 2.0))
         self.update_rate = float(cfg.get("update_rate", 0.0))
         self.rates: dict[tuple[str, str], float] = initial_rates(self.links,
@@ -68,17 +78,23 @@ class MeshController(Scheduler):
         return {e: (0.0 if frozenset(e) in self.dead else bw) for e, bw in self.rates.items()}
 
     def _make_plan(self, plan_id: int) -> MeshPlan:
-        c = self.cfg
-        if self.kind == "mlnet":
-            plan = plan_mlnet(self.dcs, self.links, fan_in=int(c.get("mlnet_fan_in", 5)),
-                              plan_id=plan_id)
-        else:
-            plan = plan_netstorm(self.dcs, self.links, self._live_rates(), plan_id=plan_id,
-                                 roots=int(c.get("roots", 0)),
-                                 dynamic_roots=bool(c.get("dynamic_roots", False)),
-                                 multipath=bool(c.get("multipath", True)),
-                                 cost=str(c.get("cost", "bandwidth")),
-                                 chunk_bytes=4.0 * int(c.get("chunk_elements", 1_000_000)))
+        """The topology's plan for the current view; a plan the servers could not run
+        fails the controller with the topology's name and the reason."""
+        view = MeshView(plan_id=plan_id, dcs=tuple(self.dcs), links=tuple(self.links),
+                        rates_bps=self._live_rates(), chunk_bytes=self.chunk_bytes)
+        plan = self.topology.plan_trees(view)
+        name = self.topology.name or type(self.topology).__name__
+        if not isinstance(plan, MeshPlan):
+            raise TypeError(f"topology {name}: plan_trees returned {type(plan).__name__}, "
+                            "not a geomx.policy.MeshPlan")
+        if not plan.kind:
+            plan.kind = name
+        problem = plan.problem(self.links)
+        if plan.plan_id != plan_id or list(plan.dcs) != self.dcs:
+            problem = problem or (f"plan {plan.plan_id} over {plan.dcs}; expected plan "
+                                  f"{plan_id} over {self.dcs}")
+        if problem:
+            raise RuntimeError(f"topology {name}: {problem}")
         self.plans.append(plan)
         return plan
 

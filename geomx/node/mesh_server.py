@@ -1,7 +1,9 @@
-"""A NETSTORM (or MLNET) parameter server: one per DC, aggregating over the controller's trees.
+"""A mesh parameter server: one per DC, aggregating over the trees the job's topology plans.
 
-docs/papers.md §1 (b) Steps 3-6 (fengwenjiao/netstorm ``kvstore_dist_server.h``,
-``van.cc``). To its DC's workers this server looks like a HiPS local server: they push
+docs/papers.md §1 (b) Steps 3-6 (the reference system's server and van). The trees,
+roots, shares and routes come from the job's
+:class:`~geomx.policy.topology.MeshTopology` through the controller, as a
+:class:`~geomx.policy.mesh_plan.MeshPlan`; this server carries them out. To its DC's workers this server looks like a HiPS local server: they push
 gradients and pull values of whole keys over the LAN. Across the WAN it only ever talks
 to *neighbouring* DCs' servers, along explicit source routes:
 
@@ -10,8 +12,9 @@ to *neighbouring* DCs' servers, along explicit source routes:
   have arrived, with the plan for iteration v (a new one if it staged one, else "keep").
   No chunk of iteration v moves before its plan is known, so every node uses the same
   trees within an iteration and no chunk mixes two plans.
-* **Up (Step 3).** Each key is cut into chunks (``chunk_table``, the plan's perf shares
-  pick each chunk's root). For a chunk of root r this server waits for its DC's sum and
+* **Up (Step 3).** Each key is cut into chunks and each chunk given a root by the
+  topology (:meth:`~geomx.policy.topology.MeshTopology.divide`: by default in proportion
+  to the plan's perf shares). For a chunk of root r this server waits for its DC's sum and
   each child's partial sum (children of this DC in r's tree), adds them and sends the
   result towards its parent.
 * **Root.** The root's sum is the chunk's global gradient; it goes down the same tree,
@@ -26,8 +29,9 @@ to *neighbouring* DCs' servers, along explicit source routes:
   the way forwards it to the next hop at the application layer. The origin picks the main
   route, or the first auxiliary route whose first-hop queue is idle when the main one is
   congested (:mod:`geomx.node.neighbour_queues`).
-* **Passive awareness (Step 4).** Every data message is acknowledged (RELAY_ACK) and
-  timed by its receiver (:mod:`geomx.node.link_meter`), which sends SPEED_REPORTs.
+* **Passive awareness (Step 4).** Every data message is acknowledged (RELAY_ACK); when
+  the topology measures links, its receiver times it (:mod:`geomx.node.link_meter`) and
+  sends SPEED_REPORTs.
 
 The initial model is
 the DC rank-0 worker's INIT (every worker builds it from the job seed, like the master
@@ -48,7 +52,9 @@ from geomx.node.neighbour_queues import NeighbourQueues
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, flat_slice, from_payload, is_phantom
-from geomx.topology.netstorm_plan import AUX_QUEUE_LIMIT, Chunk, MeshPlan, chunk_table
+from geomx.policy.loading import build_policy
+from geomx.policy.mesh_plan import AUX_QUEUE_LIMIT, Chunk, MeshPlan
+from geomx.policy.topology import MeshTopology
 from geomx.wire import Kind, Message, Payload
 
 __all__ = ["MeshServer"]
@@ -96,13 +102,17 @@ class MeshServer(Node):
         self.server_of = dict(job.local_server_of)
         self.dc_of_server = {s: d for d, s in self.server_of.items()}
         self.controller = job.global_scheduler
+        topology = build_policy("topology", str(cfg["topology"]), cfg.get("topology_options"))
+        if not isinstance(topology, MeshTopology):
+            raise ValueError(f"topology {cfg['topology']!r} does not plan trees; a mesh job "
+                             "needs a geomx.policy.MeshTopology")
+        self.topology = topology
         self.chunk_elements = int(cfg.get("chunk_elements", 1_000_000))
-        self.multipath = bool(cfg.get("multipath", True))
         self.queues = NeighbourQueues(self, int(cfg.get("send_window", 2)))
         self.meter = LinkMeter(int(cfg.get("report_bytes", 4_000_000)),
                                int(cfg.get("report_samples", 4)),
                                float(cfg.get("report_rate", 0.0)))
-        self.awareness = bool(cfg.get("awareness", True)) and cfg.get("kind") == "netstorm"
+        self.awareness = topology.measures_links
         self.store: dict[int, Value] = {}
         self.optimizer: Any = None
         self._opt_states: dict[tuple[int, int, int], Any] = {}
@@ -229,7 +239,7 @@ class MeshServer(Node):
         cached = self._chunks.get(plan.plan_id)
         if cached is None:
             sizes = {k: int(np.prod(v.shape)) for k, v in self.store.items()}
-            table = chunk_table(sizes, self.chunk_elements, plan.perf)
+            table = self.topology.divide(plan, sizes, self.chunk_elements)
             by_key: dict[int, list[Chunk]] = {}
             for ch in table:
                 by_key.setdefault(ch.key, []).append(ch)
@@ -312,7 +322,7 @@ class MeshServer(Node):
         assert rnd.plan is not None
         routes = rnd.plan.routes_of(self.dc, dst_dc)
         route = routes[0]
-        if self.multipath and len(routes) > 1 and \
+        if len(routes) > 1 and \
                 self.queues.depth(self.server_of[route[1]]) > 2 * AUX_QUEUE_LIMIT:
             for aux in routes[1:]:
                 if self.queues.depth(self.server_of[aux[1]]) < AUX_QUEUE_LIMIT:

@@ -1,4 +1,4 @@
-"""Per-neighbour FIFO send queues of a NETSTORM server (docs/papers.md §1 (b) Step 5).
+"""Per-neighbour FIFO send queues of a mesh server (docs/papers.md §1 (b) Step 5).
 
 Each neighbour server has its own queue; at most ``window`` data messages to it are in
 flight (sent, not yet acknowledged by the receiver's RELAY_ACK), the rest wait here in

@@ -9,7 +9,8 @@ testing helper: docs/extending.md.
 
 * :mod:`geomx.policy.sync` -- :class:`SyncAlgorithm` and its three sides;
 * :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler`;
-* :mod:`geomx.policy.topology` -- :class:`Topology`;
+* :mod:`geomx.policy.topology` -- :class:`Topology`, and :class:`MeshTopology` for trees
+  over a mesh of DCs (:mod:`geomx.policy.mesh_plan`: the :class:`MeshPlan` it returns);
 * :mod:`geomx.policy.codec` -- :class:`Codec` (and :class:`CodecPolicy`);
 * :mod:`geomx.policy.options` -- typed options, checked once at load;
 * :mod:`geomx.policy.registry` -- how a scenario's name finds a class.
@@ -20,17 +21,20 @@ from __future__ import annotations
 from geomx.policy.base import Policy
 from geomx.policy.codec import Codec, CodecError, CodecPolicy, CodecState, Encoded
 from geomx.policy.context import NodeContext
+from geomx.policy.layout import DCShape, NodeLayout
+from geomx.policy.mesh_plan import Chunk, Link, MeshPlan, route_key
 from geomx.policy.options import NoOptions, OptionsError, PolicyOptions, options_from_table
 from geomx.policy.registry import KINDS, PolicyError, policy_class
 from geomx.policy.scheduling import TransferScheduler
 from geomx.policy.sync import (GlobalContext, GlobalSide, LocalContext, LocalSide,
                                SyncAlgorithm, WorkerContext, WorkerSide)
-from geomx.policy.topology import Topology
+from geomx.policy.topology import MeshTopology, MeshView, Topology
 
 __all__ = [
     "Policy", "PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
     "PolicyError", "policy_class", "KINDS", "NodeContext",
     "SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
-    "LocalContext", "WorkerContext", "TransferScheduler", "Topology",
+    "LocalContext", "WorkerContext", "TransferScheduler", "Topology", "MeshTopology",
+    "MeshView", "MeshPlan", "Link", "Chunk", "route_key", "DCShape", "NodeLayout",
     "Codec", "CodecPolicy", "CodecState", "CodecError", "Encoded",
 ]

@@ -1,13 +1,13 @@
-"""What a topology planner is given and what it returns (the contract of ``geomx.topology``).
+"""What a topology is given and what it lays out (:meth:`geomx.policy.Topology.layout`).
 
 A *topology* decides which nodes a job has, in which data centre each runs, which role
 each plays and which scheduler each registers with. GeoMX has one (HiPS: a local tier per
 party DC under a global tier in the central DC, docs/geomx-behaviour.md §1); the vanilla
 parameter-server baseline another (every worker talks to the global servers); the mesh
-kinds (NETSTORM's multi-root trees, MLNET, ``geomx/topology/mesh.py``) are planners
-beside them.
+kinds (NETSTORM's multi-root trees, MLNET, docs/papers.md §1) put one server in every DC
+(:func:`assemble_mesh_layout`) and no central tier.
 
-A planner is a policy: it takes plain values (DC names, worker counts), never a scenario,
+A topology takes plain values (DC names, worker counts), never a scenario,
 so both :mod:`geomx.cluster` (building the job) and the scenario's checks (is
 ``[[fault]] node`` a real node?) can call it without importing each other. Node names
 follow docs/architecture.md, "Naming of nodes".
@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 __all__ = [
     "GLOBAL_SCHEDULER", "MASTER_WORKER", "STATE_SERVER", "DCShape", "NodeLayout",
-    "TopologyPlanner", "global_server_name", "worker_name", "assemble_layout",
+    "global_server_name", "worker_name", "assemble_layout",
+    "MESH_MODE", "mesh_server_name", "assemble_mesh_layout",
 ]
 
 #: The global scheduler (central DC; GeoMX's DMLC_PS_GLOBAL_ROOT_URI).
@@ -30,6 +30,8 @@ GLOBAL_SCHEDULER = "gh"
 MASTER_WORKER = "mw"
 #: ESync's state server (central DC; only in ESync jobs).
 STATE_SERVER = "ss"
+#: The JobSpec mode of a tree-aggregating mesh job (one mesh server per DC, a controller).
+MESH_MODE = "netstorm"
 
 
 def global_server_name(rank: int) -> str:
@@ -38,6 +40,10 @@ def global_server_name(rank: int) -> str:
 
 def worker_name(dc: str, index: int) -> str:
     return f"w:{dc}:{index}"
+
+
+def mesh_server_name(dc: str) -> str:
+    return f"ns:{dc}"
 
 
 @dataclass(frozen=True)
@@ -87,18 +93,6 @@ class NodeLayout:
         return out + self.all_workers
 
 
-class TopologyPlanner(Protocol):
-    """``plan(central_dc, parties, global_servers=, state_server=) -> NodeLayout``.
-
-    ``central_dc`` hosts the global scheduler, the ``global_servers`` global servers, the
-    master worker and (``state_server=True``) ESync's state server; ``parties`` are the
-    other DCs in file order, each with at least one worker.
-    """
-
-    def __call__(self, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
-                 state_server: bool) -> NodeLayout: ...
-
-
 def assemble_layout(mode: str, central_dc: str, parties: Sequence[DCShape], *,
                     global_servers: int, state_server: bool,
                     local_tier: Mapping[str, tuple[str, str]]) -> NodeLayout:
@@ -128,3 +122,26 @@ def assemble_layout(mode: str, central_dc: str, parties: Sequence[DCShape], *,
         local_scheduler_of={dc: lh for dc, (lh, _) in local_tier.items()},
         local_server_of={dc: ls for dc, (_, ls) in local_tier.items()},
         workers_of=workers_of, dc_of=dc_of, roles=roles, state_server=ss)
+
+
+def assemble_mesh_layout(central_dc: str, parties: Sequence[DCShape], *,
+                         state_server: bool) -> NodeLayout:
+    """One tree-aggregating server per DC (``ns:<dc>``, role ``mesh_server``; its DC's
+    workers push to it, so it is the DC's ``local_server_of`` entry), listed as the job's
+    servers so the master's commands and the workers' SHUTDOWN reach every one;
+    ``central_dc`` (the first DC of a mesh scenario) hosts the controller ``gh``, which
+    keeps the global scheduler's role (every runtime starts, books and addresses it as
+    one) and the master worker (docs/papers.md §1 (b) "Entities")."""
+    if not parties:
+        raise ValueError("a mesh topology needs at least one DC with workers")
+    if state_server:
+        raise ValueError("a mesh topology has no state server (ESync); allowed: sync = fsa")
+    lay = assemble_layout(MESH_MODE, central_dc, parties, global_servers=0, state_server=False,
+                          local_tier={})
+    lay.global_servers = [mesh_server_name(d.name) for d in parties]
+    lay.local_server_of = {d.name: mesh_server_name(d.name) for d in parties}
+    for d in parties:
+        lay.dc_of[mesh_server_name(d.name)] = d.name
+        lay.roles[mesh_server_name(d.name)] = "mesh_server"
+    lay.dc_of[MASTER_WORKER] = central_dc
+    return lay

@@ -48,7 +48,13 @@ BUILTIN: dict[str, dict[str, str]] = {
         "esync": "geomx.sync.esync:ESync",
     },
     "sched": {},
-    "topology": {},
+    "topology": {
+        "hips": "geomx.topology.hips:HiPS",
+        "flat": "geomx.topology.flat:FlatPS",
+        "netstorm": "geomx.topology.netstorm:NetStorm",
+        "mlnet": "geomx.topology.mlnet:MLNet",
+        "mxnet": "geomx.topology.mxnet:MXNet",
+    },
     "codec": {
         "none": "geomx.codec.identity:DenseCodec",
         "fp16": "geomx.codec.fp16:FP16Codec",

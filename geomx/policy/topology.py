@@ -6,27 +6,114 @@ HiPS (docs/geomx-behaviour.md §1), the flat parameter server, and the mesh kind
 NETSTORM and its baselines (docs/papers.md §1). Name one in a scenario as
 ``[topology] kind = "file.py:Class"`` with its options in ``[topology.options]``
 (docs/extending.md).
+
+A :class:`MeshTopology` runs over a mesh of DCs with no central tier: one server per DC
+aggregates for the others along trees, and the job's controller asks the topology object
+for those trees (:meth:`MeshTopology.plan_trees`) at the start and, when the topology
+measures links (:attr:`MeshTopology.measures_links`), again at an iteration boundary once
+the measured rates changed or a link died. The plan (:class:`~geomx.policy.mesh_plan.MeshPlan`)
+says which DCs are roots, with which share of the model, each root's tree and the routes
+of every tree edge; the servers then carry it out (docs/papers.md §1 (b) Steps 3-6).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from geomx.policy.base import Policy
-from geomx.policy.layout import DCShape, NodeLayout
+from geomx.policy.layout import DCShape, NodeLayout, assemble_mesh_layout
+from geomx.policy.mesh_plan import Chunk, Link, MeshPlan, chunk_table
 
-__all__ = ["Topology"]
+__all__ = ["Topology", "MeshTopology", "MeshView"]
 
 
 class Topology(Policy):
     """A job's shape: its nodes and tiers."""
 
     kind: ClassVar[str] = "topology"
+    #: True: one DC of the scenario is central (global tier, master worker) and the others
+    #: are parties. False: every DC is alike, with a server and workers, over a mesh; the
+    #: first DC also hosts the scheduler and the master worker.
+    has_central_dc: ClassVar[bool] = True
 
     @abc.abstractmethod
     def layout(self, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
                state_server: bool) -> NodeLayout:
         """The job's nodes: ``central_dc`` hosts the global tier and the master worker,
         ``parties`` are the other DCs in file order, each with at least one worker."""
+
+
+@dataclass(frozen=True)
+class MeshView:
+    """What the controller knows when it asks for a plan.
+
+    ``dcs`` in scenario order; ``links`` the mesh's ``[[wan]]`` links with their one-way
+    delays. ``rates_bps[(u, v)]`` is the controller's rate estimate of the directed link
+    u -> v in bit/s: seeded pseudo-random guesses before any measurement (NETSTORM's
+    initial matrix, :func:`~geomx.policy.mesh_plan.initial_rates`), the servers' measured
+    rates after (only for topologies that measure links), and 0 for a link that died
+    (a ``link_down`` fault or a stalled transfer): a plan must not route over it.
+    ``chunk_bytes`` is the size of a full chunk, for planners that weigh delay against
+    transfer time.
+    """
+
+    plan_id: int
+    dcs: tuple[str, ...]
+    links: tuple[Link, ...]
+    rates_bps: Mapping[tuple[str, str], float]
+    chunk_bytes: float
+
+    def delay_s(self, a: str, b: str) -> float:
+        """One-way delay of the link between ``a`` and ``b`` (KeyError: no such link)."""
+        for ln in self.links:
+            if {ln.a, ln.b} == {a, b}:
+                return ln.delay_s
+        raise KeyError(f"no link {a}-{b} in the mesh")
+
+    def live_links(self) -> tuple[Link, ...]:
+        """The links that carry traffic both ways (rate > 0 in both directions)."""
+        return tuple(ln for ln in self.links
+                     if self.rates_bps.get((ln.a, ln.b), 0.0) > 0
+                     and self.rates_bps.get((ln.b, ln.a), 0.0) > 0)
+
+
+class MeshTopology(Topology):
+    """A topology whose servers aggregate over trees of DCs (NETSTORM, MLNET, your own).
+
+    Write :meth:`plan_trees`; the layout (one server per DC, a controller in the first
+    DC) and the task division (:meth:`divide`) are given. Every plan is checked
+    (:meth:`~geomx.policy.mesh_plan.MeshPlan.problem`) before a server sees it.
+    """
+
+    has_central_dc: ClassVar[bool] = False
+
+    def layout(self, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
+               state_server: bool) -> NodeLayout:
+        """A server per DC (``ns:<dc>``) under the controller ``gh`` in ``central_dc``
+        (``global_servers`` does not apply: there is one server per DC)."""
+        return assemble_mesh_layout(central_dc, parties, state_server=state_server)
+
+    @property
+    def measures_links(self) -> bool:
+        """True: servers time the chunks they receive and report link rates, and the
+        controller plans again when they change (passive awareness, docs/papers.md §1
+        Step 4). False: the first plan stays, unless a link dies."""
+        return False
+
+    @abc.abstractmethod
+    def plan_trees(self, view: MeshView) -> MeshPlan:
+        """The plan numbered ``view.plan_id`` for the mesh as ``view`` describes it: roots
+        and shares (``perf``), each root's tree (``parent``) and the routes of every tree
+        edge in both directions (``routes``). Raise ``ValueError`` when the live links
+        cannot carry a plan (the controller keeps the previous one)."""
+
+    def divide(self, plan: MeshPlan, key_sizes: Mapping[int, int],
+               chunk_elements: int) -> list[Chunk]:
+        """Cut the model into chunks and give each a root: by default chunks of at most
+        ``chunk_elements`` elements, dealt to the roots in proportion to ``plan.perf``
+        (NETSTORM's task division, :func:`~geomx.policy.mesh_plan.chunk_table`). Every
+        server calls this with the same arguments and must get the same list."""
+        return chunk_table(key_sizes, chunk_elements, plan.perf)

@@ -14,8 +14,10 @@ from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.model import Scenario
 from geomx.scenario.sched import DGT_CODECS
 from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
-from geomx.policy.registry import policy_class
-from geomx.topology import MESH_KINDS, DCShape, plan_nodes
+from geomx.policy.options import OptionsError
+from geomx.policy.registry import PolicyError, policy_class
+from geomx.topology import (DCShape, aggregates_over_trees, is_mesh, make_topology,
+                            plan_nodes)
 
 __all__ = ["SCENARIO_CHECKS", "scenario_check"]
 
@@ -31,6 +33,19 @@ def scenario_check(fn: Callable[[Scenario], None]) -> Callable[[Scenario], None]
 
 
 @scenario_check
+def _check_topology(s: Scenario) -> None:
+    """The topology class loads and its options fit its ``Options`` (before any check
+    that asks the class what it lays out)."""
+    try:
+        make_topology(s.topology.kind, options=s.topology.options_table,
+                      sections={"netstorm": s.netstorm})
+    except OptionsError as e:
+        raise ScenarioError(str(e), path="topology.options") from None
+    except PolicyError as e:
+        raise ScenarioError(str(e), path="topology.kind", value=s.topology.kind) from None
+
+
+@scenario_check
 def _check_dcs(s: Scenario) -> None:
     if not s.dcs:
         raise ScenarioError("no [[dc]] given; allowed: one central DC and at least one party DC", path="dc")
@@ -42,7 +57,7 @@ def _check_dcs(s: Scenario) -> None:
         seen[dc.name] = i
     central = [i for i, dc in enumerate(s.dcs) if dc.central]
     names = quote_list(dc.name for dc in s.dcs)
-    if s.topology.kind in MESH_KINDS:
+    if is_mesh(s.topology.kind):
         _check_mesh_dcs(s, central)
         return
     if not central:
@@ -97,7 +112,7 @@ def _check_mesh(s: Scenario) -> None:
     """What the tree-aggregating servers do not implement: codecs, DGT, and sync
     algorithms other than FSA (they aggregate every round over the trees)."""
     kind = s.topology.kind
-    if kind not in ("netstorm", "mlnet"):
+    if not aggregates_over_trees(kind):
         return
     if s.sync.resolved_algorithm != "fsa":
         raise ScenarioError(f"topology.kind = {kind!r} aggregates every round over its trees; "
@@ -187,7 +202,8 @@ def _check_faults(s: Scenario) -> None:
     # The same planner the job is built with names the nodes (geomx.topology), so a
     # fault can only name a node the job will have.
     central = s.central_dc
-    nodes = plan_nodes(s.topology.kind, central.name,
+    nodes = plan_nodes(make_topology(s.topology.kind, options=s.topology.options_table,
+                                     sections={"netstorm": s.netstorm}), central.name,
                        [DCShape(d.name, d.workers) for d in s.party_dcs],
                        global_servers=central.global_servers,
                        state_server=policy_class("sync", s.sync.resolved_algorithm)

@@ -138,5 +138,7 @@ def _resolve_paths(s: Scenario, base_dir: Path | None) -> Scenario:
     security = dataclasses.replace(sec, tls_cert=_resolve_relative(sec.tls_cert, base_dir),
                                    tls_key=_resolve_relative(sec.tls_key, base_dir),
                                    tls_ca=_resolve_relative(sec.tls_ca, base_dir))
-    return dataclasses.replace(s, wans=wans, training=training, security=security)
+    topology = dataclasses.replace(s.topology, kind=_resolve_program(s.topology.kind, base_dir))
+    return dataclasses.replace(s, wans=wans, training=training, security=security,
+                               topology=topology)
 

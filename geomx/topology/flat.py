@@ -10,13 +10,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from geomx.policy.layout import DCShape, NodeLayout, assemble_layout
+from geomx.policy.topology import Topology
+
+__all__ = ["FlatPS", "MODE"]
 
 #: The JobSpec mode of this topology's nodes.
 MODE = "flat_ps"
 
 
-def plan(central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
-         state_server: bool) -> NodeLayout:
+class FlatPS(Topology):
     """Workers in the party DCs, servers only in the central DC."""
-    return assemble_layout(MODE, central_dc, parties, global_servers=global_servers,
-                           state_server=state_server, local_tier={})
+
+    name = "flat"
+
+    def layout(self, central_dc: str, parties: Sequence[DCShape], *, global_servers: int,
+               state_server: bool) -> NodeLayout:
+        return assemble_layout(MODE, central_dc, parties, global_servers=global_servers,
+                               state_server=state_server, local_tier={})

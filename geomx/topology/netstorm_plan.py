@@ -1,10 +1,12 @@
-"""NETSTORM's controller policy: routes, per-root aggregation trees, root shares, chunks.
+"""NETSTORM's and MLNET's planners: routes, per-root aggregation trees, root shares.
 
 Follows docs/papers.md §1 (b), Steps 1-2 (fengwenjiao/netstorm ``van.cc``'s route
 enumeration and perf metric, ``kvstore_dist.h``'s task division), and §6.6 for the MLNET
 baseline's static tree. Everything here takes plain values (DC names, directed link rates
-in bit/s, delays in seconds) and returns a :class:`MeshPlan` that travels as JSON, so the
-controller node, the servers, the benchmarks and the tests all share one implementation.
+in bit/s, delays in seconds) and returns a :class:`~geomx.policy.mesh_plan.MeshPlan` (the
+plan's data types, the seeded initial rate matrix and the task division live there, in the
+public API), which the topology classes :class:`geomx.topology.netstorm.NetStorm` and
+:class:`geomx.topology.mlnet.MLNet` hand to the job's controller.
 
 * **Routes** (Step 1). Edge cost is the store-and-forward time per unit of data,
   ``1 / bw`` (``cost = "bandwidth"``), or the time of one chunk, ``delay + bytes * 8 / bw``
@@ -23,18 +25,20 @@ controller node, the servers, the benchmarks and the tests all share one impleme
 * **Dynamic roots** (beyond the paper): R is chosen to minimise the busiest link's load
   ``max_e sum_r share_r [e in tree r] / bw(e)`` (each tree moves its share up and down
   every edge once).
-* **Task division**: the flattened model is cut into chunks of at most
-  ``chunk_elements``; root r's quota is ``ceil(perf_r / sum perf * total)`` elements and
-  chunks go round-robin over the roots, skipping full ones.
+* **Task division** (:func:`geomx.policy.mesh_plan.chunk_table`): the flattened model is
+  cut into chunks of at most ``chunk_elements``; root r's quota is
+  ``ceil(perf_r / sum perf * total)`` elements and chunks go round-robin over the roots,
+  skipping full ones.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from geomx.policy.mesh_plan import (AUX_QUEUE_LIMIT, Chunk, Link, MeshPlan, chunk_table,
+                                   initial_rates, route_key)
 
 if TYPE_CHECKING:  # networkx (~0.15 s to import) loads only when a mesh is planned
     import networkx as nx
@@ -44,109 +48,6 @@ __all__ = ["Link", "MeshPlan", "Chunk", "initial_rates", "plan_netstorm", "plan_
 
 #: Auxiliary routes kept per pair (beyond the main route).
 DEFAULT_MAX_AUX = 3
-#: L of Step 5: a relayed chunk leaves the main route when its first-hop queue holds more
-#: than 2*L messages and an auxiliary first-hop queue holds fewer than L (the demo's
-#: AUXILIARY_QUEUE_LENGTH = 1).
-AUX_QUEUE_LIMIT = 1
-
-
-@dataclass(frozen=True)
-class Link:
-    """An undirected mesh link (a [[wan]]) with a one-way propagation delay."""
-
-    a: str
-    b: str
-    delay_s: float = 0.0
-
-
-def route_key(src: str, dst: str) -> str:
-    return f"{src}>{dst}"
-
-
-@dataclass
-class MeshPlan:
-    """One plan of the controller: who aggregates for whom, over which routes.
-
-    ``perf`` has every DC (0 = not a root), in DC order; ``parent[root][dc]`` is ``dc``'s
-    parent in root's tree (the root has none); ``routes["u>v"]`` is the main route then the
-    auxiliary routes from u to v, each a list of DCs from u to v, for every tree edge in
-    both directions. JSON-able: :meth:`to_json` / :meth:`from_json`.
-    """
-
-    plan_id: int
-    dcs: list[str]
-    perf: dict[str, float]
-    parent: dict[str, dict[str, str]]
-    routes: dict[str, list[list[str]]]
-    kind: str = "netstorm"
-    _children: dict[tuple[str, str], list[str]] = field(default_factory=dict, repr=False,
-                                                        compare=False)
-
-    @property
-    def roots(self) -> list[str]:
-        return [d for d in self.dcs if self.perf.get(d, 0.0) > 0]
-
-    def shares(self) -> dict[str, float]:
-        total = sum(self.perf.values())
-        return {r: self.perf[r] / total for r in self.roots}
-
-    def children(self, root: str, dc: str) -> list[str]:
-        """``dc``'s children in ``root``'s tree, in DC order."""
-        key = (root, dc)
-        out = self._children.get(key)
-        if out is None:
-            tree = self.parent.get(root, {})
-            out = self._children[key] = [j for j in self.dcs if tree.get(j) == dc]
-        return out
-
-    def routes_of(self, src: str, dst: str) -> list[list[str]]:
-        try:
-            return self.routes[route_key(src, dst)]
-        except KeyError:
-            raise KeyError(f"plan {self.plan_id} has no route {src} -> {dst}") from None
-
-    def tree_edges(self, root: str) -> list[tuple[str, str]]:
-        """(child, parent) pairs of ``root``'s tree."""
-        return [(j, p) for j, p in self.parent.get(root, {}).items()]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"plan_id": self.plan_id, "dcs": list(self.dcs), "perf": dict(self.perf),
-                "parent": {r: dict(t) for r, t in self.parent.items()},
-                "routes": {k: [list(p) for p in v] for k, v in self.routes.items()},
-                "kind": self.kind}
-
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "MeshPlan":
-        return cls(plan_id=int(d["plan_id"]), dcs=[str(x) for x in d["dcs"]],
-                   perf={str(k): float(v) for k, v in d["perf"].items()},
-                   parent={str(r): {str(a): str(b) for a, b in t.items()}
-                           for r, t in d["parent"].items()},
-                   routes={str(k): [[str(x) for x in p] for p in v]
-                           for k, v in d["routes"].items()},
-                   kind=str(d.get("kind", "netstorm")))
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """Elements ``[lo, hi)`` of key ``key`` (its ``index``-th chunk), owned by ``root``."""
-
-    key: int
-    index: int
-    lo: int
-    hi: int
-    root: str
-
-
-def initial_rates(links: Iterable[Link], seed: int) -> dict[tuple[str, str], float]:
-    """The controller's throughput matrix before any measurement (bit/s): NETSTORM draws
-    pseudo-random values in [0, 100) MB/s, symmetric, from a fixed seed (docs/papers.md §1,
-    "Controller state"), so the first plan is effectively random. Never exactly 0."""
-    rng = random.Random(seed)
-    out: dict[tuple[str, str], float] = {}
-    for ln in links:
-        mbyte_s = max(rng.random() * 100.0, 0.01)
-        out[(ln.a, ln.b)] = out[(ln.b, ln.a)] = mbyte_s * 8e6
-    return out
 
 
 def _graph(dcs: Sequence[str], links: Iterable[Link], rates_bps: Mapping[tuple[str, str], float],
@@ -323,38 +224,3 @@ def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,
                     routes[route_key(u, v)] = [list(nx.shortest_path(g, u, v))]
     return MeshPlan(plan_id=plan_id, dcs=dcs, perf={d: 1.0 for d in dcs}, parent=parents,
                     routes=routes, kind="mlnet")
-
-
-def chunk_table(key_sizes: Mapping[int, int], chunk_elements: int,
-                perf: Mapping[str, float]) -> list[Chunk]:
-    """Cut every key (in key order) into chunks of ``chunk_elements`` (the last one of a key
-    shorter) and give them to the roots in proportion to ``perf`` (round-robin, skipping
-    roots whose quota ``ceil(perf_r / sum perf * total)`` is full): NETSTORM's task
-    division."""
-    if chunk_elements < 1:
-        raise ValueError(f"chunk_elements = {chunk_elements}; allowed: >= 1")
-    roots = [r for r, p in perf.items() if p > 0]
-    if not roots:
-        raise ValueError("no root has a positive perf")
-    total = sum(key_sizes.values())
-    psum = sum(perf[r] for r in roots)
-    quota = {r: math.ceil(perf[r] / psum * total) for r in roots}
-    given = {r: 0 for r in roots}
-    out: list[Chunk] = []
-    turn = 0
-    for key in sorted(key_sizes):
-        n = key_sizes[key]
-        pieces = max(1, math.ceil(n / chunk_elements))
-        for i in range(pieces):
-            # full chunks, then the rest: a full chunk is a full-size awareness sample
-            lo, hi = i * chunk_elements, min(n, (i + 1) * chunk_elements)
-            for _ in range(len(roots)):
-                r = roots[turn % len(roots)]
-                turn += 1
-                if given[r] < quota[r]:
-                    break
-            else:  # unreachable while sum(quota) >= total; keep the last root tried
-                pass
-            given[r] += hi - lo
-            out.append(Chunk(key, i, lo, hi, r))
-    return out

@@ -180,7 +180,8 @@ def test_the_9dc_scenarios_are_the_papers_mesh(scenario_of):
 
     plan = plan_job(static)
     assert len(plan.job.global_servers) == 9 and plan.job.num_all_workers == 9
-    assert plan.job.mesh["roots"] == 0 and plan.job.mesh["chunk_elements"] == 1_000_000
+    assert plan.job.mesh["topology"] == "netstorm" and plan.job.mesh["chunk_elements"] == 1_000_000
+    assert plan.job.mesh["topology_options"]["roots"] == 0
 
 
 @pytest.mark.slow

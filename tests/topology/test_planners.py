@@ -39,7 +39,7 @@ def test_state_server_sits_in_the_central_dc(kind):
 
 
 def test_unknown_kind_names_the_allowed_ones():
-    with pytest.raises(ValueError, match="unknown topology kind 'tree'; allowed: 'hips', 'flat', 'netstorm'"):
+    with pytest.raises(ValueError, match="unknown topology policy 'tree'; allowed: 'hips', 'flat', 'netstorm'"):
         plan_nodes("tree", "c", PARTIES, global_servers=1, state_server=False)
 
 
