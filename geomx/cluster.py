@@ -81,12 +81,18 @@ def _phantom_sizes(s: Scenario) -> list[int]:
 
 def codec_config(s: Scenario) -> dict[str, Any]:
     """The scenario's [codec] as a ``set_gradient_compression``-style dict, with only the
-    parameters the chosen codec takes (fp16 has none, bsc/mpq take the threshold...)."""
+    parameters the chosen codec takes (fp16 has none, bsc/mpq take the threshold...),
+    then ``[codec.options]``. A user codec's ``type`` is its resolved spec (an absolute
+    ``file.py:Class``), so every node, in any process, builds the same class from it."""
     from geomx.codec import create_codec
+    from geomx.scenario.policies import POLICY_FIELDS, is_user_spec, options_dict
 
+    options = options_dict(s.codec)
+    if is_user_spec(POLICY_FIELDS[-1], s.codec.type):
+        return {"type": s.codec.type, **options}
     params = {"threshold": s.codec.threshold, "size_lower_bound": s.codec.size_lower_bound}
     accepted = getattr(create_codec(s.codec.type), "params", ())
-    return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}}
+    return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}, **options}
 
 
 def dgt_config(s: Scenario) -> dict[str, Any]:

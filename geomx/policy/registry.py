@@ -30,7 +30,7 @@ import zlib
 from typing import Any
 
 __all__ = ["KINDS", "BUILTIN", "PolicyError", "policy_class", "is_builtin", "builtin_names",
-           "describe_spec", "ENTRY_POINT_GROUP"]
+           "describe_spec", "ENTRY_POINT_GROUP", "entry_point_names", "spec_of"]
 
 #: The kinds of policy a scenario can name, and where: ``[sync] algorithm``,
 #: ``[sched] policy``, ``[topology] kind``, ``[codec] type``.
@@ -130,6 +130,22 @@ def _entry_point(spec: str) -> str | None:
     return None
 
 
+def entry_point_names() -> tuple[str, ...]:
+    """The names installed plug-ins register in the ``geomx.policies`` group."""
+    return tuple(sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}))
+
+
+#: user policy class -> the spec it was first found by. A codec's ``config()`` names its
+#: class by it, so the dict that travels to every node finds the same class there.
+_SPECS: dict[type, str] = {}
+
+
+def spec_of(cls: type) -> str | None:
+    """The spec :func:`policy_class` found user class ``cls`` by (None: a built-in, or
+    a class no scenario named)."""
+    return _SPECS.get(cls)
+
+
 def _base_of(kind: str) -> type:
     if kind == "sync":
         from geomx.policy.sync import SyncAlgorithm
@@ -185,4 +201,6 @@ def policy_class(kind: str, spec: str) -> type:
     if inspect.isabstract(cls) and missing:
         raise PolicyError(f"{label}: {cls_name} does not implement "
                           f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
+    if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values():
+        _SPECS.setdefault(cls, spec)
     return cls

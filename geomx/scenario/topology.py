@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from geomx import units
 from geomx.scenario.errors import ScenarioError
 from geomx.scenario.kinds import (AUTO, Bandwidth, Choice, Duration, Flag, Fraction, Integer,
-                                  ListOf, Real, Section, Size, Text, setting)
+                                  ListOf, OptionsTable, PolicyName, Real, Section, Size, Text,
+                                  setting)
 from geomx.topology import KINDS as TOPOLOGY_KINDS
 
 
@@ -144,10 +145,14 @@ DEFAULT_WANS: tuple[WanConfig, ...] = (
 class TopologyConfig(Section):
     """How the nodes are laid out over the DCs (a planner of `geomx/topology/`)."""
 
-    kind: str = setting(Choice(*TOPOLOGY_KINDS), "hips",
+    kind: str = setting(PolicyName("topology", *TOPOLOGY_KINDS), "hips",
                         "`hips`: two tiers (workers -> their DC's local server -> global servers); "
                         "`flat`: every worker pushes across the WAN to the global servers (the "
                         "vanilla parameter-server baseline); over a mesh of DCs with no central DC "
                         "(docs/papers.md §1): `netstorm` (multi-root network-aware trees, "
                         "`[netstorm]`), `mlnet` (a static bounded fan-in tree), `mxnet` (one "
                         "global server per DC, every worker pushes to every server).")
+    options: tuple = setting(OptionsTable(), {},
+                             "The options of the topology `kind` names when it is a user "
+                             "policy (`[topology.options]`, docs/extending.md), checked once "
+                             "at load against its options dataclass.", default_doc="`{}`")
