@@ -21,6 +21,7 @@ import math
 from types import CoroutineType
 from typing import Any, Awaitable, Callable
 
+from geomx.policy.guard import PolicyFailed
 from geomx.transport import NodeServices, Transport
 from geomx.wire import Kind, Message
 
@@ -287,7 +288,9 @@ class Node:
             return
         exc = task.exception()
         if exc is not None and self.set_failure(exc):
-            log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
+            # a user policy's failure is one line that says where it raised
+            log.error("%s: task failed: %r", self.name, exc,
+                      exc_info=None if isinstance(exc, PolicyFailed) else exc)
             self.stop()
 
     def set_failure(self, exc: BaseException) -> bool:

@@ -201,6 +201,20 @@ def policy_class(kind: str, spec: str) -> type:
     if inspect.isabstract(cls) and missing:
         raise PolicyError(f"{label}: {cls_name} does not implement "
                           f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
-    if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values():
+    if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values() \
+            and not cls.__module__.startswith("geomx."):
         _SPECS.setdefault(cls, spec)
+        _guard(kind, cls, label)
     return cls
+
+
+def _guard(kind: str, cls: type, label: str) -> None:
+    """Make the user class's hooks fail in one line naming it (:mod:`geomx.policy.guard`)."""
+    from geomx.policy.guard import guard_class
+
+    if kind == "codec":
+        from geomx.policy.codec import Codec, CodecError, CodecPolicy
+
+        guard_class(cls, Codec if issubclass(cls, Codec) else CodecPolicy, label, (CodecError,))
+    else:
+        guard_class(cls, _base_of(kind), label)

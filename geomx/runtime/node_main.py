@@ -29,6 +29,7 @@ from typing import Any, Callable
 from geomx.cluster import make_node, max_message_bytes, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
+from geomx.policy.guard import PolicyFailed
 from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
@@ -507,7 +508,7 @@ def node_main(ns: Any) -> int:
         rejoin = bool(getattr(ns, "rejoin", False))
         run(run_node(cfg, on_node=_mark_rejoining if rejoin else None, rejoin=rejoin))
     except Exception as e:  # the launcher reports the node by name
-        if isinstance(e, NodeFailure):
+        if isinstance(e, (NodeFailure, PolicyFailed)):
             # the job failed the way it says (a peer lost, a bound passed): one line, no
             # traceback for a person to read past
             log.error("node %s failed: %s", cfg.name, e)

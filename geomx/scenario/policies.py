@@ -141,6 +141,7 @@ def _check_codec(spec: str, options: dict[str, Any], field: PolicyField) -> None
     """A codec's options are its constructor parameters (``params``); building it once
     here checks their values too."""
     from geomx.codec import create_codec
+    from geomx.policy.options import OptionsError, params_from_table
     from geomx.policy.registry import PolicyError, describe_spec
 
     user = is_user_spec(field, spec)
@@ -157,14 +158,12 @@ def _check_codec(spec: str, options: dict[str, Any], field: PolicyField) -> None
         from geomx.codec.registry import codec_class
 
         cls = codec_class(spec)
-    allowed = tuple(getattr(cls, "params", ()))
-    unknown = sorted(set(options) - set(allowed))
-    if unknown:
-        raise ScenarioError(f"{label}: unknown option codec.options.{unknown[0]}; allowed: "
-                            f"{', '.join(allowed) or 'none'}", path="codec.options",
-                            value=unknown[0])
     try:
-        cls(**options)
+        values = params_from_table(cls, options, policy=label, where="codec.options")
+    except OptionsError as e:
+        raise ScenarioError(str(e), path="codec.options") from None
+    try:
+        cls(**values)
     except Exception as e:  # a user constructor: whatever it raises is reported in one line
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ScenarioError(f"{label}: codec.options: {message}", path="codec.options") from None
