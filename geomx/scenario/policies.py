@@ -23,7 +23,7 @@ from typing import Any
 from geomx.scenario.errors import ScenarioError
 
 __all__ = ["POLICY_FIELDS", "PolicyField", "resolve_policy_spec", "resolve_policies",
-           "check_policies", "is_user_spec", "options_dict"]
+           "check_policies", "is_user_spec", "is_user_policy", "options_dict"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +54,11 @@ def _builtin_names(field: PolicyField) -> tuple[str, ...]:
 def is_user_spec(field: PolicyField, spec: str) -> bool:
     """Whether ``spec`` names a user policy rather than a built-in one."""
     return spec not in _builtin_names(field)
+
+
+def is_user_policy(kind: str, spec: str) -> bool:
+    """Whether ``spec``, a name for a policy of ``kind``, is a user policy."""
+    return is_user_spec(next(f for f in POLICY_FIELDS if f.kind == kind), spec)
 
 
 def resolve_policy_spec(spec: str, base_dir: Path | None) -> str:
