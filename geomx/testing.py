@@ -62,7 +62,7 @@ def tiny_scenario(iterations: int = 20) -> dict[str, Any]:
                {"name": "party-a", "workers": 2}, {"name": "party-b", "workers": 2}],
         "wan": [{"a": "party-a", "b": "central", **wan}, {"a": "party-b", "b": "central", **wan}],
         "training": {"model": "mlp", "hidden": [16], "dataset": "digits", "batch_size": 32,
-                     "optimizer": "sgd", "lr": 0.1},
+                     "optimizer": "adam", "lr": 0.01},
         "metrics": {"plot": False, "trace": False},
     }
 

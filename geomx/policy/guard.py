@@ -48,7 +48,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _wrap(fn: Callable[..., Any], label: str, hook: str,
-          passthrough: tuple[type[BaseException], ...]) -> Callable[..., Any]:
+          passthrough: tuple[type[BaseException], ...],
+          then: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
     def fail(exc: Exception) -> PolicyFailed:
         return PolicyFailed(f"{label} raised in {hook}(){_where(exc)}: {_one_line(exc)}")
 
@@ -66,20 +67,26 @@ def _wrap(fn: Callable[..., Any], label: str, hook: str,
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except passthrough:
             raise
         except Exception as exc:
             raise fail(exc) from None
+        return then(result) if then is not None else result
     return call
 
 
 def guard_class(cls: type, base: type, label: str,
-                passthrough: tuple[type[BaseException], ...] = ()) -> type:
+                passthrough: tuple[type[BaseException], ...] = (),
+                makes: dict[str, type] | None = None) -> type:
     """Wrap, in place, the hooks of ``base`` that user class ``cls`` writes (see the
-    module docstring); ``label`` names the policy in messages. Returns ``cls``."""
-    if cls.__dict__.get(_GUARDED):
+    module docstring); ``label`` names the policy in messages. ``makes``: hooks that
+    build another object of the policy (a sync algorithm's ``global_side`` builds a
+    ``GlobalSide``), whose class is guarded in turn when it is first built. Returns
+    ``cls``."""
+    if cls.__dict__.get(_GUARDED) or cls.__module__.startswith("geomx."):
         return cls
+    makes = makes or {}
     keep = (PolicyFailed, *passthrough)
     for name in dir(base):
         if name.startswith("__") or (name.startswith("_") and name not in _PRIVATE_HOOKS):
@@ -91,12 +98,19 @@ def guard_class(cls: type, base: type, label: str,
             theirs = owner.__dict__.get(name)
             if theirs is None:
                 continue
+            then = None
+            if name in makes:
+                made = makes[name]
+
+                def then(obj: Any, made: type = made) -> Any:
+                    guard_class(type(obj), made, label, passthrough)
+                    return obj
             if isinstance(theirs, classmethod):
                 wrapped: Any = classmethod(_wrap(theirs.__func__, label, name, keep))
             elif isinstance(theirs, staticmethod):
                 wrapped = staticmethod(_wrap(theirs.__func__, label, name, keep))
             elif inspect.isfunction(theirs) and callable(ours):
-                wrapped = _wrap(theirs, label, name, keep)
+                wrapped = _wrap(theirs, label, name, keep, then)
             else:
                 break
             setattr(cls, name, wrapped)  # on cls even when a user base class wrote it

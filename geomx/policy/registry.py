@@ -176,6 +176,8 @@ def policy_class(kind: str, spec: str) -> type:
     spec = spec.strip()
     label = describe_spec(kind, spec)
     target = BUILTIN[kind].get(spec)
+    if target is None and ":" not in spec and spec.endswith(".py"):
+        raise PolicyError(f"{label}: name the class, as in 'file.py:Class'")
     if target is None and ":" not in spec:
         target = _entry_point(spec)
         if target is None:
@@ -216,5 +218,14 @@ def _guard(kind: str, cls: type, label: str) -> None:
         from geomx.policy.codec import Codec, CodecError, CodecPolicy
 
         guard_class(cls, Codec if issubclass(cls, Codec) else CodecPolicy, label, (CodecError,))
+    elif kind == "sync":
+        from geomx.policy import sync
+
+        sides = {"global_side": sync.GlobalSide, "local_side": sync.LocalSide,
+                 "worker_side": sync.WorkerSide}
+        service = getattr(sync, "StateService", None)
+        if service is not None:
+            sides["state_service"] = service
+        guard_class(cls, _base_of(kind), label, makes=sides)
     else:
         guard_class(cls, _base_of(kind), label)
