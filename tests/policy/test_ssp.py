@@ -47,13 +47,15 @@ def test_the_example_scenario_loads_with_its_options():
 
 @runs_sync_plugins
 def test_a_dc_ahead_of_the_bound_waits_and_the_job_beats_lock_step():
-    ssp = run_policy(SSP_SPEC, {"staleness": 1}, kind="sync", overrides=SLOW_B, iterations=12)
-    fsa = run_policy("fsa", kind="sync", overrides=SLOW_B, iterations=12)
+    until = [*SLOW_B, "run.target_accuracy=0.6"]
+    ssp = run_policy(SSP_SPEC, {"staleness": 1}, kind="sync", overrides=until, iterations=40)
+    fsa = run_policy("fsa", kind="sync", overrides=until, iterations=40)
     waits = ssp.events_of("ssp_wait")
     assert waits and {w["dc"] for w in waits} == {"ls:party-a"}  # only the fast DC waits
     assert all(w["ahead"] == 2 for w in waits)
-    assert ssp.summary.iterations == 12 and ssp.summary.final_accuracy > 0.3
-    assert ssp.summary.emulated_seconds < fsa.summary.emulated_seconds
+    # the fast DC need not wait for every step of the slow one: the target comes sooner
+    assert ssp.summary.final_accuracy >= 0.6 and fsa.summary.final_accuracy >= 0.6
+    assert ssp.summary.time_to_target_s < 0.8 * fsa.summary.time_to_target_s
 
 
 @runs_sync_plugins
