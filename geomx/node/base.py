@@ -386,6 +386,10 @@ class Node:
             return
         try:
             handler(msg)
+        except PolicyFailed as e:  # a policy's bug, not a bad request: the node stops
+            if self.set_failure(e):
+                log.error("%s: handler for %s failed: %s", self.name, msg.kind.name, e)
+                self.stop()
         except Exception as e:  # a bad request must not take the node down
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
             self.reply_error(msg, f"{type(e).__name__}: {e}")
