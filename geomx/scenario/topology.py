@@ -8,6 +8,7 @@ planner of :mod:`geomx.topology` lays the nodes out over the DCs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from geomx import units
 from geomx.scenario.errors import ScenarioError
@@ -156,3 +157,8 @@ class TopologyConfig(Section):
                              "The options of the topology `kind` names when it is a user "
                              "policy (`[topology.options]`, docs/extending.md), checked once "
                              "at load against its options dataclass.", default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[topology.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
