@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from geomx.policy import Codec, CodecError, CodecState, Encoded
-from geomx.policy.codec import (ArraySpec, check_count, check_fraction, dense_codec,
-                                flat_input, make_meta)
+from geomx.policy.codec import ArraySpec, check_count, check_fraction, flat_input, make_meta
+from geomx.policy.registry import dense_codec
 
 __all__ = ["DeepGradientCompression"]
 

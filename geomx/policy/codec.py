@@ -267,11 +267,10 @@ class CodecPolicy(abc.ABC):
 
     def config(self) -> dict[str, Any]:
         """The dict that ``codec_from_config`` turns back into an equal policy. A user
-        codec's ``type`` is the spec the scenario found it by (``"/abs/lab/topk.py:TopK"``),
-        so every node that reads the dict loads the same class."""
-        from geomx.policy.registry import spec_of
-
-        type_ = spec_of(type(self)) or self.name
+        codec's ``type`` is the spec the scenario found it by (``"/abs/lab/topk.py:TopK"``,
+        which :func:`geomx.policy.registry.policy_class` sets as the class's
+        ``registry_spec``), so every node that reads the dict loads the same class."""
+        type_ = type(self).__dict__.get("registry_spec") or self.name
         return {"type": type_, **{p: getattr(self, p) for p in self.params}}
 
 
@@ -468,14 +467,6 @@ def zeros_like_device(n: int, like: Any) -> Any:
 
 #: Codec name of dense, uncompressed payloads (the identity codec, ``codec/identity.py``).
 DENSE = "none"
-
-
-def dense_codec() -> "Codec":
-    """The identity codec (``none``), for a ``codec_for`` that sends some hops or sizes
-    dense: found through the registry, as any policy is, so this API imports no built-in."""
-    from geomx.policy.registry import policy_class
-
-    return policy_class("codec", DENSE)()
 
 
 def encode_dense(x: Any) -> Encoded:

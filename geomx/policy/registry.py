@@ -30,7 +30,8 @@ import zlib
 from typing import Any
 
 __all__ = ["KINDS", "BUILTIN", "PolicyError", "policy_class", "is_builtin", "builtin_names",
-           "describe_spec", "ENTRY_POINT_GROUP", "entry_point_names", "spec_of"]
+           "describe_spec", "ENTRY_POINT_GROUP", "entry_point_names", "spec_of",
+           "dense_codec"]
 
 #: The kinds of policy a scenario can name, and where: ``[sync] algorithm``,
 #: ``[sched] policy``, ``[topology] kind``, ``[codec] type``.
@@ -135,15 +136,22 @@ def entry_point_names() -> tuple[str, ...]:
     return tuple(sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}))
 
 
-#: user policy class -> the spec it was first found by. A codec's ``config()`` names its
-#: class by it, so the dict that travels to every node finds the same class there.
-_SPECS: dict[type, str] = {}
+#: The class attribute that records the spec a user class was first found by. A codec's
+#: ``config()`` names its class by it, so the dict that travels to every node finds the
+#: same class there.
+SPEC_ATTRIBUTE = "registry_spec"
 
 
 def spec_of(cls: type) -> str | None:
     """The spec :func:`policy_class` found user class ``cls`` by (None: a built-in, or
     a class no scenario named)."""
-    return _SPECS.get(cls)
+    return cls.__dict__.get(SPEC_ATTRIBUTE)
+
+
+def dense_codec() -> Any:
+    """The identity codec (``none``), for a user codec's ``codec_for`` that sends some
+    hops or sizes dense; found here by name, as any built-in is."""
+    return policy_class("codec", "none")()
 
 
 def _base_of(kind: str) -> type:
@@ -205,7 +213,8 @@ def policy_class(kind: str, spec: str) -> type:
                           f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
     if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values() \
             and not cls.__module__.startswith("geomx."):
-        _SPECS.setdefault(cls, spec)
+        if SPEC_ATTRIBUTE not in cls.__dict__:
+            setattr(cls, SPEC_ATTRIBUTE, spec)
         _guard(kind, cls, label)
     return cls
 
