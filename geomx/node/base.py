@@ -21,9 +21,9 @@ import math
 from types import CoroutineType
 from typing import Any, Awaitable, Callable
 
-from geomx.policy.guard import PolicyFailed
 from geomx.transport import NodeServices, Transport
 from geomx.wire import Kind, Message
+from geomx.policy.guard import PolicyFailed  # a user policy's one-line failure
 
 log = logging.getLogger(__name__)
 

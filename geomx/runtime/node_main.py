@@ -29,8 +29,8 @@ from typing import Any, Callable
 from geomx.cluster import make_node, max_message_bytes, plan_job
 from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
-from geomx.policy.guard import PolicyFailed
 from geomx.node.scheduler import CLAIM_PREFIX
+from geomx.policy.guard import PolicyFailed
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
 from geomx.runtime.framing import PREAMBLE_BYTES
