@@ -35,7 +35,6 @@ from geomx.node.trainer import (TrainSpec, build_model, initial_params,
                                 iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
 from geomx.scenario import Scenario, ScenarioError
-from geomx.scenario.policies import options_dict
 from geomx.sched.tsengine import TsSettings
 from geomx.sync.policy import needs_state_server, uses_global_optimizer
 from geomx.topology import STATE_SERVER, DCShape, plan_nodes
@@ -88,7 +87,7 @@ def codec_config(s: Scenario) -> dict[str, Any]:
     from geomx.codec import create_codec
     from geomx.scenario.policies import is_user_policy
 
-    options = options_dict(s.codec)
+    options = s.codec.options_table
     if is_user_policy("codec", s.codec.type):
         return {"type": s.codec.type, **options}
     params = {"threshold": s.codec.threshold, "size_lower_bound": s.codec.size_lower_bound}
@@ -135,7 +134,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps,
               # a user algorithm's [sync.options], checked at load (geomx/scenario/policies.py)
-              **({"options": options_dict(s.sync)} if s.sync.options else {})},
+              **({"options": s.sync.options_table} if s.sync.options else {})},
         codec=codec_config(s),
         sched={"dgt": dgt_config(s), "p3": s.sched.p3,
                "p3_slice_elements": s.sched.p3_slice_elements,

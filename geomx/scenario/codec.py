@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from geomx.scenario.kinds import Fraction, Integer, OptionsTable, PolicyName, Section, setting
 
@@ -26,4 +27,9 @@ class CodecConfig(Section):
                              "`[codec.options]`: constructor parameters (`params`) of the codec "
                              "`type` names, checked once at load; for a built-in they replace "
                              "the keys above.", default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[codec.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from geomx.scenario.errors import ScenarioError
 from geomx.scenario.kinds import (Choice, Flag, Fraction, Integer, OptionsTable, PolicyName,
@@ -89,6 +90,11 @@ class SchedConfig(Section):
                              "`[sched.options]`: the options of the scheduler `policy` names, "
                              "checked once at load against its options dataclass.",
                              default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[sched.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
 
     def _check(self, path: str) -> None:
         if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:

@@ -4,6 +4,7 @@ docs/papers.md §5, §6.2, §6.3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from geomx.scenario.kinds import Duration, Integer, OptionsTable, PolicyName, Real, Section, setting
 
@@ -40,6 +41,11 @@ class SyncConfig(Section):
                              "`[sync.options]`: the options of a user algorithm, checked once at "
                              "load against its options dataclass (the built-ins read the keys "
                              "of this table).", default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[sync.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
 
     @property
     def resolved_algorithm(self) -> str:
