@@ -9,7 +9,7 @@ import hashlib
 
 import pytest
 
-from geomx.experiment import JobFailed, run_scenario
+from geomx.experiment import JobFailed, resume_scenario, run_scenario
 from geomx.policy.registry import policy_class
 from geomx.scenario import load_scenario
 from geomx.testing import run_policy, spec_for_class
@@ -73,3 +73,20 @@ def test_a_codec_that_raises_over_sockets_stops_every_process(lab, tmp_path):
     assert f"codec policy '{lab / 'boom.py'}:Boom' raised in encode() at boom.py:" in str(info.value)
     import os
     assert descendants(os.getpid()) == []
+
+
+@pytest.mark.slow
+def test_the_checkpoint_written_before_a_policy_failed_resumes_the_job(lab, tmp_path):
+    scenario = lab / "ckpt.toml"
+    scenario.write_text((EXAMPLES / "dgc.toml").read_text().split("[codec]")[0]
+                        + '[codec]\ntype = "boom.py:Boom"\n[codec.options]\nafter = 60\n\n'
+                        '[checkpoint]\nevery = 5\n')
+    s = load_scenario(scenario, ["run.iterations=40", "run.target_accuracy=0",
+                                 "metrics.plot=false", "metrics.trace=false"])
+    with pytest.raises(JobFailed, match="raised in encode"):
+        run_scenario(s, runtime="emu", out_dir=tmp_path / "a", progress=False)
+    (failed,) = (tmp_path / "a").iterdir()
+    resumed = resume_scenario(failed, ["codec.options.after=1000000"])
+    assert resumed.checkpoint.resume_from.endswith("/15")  # the last one before the failure
+    result = run_scenario(resumed, runtime="emu", out_dir=tmp_path / "b", progress=False)
+    assert result.summary.iterations == 40 and result.summary.final_accuracy > 0.5
