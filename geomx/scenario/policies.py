@@ -17,6 +17,7 @@ names the policy and the field, before any node starts (docs/extending.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
 )
 
 
+@functools.cache
 def _builtin_names(field: PolicyField) -> tuple[str, ...]:
     from geomx.scenario.kinds import setting_by_key
     from geomx.scenario.model import Scenario
