@@ -83,12 +83,18 @@ def _phantom_sizes(s: Scenario) -> list[int]:
 
 def codec_config(s: Scenario) -> dict[str, Any]:
     """The scenario's [codec] as a ``set_gradient_compression``-style dict, with only the
-    parameters the chosen codec takes (fp16 has none, bsc/mpq take the threshold...)."""
+    parameters the chosen codec takes (fp16 has none, bsc/mpq take the threshold...),
+    then ``[codec.options]``. A user codec's ``type`` is its resolved spec (an absolute
+    ``file.py:Class``), so every node, in any process, builds the same class from it."""
     from geomx.codec import create_codec
+    from geomx.scenario.policies import is_user_policy
 
+    options = s.codec.options_table
+    if is_user_policy("codec", s.codec.type):
+        return {"type": s.codec.type, **options}
     params = {"threshold": s.codec.threshold, "size_lower_bound": s.codec.size_lower_bound}
     accepted = getattr(create_codec(s.codec.type), "params", ())
-    return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}}
+    return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}, **options}
 
 
 def dgt_config(s: Scenario) -> dict[str, Any]:
@@ -129,7 +135,9 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
         sync={"algorithm": algorithm, "auto": s.sync.algorithm == "auto",
               "staleness": s.sync.staleness, "k1": s.sync.k1,
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
-              "esync_max_local_steps": s.sync.esync_max_local_steps},
+              "esync_max_local_steps": s.sync.esync_max_local_steps,
+              # a user algorithm's [sync.options], checked at load (geomx/scenario/policies.py)
+              **({"options": s.sync.options_table} if s.sync.options else {})},
         codec=codec_config(s),
         sched={"dgt": dgt_config(s), "p3": s.sched.p3,
                "p3_slice_elements": s.sched.p3_slice_elements,

@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Mapping, Union
 
 from geomx.policy.codec import Codec
+from geomx.policy.registry import entry_point_names, policy_class
 
 if TYPE_CHECKING:
     from .mpq import MPQ
@@ -41,7 +42,9 @@ def codec_class(name: str) -> type:
 
 
 def create_codec(name: str, **params: Any) -> Policy:
-    """Build a codec (or the ``mpq`` policy) by name.
+    """Build a codec (or the ``mpq`` policy) by name: a built-in name, or a user codec's
+    spec (``"/abs/lab/topk.py:TopK"``, ``"lab.codec:TopK"``, a ``geomx.policies`` plug-in
+    name) found by :func:`geomx.policy.registry.policy_class`.
 
     Raises ``ValueError`` for an unknown name (listing the allowed ones), an unknown
     parameter (listing the codec's parameters) or an invalid value.
@@ -49,15 +52,25 @@ def create_codec(name: str, **params: Any) -> Policy:
     if not isinstance(name, str):
         raise ValueError(f"codec name must be a string, one of {list(CODEC_NAMES)}; got {name!r}")
     key = name.strip().lower()
-    if key not in _CLASSES:
-        raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(CODEC_NAMES)}")
-    cls = codec_class(key)
+    if key in _CLASSES:
+        cls = codec_class(key)
+    elif ":" in name or name.strip() in entry_point_names():
+        key = name.strip()
+        cls = policy_class("codec", key)  # PolicyError is a ValueError of one line
+    else:
+        raise ValueError(f"unknown codec {name!r}; allowed: {', '.join(CODEC_NAMES)}, "
+                         "'file.py:Class', 'package.module:Class'")
     allowed: tuple[str, ...] = cls.params
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         what = ", ".join(allowed) if allowed else "none"
         raise ValueError(f"codec {key!r}: unknown parameter(s) {', '.join(unknown)}; allowed: {what}")
-    return cls(**params)
+    if key in _CLASSES:
+        return cls(**params)
+    try:
+        return cls(**params)
+    except Exception as e:  # a user constructor: its failure names the codec and stays one line
+        raise ValueError(f"codec {key!r}: {type(e).__name__}: {e}") from None
 
 
 def codec_from_config(config: Mapping[str, Any] | str | None) -> Policy:

@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable
 from geomx.node.restart import RESTART_MODES, RestartMode
 from geomx.transport import NodeServices, Transport
 from geomx.wire import Kind, Message
+from geomx.policy.guard import PolicyFailed  # a user policy's one-line failure
 
 log = logging.getLogger(__name__)
 
@@ -307,7 +308,9 @@ class Node:
             return
         exc = task.exception()
         if exc is not None and self.set_failure(exc):
-            log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
+            # a user policy's failure is one line that says where it raised
+            log.error("%s: task failed: %r", self.name, exc,
+                      exc_info=None if isinstance(exc, PolicyFailed) else exc)
             self.stop()
 
     def set_failure(self, exc: BaseException) -> bool:
@@ -403,6 +406,10 @@ class Node:
             return
         try:
             handler(msg)
+        except PolicyFailed as e:  # a policy's bug, not a bad request: the node stops
+            if self.set_failure(e):
+                log.error("%s: handler for %s failed: %s", self.name, msg.kind.name, e)
+                self.stop()
         except Exception as e:  # a bad request must not take the node down
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
             self.reply_error(msg, f"{type(e).__name__}: {e}")

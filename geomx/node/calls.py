@@ -24,6 +24,7 @@ import math
 from typing import Any, Callable
 
 from geomx.node.base import Node, expire_reply, no_reply, refused
+from geomx.policy.guard import PolicyFailed
 from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
@@ -152,5 +153,6 @@ def _fail(node: Node, done: asyncio.Future[Any], exc: BaseException) -> None:
     done.set_exception(exc)
     done.exception()  # retrieved: the node reports it, as it does a task's
     if node.set_failure(exc):
-        log.error("%s: request failed: %r", node.name, exc, exc_info=exc)
+        log.error("%s: request failed: %r", node.name, exc,
+                  exc_info=None if isinstance(exc, PolicyFailed) else exc)
         node.stop()

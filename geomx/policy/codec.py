@@ -266,8 +266,12 @@ class CodecPolicy(abc.ABC):
         """The codec for a tensor of ``num_elements`` on hop ``tier`` (``"lan"``/``"wan"``)."""
 
     def config(self) -> dict[str, Any]:
-        """The dict that ``codec_from_config`` turns back into an equal policy."""
-        return {"type": self.name, **{p: getattr(self, p) for p in self.params}}
+        """The dict that ``codec_from_config`` turns back into an equal policy. A user
+        codec's ``type`` is the spec the scenario found it by (``"/abs/lab/topk.py:TopK"``,
+        which :func:`geomx.policy.registry.policy_class` sets as the class's
+        ``registry_spec``), so every node that reads the dict loads the same class."""
+        type_ = type(self).__dict__.get("registry_spec") or self.name
+        return {"type": type_, **{p: getattr(self, p) for p in self.params}}
 
 
 class Codec(CodecPolicy):

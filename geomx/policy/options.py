@@ -17,14 +17,16 @@ else is passed through unchanged (the policy checks it in ``__post_init__``; a
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args, get_origin
 
 __all__ = ["PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
-           "options_to_table"]
+           "options_to_table", "params_from_table"]
 
 
 class OptionsError(ValueError):
@@ -54,6 +56,15 @@ def _type_name(tp: Any) -> str:
 
 def _convert(value: Any, tp: Any, where: str) -> Any:
     origin = get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        for arg in args:
+            try:
+                return _convert(value, arg, where)
+            except OptionsError:
+                continue
+        raise OptionsError(f"{where} = {value!r}; allowed: "
+                           + " or ".join(_type_name(a) for a in args))
     if origin is Literal:
         if value in get_args(tp):
             return value
@@ -123,4 +134,32 @@ def options_to_table(options: Any) -> dict[str, Any]:
     for f in dataclasses.fields(options):
         v = getattr(options, f.name)
         out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def params_from_table(cls: type, table: Mapping[str, Any] | None, *, policy: str,
+                      where: str = "options") -> dict[str, Any]:
+    """A codec's ``[codec.options]``: the keyword arguments of ``cls`` named in its
+    ``params``, each converted to the type its ``__init__`` annotation gives (the same
+    rules as :func:`options_from_table`). Raises :class:`OptionsError` with one line."""
+    raw = dict(table or {})
+    allowed = tuple(getattr(cls, "params", ()))
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise OptionsError(f"{policy}: unknown option {where}.{unknown[0]}; allowed: "
+                           f"{', '.join(allowed) or 'none'}")
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # annotations that do not evaluate: values pass through unchecked
+        hints = {}
+    params = inspect.signature(cls.__init__).parameters
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        tp = hints.get(name, Any)
+        if tp is Any and name in params and params[name].default not in (None, inspect.Parameter.empty):
+            tp = type(params[name].default)  # unannotated: the default's type
+        try:
+            out[name] = _convert(value, tp, f"{where}.{name}")
+        except OptionsError as e:
+            raise OptionsError(f"{policy}: {e}") from None
     return out

@@ -30,7 +30,8 @@ import zlib
 from typing import Any
 
 __all__ = ["KINDS", "BUILTIN", "PolicyError", "policy_class", "is_builtin", "builtin_names",
-           "describe_spec", "ENTRY_POINT_GROUP"]
+           "describe_spec", "ENTRY_POINT_GROUP", "entry_point_names", "spec_of",
+           "dense_codec"]
 
 #: The kinds of policy a scenario can name, and where: ``[sync] algorithm``,
 #: ``[sched] policy``, ``[topology] kind``, ``[codec] type``.
@@ -141,6 +142,29 @@ def _entry_point(spec: str) -> str | None:
     return None
 
 
+def entry_point_names() -> tuple[str, ...]:
+    """The names installed plug-ins register in the ``geomx.policies`` group."""
+    return tuple(sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}))
+
+
+#: The class attribute that records the spec a user class was first found by. A codec's
+#: ``config()`` names its class by it, so the dict that travels to every node finds the
+#: same class there.
+SPEC_ATTRIBUTE = "registry_spec"
+
+
+def spec_of(cls: type) -> str | None:
+    """The spec :func:`policy_class` found user class ``cls`` by (None: a built-in, or
+    a class no scenario named)."""
+    return cls.__dict__.get(SPEC_ATTRIBUTE)
+
+
+def dense_codec() -> Any:
+    """The identity codec (``none``), for a user codec's ``codec_for`` that sends some
+    hops or sizes dense; found here by name, as any built-in is."""
+    return policy_class("codec", "none")()
+
+
 def _base_of(kind: str) -> type:
     if kind == "sync":
         from geomx.policy.sync import SyncAlgorithm
@@ -171,6 +195,8 @@ def policy_class(kind: str, spec: str) -> type:
     spec = spec.strip()
     label = describe_spec(kind, spec)
     target = BUILTIN[kind].get(spec)
+    if target is None and ":" not in spec and spec.endswith(".py"):
+        raise PolicyError(f"{label}: name the class, as in 'file.py:Class'")
     if target is None and ":" not in spec:
         target = _entry_point(spec)
         if target is None:
@@ -196,4 +222,30 @@ def policy_class(kind: str, spec: str) -> type:
     if inspect.isabstract(cls) and missing:
         raise PolicyError(f"{label}: {cls_name} does not implement "
                           f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
+    if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values() \
+            and not cls.__module__.startswith("geomx."):
+        if SPEC_ATTRIBUTE not in cls.__dict__:
+            setattr(cls, SPEC_ATTRIBUTE, spec)
+        _guard(kind, cls, label)
     return cls
+
+
+def _guard(kind: str, cls: type, label: str) -> None:
+    """Make the user class's hooks fail in one line naming it (:mod:`geomx.policy.guard`)."""
+    from geomx.policy.guard import guard_class
+
+    if kind == "codec":
+        from geomx.policy.codec import Codec, CodecError, CodecPolicy
+
+        guard_class(cls, Codec if issubclass(cls, Codec) else CodecPolicy, label, (CodecError,))
+    elif kind == "sync":
+        from geomx.policy import sync
+
+        sides = {"global_side": sync.GlobalSide, "local_side": sync.LocalSide,
+                 "worker_side": sync.WorkerSide}
+        service = getattr(sync, "StateService", None)
+        if service is not None:
+            sides["state_service"] = service
+        guard_class(cls, _base_of(kind), label, makes=sides)
+    else:
+        guard_class(cls, _base_of(kind), label)

@@ -31,6 +31,7 @@ from geomx.metrics.recorder import EventRecorder
 from geomx.node.base import NodeFailure
 from geomx.node.restart import RestartError, restart_mode, restart_node
 from geomx.node.scheduler import CLAIM_PREFIX
+from geomx.policy.guard import PolicyFailed
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
 from geomx.runtime.framing import PREAMBLE_BYTES
@@ -500,7 +501,7 @@ def node_main(ns: Any) -> int:
         print(f"geomx node: {e}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:  # the launcher reports the node by name
-        if isinstance(e, NodeFailure):
+        if isinstance(e, (NodeFailure, PolicyFailed)):
             # the job failed the way it says (a peer lost, a bound passed): one line, no
             # traceback for a person to read past
             log.error("node %s failed: %s", cfg.name, e)

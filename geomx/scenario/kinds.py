@@ -32,7 +32,8 @@ from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list, show_
 
 __all__ = [
     "Kind", "Range", "Text", "Choice", "Flag", "Integer", "Real", "Quantity", "Bandwidth",
-    "Duration", "Fraction", "Size", "ListOf", "AUTO", "MISSING", "Setting", "setting",
+    "Duration", "Fraction", "Size", "ListOf", "PolicyName", "OptionsTable", "AUTO", "MISSING",
+    "Setting", "setting",
     "settings_of", "setting_by_key", "Section", "toml_literal",
 ]
 
@@ -467,3 +468,76 @@ class Section:
             if isinstance(row.kind, ListOf) and isinstance(value, list):
                 object.__setattr__(self, row.attr, tuple(value))
 
+
+
+class PolicyName(Choice):
+    """The name of a policy (docs/extending.md): one of the built-in names, or one of
+    the user's own -- ``"file.py:Class"`` (next to the scenario file),
+    ``"package.module:Class"``, or a plug-in installed in the ``geomx.policies``
+    entry-point group. Only the spelling is checked here; whether the class imports and
+    its ``[<section>.options]`` fit is checked once the file's folder is known
+    (:mod:`geomx.scenario.policies`)."""
+
+    type_name = "policy"
+
+    def __init__(self, policy_kind: str, *builtins: str):
+        super().__init__(*builtins)
+        self.policy_kind = policy_kind
+
+    def allowed(self) -> str:
+        return (super().allowed() + ", 'file.py:Class', 'package.module:Class' or an "
+                "installed 'geomx.policies' plug-in name")
+
+    def doc_allowed(self) -> str:
+        return (super().doc_allowed() + ', `"file.py:Class"`, `"package.module:Class"`, '
+                "a `geomx.policies` plug-in name")
+
+    def parse(self, value: Any, path: str) -> str:
+        if not isinstance(value, str):
+            raise self.wrong_type(path, value)
+        if value in self.options or ":" in value.strip():
+            return value
+        from geomx.policy.registry import entry_point_names
+
+        if value in entry_point_names():
+            return value
+        hint = did_you_mean(value, self.options)
+        raise self.fail(path, value, f"{value!r} is neither a built-in {self.policy_kind} "
+                                     f"policy nor 'file.py:Class'{hint}")
+
+
+class OptionsTable(Kind):
+    """A policy's options sub-table (``[sync.options]``), held as sorted ``(key, value)``
+    pairs (arrays as tuples) so the section stays frozen and hashable. Its keys and
+    values are checked against the named policy's options dataclass when the scenario
+    loads (:func:`geomx.policy.options.options_from_table`)."""
+
+    type_name = "table"
+
+    def allowed(self) -> str:
+        return "a table of the policy's options"
+
+    def doc_allowed(self) -> str:
+        return "the named policy's options (docs/extending.md)"
+
+    def parse(self, value: Any, path: str) -> tuple[tuple[str, Any], ...]:
+        if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+            value = dict(value)
+        if not isinstance(value, dict):
+            raise self.wrong_type(path, value)
+        for k, v in value.items():
+            if isinstance(v, dict) or (isinstance(v, list) and any(isinstance(i, dict) for i in v)):
+                raise self.fail(f"{path}.{k}", v, "a nested table is not an option value; "
+                                "allowed: booleans, numbers, strings and arrays of them")
+        return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+
+    def emit(self, value: tuple[tuple[str, Any], ...]) -> dict[str, Any]:
+        return {k: _thaw(v) for k, v in value}
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+def _thaw(value: Any) -> Any:
+    return [_thaw(v) for v in value] if isinstance(value, tuple) else value

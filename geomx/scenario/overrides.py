@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
-from geomx.scenario.kinds import Kind, setting_by_key
+from geomx.scenario.kinds import Kind, OptionsTable, setting_by_key
 from geomx.scenario.model import Scenario, SectionSpec, scenario_to_dict, section_by_key, sections, table_to_dict
 from geomx.scenario.parse import parse_scenario
 from geomx.scenario.schema import moved_key_error
@@ -72,7 +72,8 @@ def _select_item(items: list, selector: str, spec: SectionSpec, path: str) -> di
 def apply_override(raw: Mapping[str, Any], assignment: str) -> dict[str, Any]:
     """Return a copy of the raw scenario dict with one ``PATH=VALUE`` assignment applied.
 
-    ``PATH`` is ``section.key`` (``training.lr``), or ``section.SELECTOR.key`` for arrays
+    ``PATH`` is ``section.key`` (``training.lr``), ``section.options.NAME`` for one
+    option of a policy (``codec.options.ratio``), or ``section.SELECTOR.key`` for arrays
     of tables where SELECTOR is an index (``dc.1.workers``, also ``dc[1].workers``), a DC
     name (``dc.party-a.workers``) or, for links, ``a:b`` (``wan.party-a:central.loss``);
     the next free index adds a ``[[fault]]`` (``fault.0.kind=link_down``).
@@ -101,6 +102,9 @@ def _apply_override(raw: Mapping[str, Any], assignment: str) -> dict[str, Any]:
                             f"allowed sections: {', '.join(by_key)}", path=path_text, value=parts[0],
                             allowed=", ".join(by_key))
     table = setting_by_key(spec.cls)
+    if (not spec.array and len(parts) == 3 and parts[1] in table
+            and isinstance(table[parts[1]].kind, OptionsTable)):
+        return _set_option(raw, spec.key, parts[1], parts[2], value_text.strip())
     expected = 3 if spec.array else 2
     if len(parts) != expected:
         shape = f"{spec.key}.INDEX_OR_NAME.KEY" if spec.array else f"{spec.key}.KEY"
@@ -137,6 +141,25 @@ def _apply_override(raw: Mapping[str, Any], assignment: str) -> dict[str, Any]:
         if not isinstance(section, dict):
             raise ScenarioError(f"expected a table ([{spec.key}])", path=spec.key)
         section[key] = value
+    return new
+
+
+def _set_option(raw: Mapping[str, Any], section_key: str, table_key: str, key: str,
+                text: str) -> dict[str, Any]:
+    """``codec.options.ratio=0.05``: one entry of a policy's options table (its value is
+    checked against the policy's options when the scenario is parsed)."""
+    if not key:
+        raise ScenarioError(f"expected {section_key}.{table_key}.NAME=VALUE",
+                            path=f"{section_key}.{table_key}")
+    new = copy.deepcopy(dict(raw))
+    section = new.setdefault(section_key, {})
+    if not isinstance(section, dict):
+        raise ScenarioError(f"expected a table ([{section_key}])", path=section_key)
+    options = section.setdefault(table_key, {})
+    if not isinstance(options, dict):
+        raise ScenarioError(f"expected a table ([{section_key}.{table_key}])",
+                            path=f"{section_key}.{table_key}")
+    options[key] = _override_value(text, OptionsTable())
     return new
 
 

@@ -17,6 +17,7 @@ from geomx.scenario.checks import SCENARIO_CHECKS
 from geomx.scenario.errors import ScenarioError, did_you_mean, show_value, type_name_of
 from geomx.scenario.kinds import setting_by_key
 from geomx.scenario.model import Scenario, section_by_key, sections
+from geomx.scenario.policies import check_policies, resolve_policies
 from geomx.scenario.real import SecurityConfig
 from geomx.scenario.schema import moved_key_error, upgrade_raw
 
@@ -110,7 +111,8 @@ def _parse(raw: Mapping[str, Any], source: str) -> Scenario:
                 raise ScenarioError(f"expected one table ([{spec.key}]), got an array of tables", path=spec.key)
             values[spec.attr] = _parse_table(spec.cls, value, spec.key, spec.key)
     scenario = Scenario(**values, source=source)
-    scenario = _resolve_paths(scenario, base_dir)
+    scenario = resolve_policies(_resolve_paths(scenario, base_dir), base_dir)
+    check_policies(scenario)
     for check in SCENARIO_CHECKS:
         check(scenario)
     return scenario

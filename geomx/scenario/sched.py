@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from geomx.scenario.errors import ScenarioError
-from geomx.scenario.kinds import Choice, Flag, Fraction, Integer, Section, Size, setting
+from geomx.scenario.kinds import (Choice, Flag, Fraction, Integer, OptionsTable, PolicyName,
+                                  Section, Size, setting)
 
 
 DGT_MODES = ("off", "udp", "tcp", "quant")
@@ -80,6 +82,19 @@ class SchedConfig(Section):
         Integer(min=1, max=1000), 5,
         "TSEngine: rounds after which a throughput measurement is forgotten, so links are "
         "re-explored (docs/papers.md §2; GeoMX records the age but never uses it).")
+    policy: str = setting(PolicyName("sched", "none"), "none",
+                          "A transfer scheduler of your own, `\"file.py:Class\"` "
+                          "(docs/extending.md); `none`: the keys above (P3, DGT, TSEngine) "
+                          "decide.")
+    options: tuple = setting(OptionsTable(), {},
+                             "`[sched.options]`: the options of the scheduler `policy` names, "
+                             "checked once at load against its options dataclass.",
+                             default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[sched.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
 
     def _check(self, path: str) -> None:
         if not DGT_MIN_BLOCK_BYTES <= self.dgt_block_bytes <= DGT_MAX_BLOCK_BYTES:

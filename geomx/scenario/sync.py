@@ -4,8 +4,9 @@ docs/papers.md §5, §6.2, §6.3)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from geomx.scenario.kinds import Choice, Duration, Integer, Real, Section, setting
+from geomx.scenario.kinds import Duration, Integer, OptionsTable, PolicyName, Real, Section, setting
 
 
 ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
@@ -15,11 +16,12 @@ ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
 class SyncConfig(Section):
     """When servers aggregate and reply: the synchronisation algorithm and its parameters."""
 
-    algorithm: str = setting(Choice("auto", *ALGORITHMS), "auto",
+    algorithm: str = setting(PolicyName("sync", "auto", *ALGORITHMS), "auto",
                              "`fsa`: fully synchronous; `mixed`: sync in a DC, async across DCs; "
                              "`hfa`: hierarchical frequency aggregation; `esync`: ESync; `auto`: "
                              "as GeoMX, the training program's kvstore type decides (`fsa`, or "
-                             "`mixed` when it creates a `dist_async` store).")
+                             "`mixed` when it creates a `dist_async` store); "
+                             "`\"file.py:Class\"`: an algorithm of your own (docs/extending.md).")
     staleness: int = setting(Integer(min=0), 0,
                              "mixed: a DC more than this many versions ahead of the slowest DC "
                              "waits for it (0 = unbounded, as in GeoMX).")
@@ -35,6 +37,15 @@ class SyncConfig(Section):
                                      "it with your step times).",
                                      key="esync_epsilon")
     esync_max_local_steps: int = setting(Integer(min=1), 64, "esync: upper bound on local steps per round.")
+    options: tuple = setting(OptionsTable(), {},
+                             "`[sync.options]`: the options of a user algorithm, checked once at "
+                             "load against its options dataclass (the built-ins read the keys "
+                             "of this table).", default_doc="`{}`")
+
+    @property
+    def options_table(self) -> dict[str, Any]:
+        """``[sync.options]`` as a plain table (arrays as lists)."""
+        return OptionsTable().emit(self.options)
 
     @property
     def resolved_algorithm(self) -> str:

@@ -7,14 +7,14 @@ planner of :mod:`geomx.topology` lays the nodes out over the DCs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from geomx import units
-from geomx.scenario.errors import ScenarioError, quote_list
+from geomx.scenario.errors import ScenarioError
 from geomx.scenario.kinds import (AUTO, Bandwidth, Choice, Duration, Flag, Fraction, Integer,
-                                  Kind, ListOf, Real, Section, Size, Text, setting)
+                                  ListOf, OptionsTable, PolicyName, Real, Section, Size, Text,
+                                  setting)
 from geomx.topology import KINDS as TOPOLOGY_KINDS
 
 
@@ -142,68 +142,23 @@ DEFAULT_WANS: tuple[WanConfig, ...] = (
 )
 
 
-class TopologyName(Choice):
-    """A built-in topology name, or a class of your own: ``"file.py:Class"`` (a relative
-    path is taken next to the scenario file) or ``"package.module:Class"``
-    (docs/extending.md); whether the class loads is checked with the whole scenario."""
-
-    def allowed(self) -> str:
-        return f"one of {quote_list(self.options)}, 'file.py:Class' or 'package.module:Class'"
-
-    def doc_allowed(self) -> str:
-        return super().doc_allowed() + ', `"file.py:Class"`, `"package.module:Class"`'
-
-    def parse(self, value: Any, path: str) -> str:
-        if isinstance(value, str) and value not in self.options:
-            where, sep, cls = value.rpartition(":")
-            if sep and where and cls.isidentifier():
-                return value
-        return super().parse(value, path)
-
-
-def _frozen(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return tuple((str(k), _frozen(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return tuple(_frozen(v) for v in value)
-    return value
-
-
-class OptionsTable(Kind):
-    """A policy's options sub-table, held as ``((key, value), ...)`` so sections stay
-    hashable; the policy's own ``Options`` dataclass checks it (geomx.policy.options)."""
-
-    type_name = "table"
-
-    def allowed(self) -> str:
-        return "a table of the policy's options"
-
-    def parse(self, value: Any, path: str) -> tuple:
-        if not isinstance(value, Mapping):
-            raise self.wrong_type(path, value)
-        return _frozen(value)
-
-    def emit(self, value: tuple) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in value}
-
-
 @dataclass(frozen=True)
 class TopologyConfig(Section):
     """How the nodes are laid out over the DCs (a planner of `geomx/topology/`)."""
 
-    kind: str = setting(TopologyName(*TOPOLOGY_KINDS), "hips",
+    kind: str = setting(PolicyName("topology", *TOPOLOGY_KINDS), "hips",
                         "`hips`: two tiers (workers -> their DC's local server -> global servers); "
                         "`flat`: every worker pushes across the WAN to the global servers (the "
                         "vanilla parameter-server baseline); over a mesh of DCs with no central DC "
                         "(docs/papers.md §1): `netstorm` (multi-root network-aware trees, "
                         "`[netstorm]`), `mlnet` (a static bounded fan-in tree), `mxnet` (one "
-                        "global server per DC, every worker pushes to every server); or your own "
-                        "`geomx.policy.Topology` class, `\"file.py:Class\"` (docs/extending.md).")
-    options: tuple[tuple[str, Any], ...] = setting(
-        OptionsTable(), {}, "Options of a topology class of your own, checked against its "
-        "`Options` dataclass (`[topology.options]`); the built-ins read `[netstorm]` instead.")
+                        "global server per DC, every worker pushes to every server).")
+    options: tuple = setting(OptionsTable(), {},
+                             "The options of the topology `kind` names when it is a user "
+                             "policy (`[topology.options]`, docs/extending.md), checked once "
+                             "at load against its options dataclass.", default_doc="`{}`")
 
     @property
     def options_table(self) -> dict[str, Any]:
         """``[topology.options]`` as a plain table (arrays as lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.options}
+        return OptionsTable().emit(self.options)
