@@ -42,7 +42,11 @@ ENTRY_POINT_GROUP = "geomx.policies"
 #: API like any user's; the names are what the scenario documentation lists.
 BUILTIN: dict[str, dict[str, str]] = {
     "sync": {},
-    "sched": {},
+    "sched": {
+        "p3": "geomx.sched.p3:P3",
+        "dgt": "geomx.sched.dgt:Dgt",
+        "tsengine": "geomx.sched.ts_overlay:TsEngine",
+    },
     "topology": {},
     "codec": {
         "none": "geomx.codec.identity:DenseCodec",
