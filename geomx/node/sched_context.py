@@ -20,7 +20,20 @@ __all__ = ["SchedNodeContext", "install_coordinators"]
 class SchedNodeContext:
     """A node as its transfer scheduler sides see it (every role's context protocol)."""
 
-    __slots__ = ("_node", "_job", "_codec_attr", "_accept", "workers", "pushers")
+    __slots__ = ("_node", "_job", "_codec_attr", "_accept", "workers", "pushers", "now",
+                 "record", "spawn", "request", "post", "on", "reply_error")
+
+    #: the node's own methods, bound once (a scheduler's messages pay no extra call):
+    #: ``now() -> float``, ``record(event, **fields)``, ``spawn(coro) -> Task``,
+    #: ``await request(msg, timeout_s=None) -> Message``, ``post(msg)``,
+    #: ``on(kind, handler)``, ``reply_error(msg, reason)``
+    now: Callable[[], float]
+    record: Callable[..., None]
+    spawn: Callable[..., Any]
+    request: Callable[..., Coroutine[Any, Any, Message]]
+    post: Callable[[Message], None]
+    on: Callable[[Kind, Callable[[Message], None]], None]
+    reply_error: Callable[[Message, str], None]
 
     def __init__(self, node: Any, job: Any, *, codec_attr: str = "codec",
                  accept_merged: Callable[[Message, Value, int, list[str]], None] | None = None,
@@ -31,6 +44,13 @@ class SchedNodeContext:
         self._accept = accept_merged
         self.workers = workers
         self.pushers = pushers
+        self.now = node.now
+        self.record = node.record
+        self.spawn = node.spawn
+        self.request = node.request
+        self.post = node.post
+        self.on = node.on
+        self.reply_error = node.reply_error
 
     @property
     def node_name(self) -> str:
@@ -55,27 +75,6 @@ class SchedNodeContext:
     @property
     def has_optimizer(self) -> bool:
         return self._node.optimizer is not None
-
-    def now(self) -> float:
-        return float(self._node.now())
-
-    def record(self, event: str, **fields: Any) -> None:
-        self._node.record(event, **fields)
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        return self._node.spawn(coro)
-
-    async def request(self, msg: Message, *, timeout_s: float | None = None) -> Message:
-        return await self._node.request(msg, timeout_s=timeout_s)
-
-    def post(self, msg: Message) -> None:
-        self._node.post(msg)
-
-    def on(self, kind: Kind, handler: Callable[[Message], None]) -> None:
-        self._node.on(kind, handler)
-
-    def reply_error(self, msg: Message, reason: str) -> None:
-        self._node.reply_error(msg, reason)
 
     def encode_push(self, key: int, value: Value, *,
                     tier: str) -> tuple[list[Payload], dict[str, Any]]:
