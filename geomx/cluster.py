@@ -136,7 +136,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               "k2": s.sync.k2, "esync_epsilon_s": s.sync.esync_epsilon_s,
               "esync_max_local_steps": s.sync.esync_max_local_steps},
         codec=codec_config(s),
-        schedulers=transfer_schedulers(s),
+        transfer_schedulers=transfer_schedulers(s),
         state_server=layout.state_server,
     )
     c = s.checkpoint

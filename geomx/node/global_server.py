@@ -68,7 +68,7 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     (GeoMX sends its sync mode at kvstore creation, before ``init``)."""
     if algorithm != "mixed":
         return f"set_sync: algorithm {algorithm!r}; allowed: 'mixed'"
-    problem = sync_problem_of(node.job.schedulers, algorithm)
+    problem = sync_problem_of(node.job.transfer_schedulers, algorithm)
     if problem:
         return problem
     if getattr(node.job, "on_server_loss", "fail") == "wait":
@@ -106,8 +106,9 @@ class GlobalServer(Node):
         self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
         #: the transfer schedulers' side (geomx/policy/scheduling.py): pushes in blocks or
         #: merged, replies fused or broadcast (None: one push, one acknowledgement)
-        self.sched: GlobalSide | None = global_side_of(job.schedulers, SchedNodeContext(
-            self, job, accept_merged=self._accept_merged, pushers=self.pushers))
+        self.sched: GlobalSide | None = global_side_of(
+            job.transfer_schedulers,
+            SchedNodeContext(self, job, accept_merged=self._accept_merged, pushers=self.pushers))
         #: checkpoints (geomx/node/checkpoint.py): round -> is it a checkpoint round;
         #: round -> keys that finished it
         self.ckpt = ckpt.NodeCheckpoints(job, name)

@@ -109,8 +109,9 @@ class LocalServer(Node):
         self._codec_told: set[str] = set()
         #: the transfer schedulers' side (geomx/policy/scheduling.py): how the DC's sum
         #: travels to the global tier and back (None: push each part, then pull)
-        self.sched: LocalSide | None = local_side_of(job.schedulers, SchedNodeContext(
-            self, job, accept_merged=self._accept_merged, workers=self.workers))
+        self.sched: LocalSide | None = local_side_of(
+            job.transfer_schedulers,
+            SchedNodeContext(self, job, accept_merged=self._accept_merged, workers=self.workers))
         #: checkpoints (geomx/node/checkpoint.py): round -> keys answered after it
         self.ckpt = ckpt.NodeCheckpoints(job, name)
         self._ckpt_answered: dict[int, set[int]] = {}

@@ -102,4 +102,5 @@ def install_coordinators(node: Any, job: Any) -> list[object]:
     """Give a scheduler node the coordinators of the job's transfer schedulers (those
     that decide transfers centrally; none for most jobs)."""
     ctx = SchedNodeContext(node, job)
-    return [c for c in (s.coordinator_side(ctx) for s in job.schedulers) if c is not None]
+    sides = (s.coordinator_side(ctx) for s in job.transfer_schedulers)
+    return [c for c in sides if c is not None]

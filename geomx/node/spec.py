@@ -48,7 +48,7 @@ class JobSpec:
     codec: dict[str, Any] = field(default_factory=lambda: {"type": "none"})
     #: the job's transfer schedulers (geomx/policy/scheduling.py), built once from the
     #: scenario's [sched]; each node asks them for its side
-    schedulers: tuple[TransferScheduler, ...] = ()
+    transfer_schedulers: tuple[TransferScheduler, ...] = ()
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = 0.0
     register_timeout_s: float = 0.0

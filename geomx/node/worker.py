@@ -47,7 +47,7 @@ class Worker(Node):
         #: the transfer schedulers' worker side (geomx/policy/scheduling.py); the kvstore
         #: hands it each transfer (None: plain pushes and pulls)
         self.sched: WorkerSide | None = worker_side_of(
-            job.schedulers, SchedNodeContext(self, job, codec_attr="lan_codec"))
+            job.transfer_schedulers, SchedNodeContext(self, job, codec_attr="lan_codec"))
 
     def before_resend(self, server: str) -> None:
         """Its local server was taken over: declare the keys to the new process first (the

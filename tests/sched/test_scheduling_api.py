@@ -47,13 +47,13 @@ def test_the_plan_builds_each_scheduler_once_with_typed_options(scenario_of):
 
     job = plan_job(scenario_of("dgt.toml", "sched.dgt=tcp", "sched.dgt_k=0.4",
                                "sched.p3=true", "sched.p3_slice_elements=500")).job
-    p3, dgt = job.schedulers
+    p3, dgt = job.transfer_schedulers
     assert isinstance(p3, P3) and p3.options == P3Options(slice_elements=500)
     assert isinstance(dgt, Dgt) and dgt.options.mode == "tcp" and dgt.options.k == 0.4
     job = plan_job(scenario_of("tsengine.toml")).job
-    (ts,) = job.schedulers
+    (ts,) = job.transfer_schedulers
     assert isinstance(ts, TsEngine) and ts.options.inter
-    assert sync_problem_of(job.schedulers, "mixed").startswith("set_sync: a dist_async")
+    assert sync_problem_of(job.transfer_schedulers, "mixed").startswith("set_sync: a dist_async")
     assert sync_problem_of((p3, dgt), "mixed") is None
     with pytest.raises(ValueError, match="dgt mode 'sideways'"):
         DgtSettings(mode="sideways")
