@@ -31,8 +31,8 @@ from geomx.node.sched_context import SchedNodeContext
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, freeze, from_payload, is_phantom, thaw
-from geomx.policy.scheduling import (HELD, MERGED_FROM_META, GlobalSide, global_side_of,
-                                     sync_problem_of)
+from geomx.policy.scheduling import (HELD, MERGED_FROM_META, SchedGlobalSide,
+                                     global_side_of, sync_problem_of)
 from geomx.sync.policy import GlobalSyncPolicy, make_global_policy
 from geomx.wire import Kind, Message
 
@@ -106,7 +106,7 @@ class GlobalServer(Node):
         self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
         #: the transfer schedulers' side (geomx/policy/scheduling.py): pushes in blocks or
         #: merged, replies fused or broadcast (None: one push, one acknowledgement)
-        self.sched: GlobalSide | None = global_side_of(
+        self.sched: SchedGlobalSide | None = global_side_of(
             job.transfer_schedulers,
             SchedNodeContext(self, job, accept_merged=self._accept_merged, pushers=self.pushers))
         #: checkpoints (geomx/node/checkpoint.py): round -> is it a checkpoint round;

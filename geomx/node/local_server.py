@@ -27,7 +27,7 @@ from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
-from geomx.policy.scheduling import LocalSide, local_side_of
+from geomx.policy.scheduling import SchedLocalSide, local_side_of
 from geomx.sched.placement import place
 from geomx.sync.policy import LocalSyncPolicy, make_local_policy
 from geomx.wire import Kind, Message, Payload
@@ -109,7 +109,7 @@ class LocalServer(Node):
         self._codec_told: set[str] = set()
         #: the transfer schedulers' side (geomx/policy/scheduling.py): how the DC's sum
         #: travels to the global tier and back (None: push each part, then pull)
-        self.sched: LocalSide | None = local_side_of(
+        self.sched: SchedLocalSide | None = local_side_of(
             job.transfer_schedulers,
             SchedNodeContext(self, job, accept_merged=self._accept_merged, workers=self.workers))
         #: checkpoints (geomx/node/checkpoint.py): round -> keys answered after it

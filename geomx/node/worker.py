@@ -19,7 +19,7 @@ from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import barrier, leave, register
 from geomx.node.sched_context import SchedNodeContext
 from geomx.node.spec import JobSpec
-from geomx.policy.scheduling import WorkerSide, worker_side_of
+from geomx.policy.scheduling import SchedWorkerSide, worker_side_of
 from geomx.wire import Kind, Message
 
 Program = Callable[["Worker"], Awaitable[Any]]
@@ -46,7 +46,7 @@ class Worker(Node):
         self.lan_codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
         #: the transfer schedulers' worker side (geomx/policy/scheduling.py); the kvstore
         #: hands it each transfer (None: plain pushes and pulls)
-        self.sched: WorkerSide | None = worker_side_of(
+        self.sched: SchedWorkerSide | None = worker_side_of(
             job.transfer_schedulers, SchedNodeContext(self, job, codec_attr="lan_codec"))
 
     def before_resend(self, server: str) -> None:

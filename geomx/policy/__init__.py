@@ -8,7 +8,7 @@ contract in pyproject.toml keeps it so). How to write each kind, its contract an
 testing helper: docs/extending.md.
 
 * :mod:`geomx.policy.sync` -- :class:`SyncAlgorithm` and its three sides;
-* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler`;
+* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler` and its three sides;
 * :mod:`geomx.policy.topology` -- :class:`Topology`;
 * :mod:`geomx.policy.codec` -- :class:`Codec` (and :class:`CodecPolicy`);
 * :mod:`geomx.policy.options` -- typed options, checked once at load;
@@ -22,7 +22,8 @@ from geomx.policy.codec import Codec, CodecError, CodecPolicy, CodecState, Encod
 from geomx.policy.context import NodeContext
 from geomx.policy.options import NoOptions, OptionsError, PolicyOptions, options_from_table
 from geomx.policy.registry import KINDS, PolicyError, policy_class
-from geomx.policy.scheduling import TransferScheduler
+from geomx.policy.scheduling import (SchedContext, SchedGlobalSide, SchedLocalSide,
+                                     SchedWorkerSide, TransferScheduler)
 from geomx.policy.sync import (GlobalContext, GlobalSide, LocalContext, LocalSide,
                                SyncAlgorithm, WorkerContext, WorkerSide)
 from geomx.policy.topology import Topology
@@ -31,6 +32,7 @@ __all__ = [
     "Policy", "PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
     "PolicyError", "policy_class", "KINDS", "NodeContext",
     "SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
-    "LocalContext", "WorkerContext", "TransferScheduler", "Topology",
+    "LocalContext", "WorkerContext", "TransferScheduler", "SchedWorkerSide",
+    "SchedLocalSide", "SchedGlobalSide", "SchedContext", "Topology",
     "Codec", "CodecPolicy", "CodecState", "CodecError", "Encoded",
 ]

@@ -8,13 +8,13 @@ each transfer to the job's schedulers through the hooks of three *sides*, in the
 of ps-lite's ``KVWorker::set_slicer`` and ``KVServer::set_request_handle``: the
 transport stays fixed, the application plugs behaviour into it.
 
-* :class:`WorkerSide` -- a worker's kvstore: slicing a key into wire keys, the wire
+* :class:`SchedWorkerSide` -- a worker's kvstore: slicing a key into wire keys, the wire
   priority, where a push goes (its server, or an overlay), whether a pull is already
   answered (a fused push reply, an overlay broadcast);
-* :class:`LocalSide` -- a local server: how the DC's sum travels to the global servers
+* :class:`SchedLocalSide` -- a local server: how the DC's sum travels to the global servers
   and back (plain push and pull, a fused acknowledgement, blocks on several channels, an
   overlay merge and broadcast), and how its parked workers are answered;
-* :class:`GlobalSide` -- a global server: decoding a push that arrives in blocks or as an
+* :class:`SchedGlobalSide` -- a global server: decoding a push that arrives in blocks or as an
   overlay merge, and replying (fused, or by a broadcast);
 * a coordinator on the scheduler nodes (:meth:`TransferScheduler.coordinator_side`),
   for schedulers that decide transfers centrally (TSEngine).
@@ -45,10 +45,10 @@ from geomx.policy.base import Policy
 from geomx.policy.context import NodeContext
 from geomx.wire import Kind, Message, Payload
 
-__all__ = ["TransferScheduler", "WorkerSide", "LocalSide", "GlobalSide", "SchedContext",
-           "WorkerSchedContext", "LocalSchedContext", "GlobalSchedContext", "SchedJobView",
-           "Uniform", "HELD", "MERGED_FROM_META", "worker_side_of", "local_side_of",
-           "global_side_of", "sync_problem_of"]
+__all__ = ["TransferScheduler", "SchedWorkerSide", "SchedLocalSide", "SchedGlobalSide",
+           "SchedContext", "WorkerSchedContext", "LocalSchedContext", "GlobalSchedContext",
+           "SchedJobView", "Uniform", "HELD", "MERGED_FROM_META", "worker_side_of",
+           "local_side_of", "global_side_of", "sync_problem_of"]
 
 #: A tensor value as servers hold it: a numpy array, or a phantom payload.
 Value = Any
@@ -70,7 +70,7 @@ class _Held:
         return "HELD"
 
 
-#: What :meth:`GlobalSide.decode_push` returns for a piece of a push (not the last block).
+#: What :meth:`SchedGlobalSide.decode_push` returns for a piece of a push (not the last block).
 HELD: Any = _Held()
 
 
@@ -176,7 +176,7 @@ class GlobalSchedContext(SchedContext, Protocol):
         ...
 
 
-class WorkerSide:
+class SchedWorkerSide:
     """A worker kvstore's part of a transfer scheduler (one per worker node)."""
 
     #: Every push and pull of a one-part key may go as one request and its reply (the
@@ -223,7 +223,7 @@ class WorkerSide:
         return None
 
 
-class LocalSide:
+class SchedLocalSide:
     """A local server's part of a transfer scheduler."""
 
     def command_problem(self, cmd: str) -> str | None:
@@ -282,7 +282,7 @@ class LocalSide:
         return None
 
 
-class GlobalSide:
+class SchedGlobalSide:
     """A global server's part of a transfer scheduler."""
 
     def on_key_ready(self, key: int, part: int) -> None:
@@ -333,13 +333,13 @@ class TransferScheduler(Policy):
         """Why the job cannot switch to sync ``algorithm`` at run time (None: it can)."""
         return None
 
-    def worker_side(self, ctx: WorkerSchedContext) -> WorkerSide | None:
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide | None:
         return None
 
-    def local_side(self, ctx: LocalSchedContext) -> LocalSide | None:
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide | None:
         return None
 
-    def global_side(self, ctx: GlobalSchedContext) -> GlobalSide | None:
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide | None:
         return None
 
     def coordinator_side(self, ctx: SchedContext) -> object | None:
@@ -350,8 +350,8 @@ class TransferScheduler(Policy):
 
 # ---------------------------------------------------------------- composition
 
-class _WorkerChain(WorkerSide):
-    def __init__(self, sides: list[WorkerSide]):
+class _WorkerChain(SchedWorkerSide):
+    def __init__(self, sides: list[SchedWorkerSide]):
         self.sides = sides
         self.plain = all(s.plain for s in sides)  # type: ignore[misc]
         self.orders_by_priority = any(s.orders_by_priority for s in sides)  # type: ignore[misc]
@@ -395,8 +395,8 @@ class _WorkerChain(WorkerSide):
             await s.drain()
 
 
-class _LocalChain(LocalSide):
-    def __init__(self, sides: list[LocalSide]):
+class _LocalChain(SchedLocalSide):
+    def __init__(self, sides: list[SchedLocalSide]):
         self.sides = sides
 
     def command_problem(self, cmd: str) -> str | None:
@@ -457,8 +457,8 @@ class _LocalChain(LocalSide):
             s.on_done()
 
 
-class _GlobalChain(GlobalSide):
-    def __init__(self, sides: list[GlobalSide]):
+class _GlobalChain(SchedGlobalSide):
+    def __init__(self, sides: list[SchedGlobalSide]):
         self.sides = sides
 
     def on_key_ready(self, key: int, part: int) -> None:
@@ -491,21 +491,21 @@ class _GlobalChain(GlobalSide):
 
 
 def worker_side_of(schedulers: Sequence[TransferScheduler],
-                   ctx: WorkerSchedContext) -> WorkerSide | None:
+                   ctx: WorkerSchedContext) -> SchedWorkerSide | None:
     """The job's schedulers' worker sides as one (None: no scheduler acts on workers)."""
     sides = [s for s in (p.worker_side(ctx) for p in schedulers) if s is not None]
     return None if not sides else sides[0] if len(sides) == 1 else _WorkerChain(sides)
 
 
 def local_side_of(schedulers: Sequence[TransferScheduler],
-                  ctx: LocalSchedContext) -> LocalSide | None:
+                  ctx: LocalSchedContext) -> SchedLocalSide | None:
     """The job's schedulers' local-server sides as one (None: none acts there)."""
     sides = [s for s in (p.local_side(ctx) for p in schedulers) if s is not None]
     return None if not sides else sides[0] if len(sides) == 1 else _LocalChain(sides)
 
 
 def global_side_of(schedulers: Sequence[TransferScheduler],
-                   ctx: GlobalSchedContext) -> GlobalSide | None:
+                   ctx: GlobalSchedContext) -> SchedGlobalSide | None:
     """The job's schedulers' global-server sides as one (None: none acts there)."""
     sides = [s for s in (p.global_side(ctx) for p in schedulers) if s is not None]
     return None if not sides else sides[0] if len(sides) == 1 else _GlobalChain(sides)

@@ -40,9 +40,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from geomx.policy.options import PolicyOptions
-from geomx.policy.scheduling import (HELD, GlobalSchedContext, GlobalSide,
-                                     LocalSchedContext, LocalSide, SchedContext,
-                                     TransferScheduler, WorkerSchedContext, WorkerSide)
+from geomx.policy.scheduling import (HELD, GlobalSchedContext, LocalSchedContext,
+                                     SchedContext, SchedGlobalSide, SchedLocalSide,
+                                     SchedWorkerSide, TransferScheduler, WorkerSchedContext)
 from geomx.sched.dgt_quant import dequantise4, quantise4
 from geomx.wire import UNRELIABLE_BASE, Kind, Message, Payload
 
@@ -409,22 +409,22 @@ class Dgt(TransferScheduler):
     Options = DgtSettings
     options: DgtSettings
 
-    def worker_side(self, ctx: WorkerSchedContext) -> WorkerSide | None:
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide | None:
         # only a job whose local servers adapt K pays the bytes of carrying the loss
         return _DgtWorker() if self.options.adaptive_k else None
 
-    def local_side(self, ctx: LocalSchedContext) -> LocalSide:
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide:
         return _DgtLocal(ctx, DgtSender(self.options))
 
-    def global_side(self, ctx: GlobalSchedContext) -> GlobalSide:
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide:
         return _DgtGlobal(ctx, DgtReceiver(self.options))
 
 
-class _DgtWorker(WorkerSide):
+class _DgtWorker(SchedWorkerSide):
     carries_loss = True
 
 
-class _DgtLocal(LocalSide):
+class _DgtLocal(SchedLocalSide):
     def __init__(self, ctx: LocalSchedContext, sender: DgtSender):
         self.ctx = ctx
         self.sender = sender
@@ -440,7 +440,7 @@ class _DgtLocal(LocalSide):
         self.sender.record_totals(self.ctx)
 
 
-class _DgtGlobal(GlobalSide):
+class _DgtGlobal(SchedGlobalSide):
     def __init__(self, ctx: GlobalSchedContext, receiver: DgtReceiver):
         self.ctx = ctx
         self.receiver = receiver

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from geomx.policy.options import PolicyOptions
-from geomx.policy.scheduling import (GlobalSchedContext, GlobalSide, LocalSchedContext,
-                                     LocalSide, TransferScheduler, WorkerSchedContext,
-                                     WorkerSide)
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedGlobalSide,
+                                     SchedLocalSide, SchedWorkerSide, TransferScheduler,
+                                     WorkerSchedContext)
 from geomx.wire import Message
 
 #: lcm(1..16): the stride is 1 modulo every server count that divides it.
@@ -131,17 +131,17 @@ class P3(TransferScheduler):
     Options = P3Options
     options: P3Options
 
-    def worker_side(self, ctx: WorkerSchedContext) -> WorkerSide:
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide:
         return _P3Worker(ctx, self.options.slice_elements)
 
-    def local_side(self, ctx: LocalSchedContext) -> LocalSide:
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide:
         return _P3Local()
 
-    def global_side(self, ctx: GlobalSchedContext) -> GlobalSide:
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide:
         return _P3Global()
 
 
-class _P3Worker(WorkerSide):
+class _P3Worker(SchedWorkerSide):
     plain = False
     orders_by_priority = True
 
@@ -179,7 +179,7 @@ class _P3Worker(WorkerSide):
         self.fused.pop(key, None)
 
 
-class _P3Local(LocalSide):
+class _P3Local(SchedLocalSide):
     def global_push_meta(self, meta: dict[str, Any]) -> None:
         meta[FUSE_META] = True  # the acks carry the new value (no pull trip)
 
@@ -190,6 +190,6 @@ class _P3Local(LocalSide):
         return wants_fused_reply(push.meta)
 
 
-class _P3Global(GlobalSide):
+class _P3Global(SchedGlobalSide):
     def reply_carries_value(self, push: Message) -> bool:
         return wants_fused_reply(push.meta)

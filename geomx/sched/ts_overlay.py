@@ -36,9 +36,9 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
-from geomx.policy.scheduling import (GlobalSchedContext, GlobalSide, LocalSchedContext,
-                                     LocalSide, SchedContext, TransferScheduler, Value,
-                                     WorkerSchedContext, WorkerSide)
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedContext,
+                                     SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
+                                     TransferScheduler, Value, WorkerSchedContext)
 from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
 from geomx.wire import Kind, Message, Payload
 
@@ -379,17 +379,17 @@ class TsEngine(TransferScheduler):
         return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
                 "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
 
-    def worker_side(self, ctx: WorkerSchedContext) -> WorkerSide | None:
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide | None:
         if self.options.intra and ctx.job.mode == "hips" and not ctx.is_master:
             return _TsWorker(ctx)
         return None
 
-    def local_side(self, ctx: LocalSchedContext) -> LocalSide | None:
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide | None:
         if not (self.options.inter or self.options.intra):
             return None
         return _TsLocal(ctx, self.options)
 
-    def global_side(self, ctx: GlobalSchedContext) -> GlobalSide | None:
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide | None:
         if self.options.inter and ctx.job.mode == "hips":
             return _TsGlobal(ctx)
         return None
@@ -398,7 +398,7 @@ class TsEngine(TransferScheduler):
         return install_coordinators(ctx, self.options)
 
 
-class _TsWorker(WorkerSide):
+class _TsWorker(SchedWorkerSide):
     """A worker inside its DC's overlay: its pushes join the merge tree, and a pull after
     a push takes the round's value from the overlay broadcast."""
 
@@ -430,7 +430,7 @@ class _TsWorker(WorkerSide):
         await self.peer.drain()  # forward the last rounds before leaving
 
 
-class _TsLocal(LocalSide):
+class _TsLocal(SchedLocalSide):
     """A local server: a member of the overlay across DCs, the root of the one among
     this DC's workers."""
 
@@ -505,7 +505,7 @@ class _TsLocal(LocalSide):
                 await peer.drain()  # forward what this node still owes
 
 
-class _TsGlobal(GlobalSide):
+class _TsGlobal(SchedGlobalSide):
     """A global server: the root of its (key, part)s' merge trees and broadcasts."""
 
     def __init__(self, ctx: GlobalSchedContext):

@@ -11,8 +11,8 @@ import pytest
 
 from geomx.experiment import run_scenario
 from geomx.policy import PolicyError, policy_class
-from geomx.policy.scheduling import (HELD, GlobalSide, LocalSide, TransferScheduler,
-                                     WorkerSide, global_side_of, local_side_of,
+from geomx.policy.scheduling import (HELD, SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
+                                     TransferScheduler, global_side_of, local_side_of,
                                      sync_problem_of, worker_side_of)
 from geomx.sched.dgt import Dgt, DgtSettings
 from geomx.sched.p3 import P3, P3Options
@@ -78,7 +78,7 @@ class _Sched(TransferScheduler):
         return self.sides[2]
 
 
-class _Slicer(WorkerSide):
+class _Slicer(SchedWorkerSide):
     plain = False
     orders_by_priority = True
 
@@ -89,7 +89,7 @@ class _Slicer(WorkerSide):
         meta["a"] = 1
 
 
-class _Loss(WorkerSide):
+class _Loss(SchedWorkerSide):
     carries_loss = True
 
     def push_meta(self, meta):
@@ -115,7 +115,7 @@ def test_worker_sides_compose_decisions_fall_through_additions_all_run():
     assert replies[0].key == 7 and unread is False
 
 
-class _Blocks(LocalSide):
+class _Blocks(SchedLocalSide):
     async def push_part(self, dst, key, part, round_, value, meta):
         return Message(Kind.PUSH_ACK, dst, "ls", key=key, part=part) if part == 1 else None
 
@@ -123,7 +123,7 @@ class _Blocks(LocalSide):
         return "no" if cmd == "x" else None
 
 
-class _Fused(LocalSide):
+class _Fused(SchedLocalSide):
     def acks_carry_value(self, acks):
         return True
 
@@ -140,12 +140,12 @@ def test_local_sides_compose():
     assert side.command_problem("x") == "no" and side.command_problem("y") is None
 
 
-class _Piece(GlobalSide):
+class _Piece(SchedGlobalSide):
     def decode_push(self, msg, like):
         return HELD if msg.meta.get("piece") else None
 
 
-class _Whole(GlobalSide):
+class _Whole(SchedGlobalSide):
     def decode_push(self, msg, like):
         return "value"
 
@@ -173,7 +173,7 @@ class FusedPulls(TransferScheduler):
         return _FuseGlobal()
 
 
-class _FuseWorker(WorkerSide):
+class _FuseWorker(SchedWorkerSide):
     plain = False
 
     def __init__(self, ctx):
@@ -193,7 +193,7 @@ class _FuseWorker(WorkerSide):
         return None if acks is None else (acks, False)
 
 
-class _FuseLocal(LocalSide):
+class _FuseLocal(SchedLocalSide):
     def global_push_meta(self, meta):
         meta["fuse"] = True
 
@@ -204,7 +204,7 @@ class _FuseLocal(LocalSide):
         return bool(push.meta.get("fuse"))
 
 
-class _FuseGlobal(GlobalSide):
+class _FuseGlobal(SchedGlobalSide):
     def reply_carries_value(self, push):
         return bool(push.meta.get("fuse"))
 
