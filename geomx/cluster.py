@@ -29,16 +29,16 @@ from geomx.node.mesh_server import MeshServer
 from geomx.node.program import run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
+from geomx.node.sched_context import install_coordinators
 from geomx.node.state_server import StateServer
-from geomx.node.ts_overlay import install_coordinators
 from geomx.node.trainer import (TrainSpec, build_model, initial_params,
                                 iterations_for_epochs, master_program, train_program)
 from geomx.node.worker import Worker
-from geomx.policy.options import options_to_table
+from geomx.policy.options import options_from_table, options_to_table
+from geomx.policy.registry import policy_class
+from geomx.policy.scheduling import TransferScheduler
 from geomx.policy.topology import MeshTopology, Topology
 from geomx.scenario import Scenario, ScenarioError
-from geomx.sched.tsengine import TsSettings
-from geomx.policy.registry import policy_class
 from geomx.topology import STATE_SERVER, DCShape, make_topology, plan_nodes
 
 __all__ = ["STATE_SERVER", "JobPlan", "plan_job", "make_node", "codec_config",
@@ -97,20 +97,34 @@ def codec_config(s: Scenario) -> dict[str, Any]:
     return {"type": s.codec.type, **{k: v for k, v in params.items() if k in accepted}, **options}
 
 
-def dgt_config(s: Scenario) -> dict[str, Any]:
-    """The scenario's DGT settings for ``geomx.sched.dgt.DgtSettings`` (plain dict)."""
+def transfer_schedulers(s: Scenario) -> tuple[TransferScheduler, ...]:
+    """The job's transfer schedulers, built once from ``[sched]`` (built-ins read their
+    typed options from its fields), in the order their sides compose (P3, DGT, TSEngine,
+    then the one ``[sched] policy`` names)."""
     q = s.sched
-    return {"mode": q.dgt, "block_bytes": q.dgt_block_bytes, "k": q.dgt_k, "k_min": q.dgt_k_min,
-            "adaptive_k": q.dgt_adaptive_k, "channels": q.dgt_channels, "alpha": q.dgt_alpha,
-            "codec": s.codec.type}
-
-
-def tsengine_config(s: Scenario) -> dict[str, Any]:
-    """The scenario's TSEngine settings for ``geomx.sched.tsengine.TsSettings``."""
-    q = s.sched
-    mode = {(False, False): "off", (True, False): "inter", (False, True): "intra",
-            (True, True): "both"}[(q.tsengine_inter, q.tsengine_intra)]
-    return TsSettings(mode, q.tsengine_max_greed_rate, q.tsengine_expiry_iterations).to_dict()
+    out: list[TransferScheduler] = []
+    if q.p3:
+        cls = policy_class("sched", "p3")
+        out.append(cls(cls.Options(slice_elements=q.p3_slice_elements)))
+    if q.dgt != "off":
+        cls = policy_class("sched", "dgt")
+        out.append(cls(cls.Options(mode=q.dgt, block_bytes=q.dgt_block_bytes, k=q.dgt_k,
+                                   k_min=q.dgt_k_min, adaptive_k=q.dgt_adaptive_k,
+                                   channels=q.dgt_channels, alpha=q.dgt_alpha,
+                                   codec=s.codec.type)))
+    if q.tsengine_inter or q.tsengine_intra:
+        mode = {(True, False): "inter", (False, True): "intra",
+                (True, True): "both"}[(q.tsengine_inter, q.tsengine_intra)]
+        cls = policy_class("sched", "tsengine")
+        out.append(cls(cls.Options(mode, q.tsengine_max_greed_rate,
+                                   q.tsengine_expiry_iterations)))
+    if q.policy != "none":
+        # a scheduler of the user's own ([sched] policy), after the built-ins
+        cls = policy_class("sched", q.policy)
+        out.append(cls(options_from_table(cls.Options, q.options_table,
+                                          policy=f"sched policy {q.policy!r}",
+                                          where="sched.options")))
+    return tuple(out)
 
 
 def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
@@ -139,9 +153,7 @@ def plan_job(s: Scenario, runtime: str | None = None) -> JobPlan:
               # a user algorithm's [sync.options], checked at load (geomx/scenario/policies.py)
               **({"options": s.sync.options_table} if s.sync.options else {})},
         codec=codec_config(s),
-        sched={"dgt": dgt_config(s), "p3": s.sched.p3,
-               "p3_slice_elements": s.sched.p3_slice_elements,
-               "tsengine": tsengine_config(s)},
+        transfer_schedulers=transfer_schedulers(s),
         state_server=layout.state_server,
     )
     c = s.checkpoint

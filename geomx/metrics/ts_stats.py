@@ -1,4 +1,4 @@
-"""What TSEngine did in a run, from its coordinators' events (geomx/node/ts_overlay.py).
+"""What TSEngine did in a run, from its coordinators' events (geomx/sched/ts_overlay.py).
 
 The coordinators record one ``ts_pair`` per aggregation decision (``src`` sends its merge
 buffer to ``dst``; ``rule`` = ``root``, ``throughput`` or ``fifo``), one ``ts_choose`` per

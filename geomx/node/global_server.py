@@ -28,14 +28,13 @@ from typing import Any
 from geomx.node.base import Node, NodeFailure
 from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
+from geomx.node.sched_context import SchedNodeContext
 from geomx.node.scheduler import leave, register
-from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
 from geomx.node.sync_contexts import GlobalSyncContext
 from geomx.node.values import Value, add_into, freeze, from_payload, is_phantom, thaw
-from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSettings
-from geomx.sched.p3 import wants_fused_reply
-from geomx.sched.tsengine import TS_FROM, TS_META, TsSettings
+from geomx.policy.scheduling import (HELD, MERGED_FROM_META, SchedGlobalSide,
+                                     global_side_of, sync_problem_of)
 from geomx.policy.sync import KVSTORE_ALGORITHMS, GlobalSide
 from geomx.wire import Kind, Message
 
@@ -73,9 +72,9 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     allowed = KVSTORE_ALGORITHMS["dist_async"]
     if algorithm != allowed:
         return f"set_sync: algorithm {algorithm!r}; allowed: {allowed!r}"
-    if TsSettings.from_sched(node.job.sched).mode != "off":
-        return (f"set_sync: a dist_async store runs {allowed}, but TSEngine "
-                "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
+    problem = sync_problem_of(node.job.transfer_schedulers, algorithm)
+    if problem:
+        return problem
     if getattr(node.job, "on_server_loss", "fail") == "wait":
         return (f"set_sync: a dist_async store runs {allowed}, but membership.on_server_loss "
                 "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
@@ -103,9 +102,6 @@ class GlobalServer(Node):
         self.policy: GlobalSide = job.sync_algorithm.global_side(job)
         self.sync_ctx = GlobalSyncContext(self)
         self.stop_requested = False
-        dgt = DgtSettings.from_dict(job.sched.get("dgt"))
-        #: DGT reassembly of local servers' block pushes (None = DGT off)
-        self.dgt: DgtReceiver | None = DgtReceiver(dgt) if dgt.enabled else None
         self._stopped_by: set[str] = set()
         self._done = asyncio.Event()
         if job.mode == "flat_ps":
@@ -114,12 +110,11 @@ class GlobalServer(Node):
             self.pushers = [job.local_server_of[d] for d in job.party_dcs]
         self._pullers = set(self.pushers) | {job.master_worker}
         self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
-        #: TSEngine across DCs: this server is the root of its (key, part)s' merge trees and
-        #: broadcasts (geomx/node/ts_overlay.py); None = local servers push and pull directly
-        self.ts: OverlayPeer | None = None
-        if TsSettings.from_sched(job.sched).inter and job.mode == "hips":
-            self.ts = OverlayPeer(self, "inter", job.global_scheduler, self.pushers,
-                                  root_receive=self._ts_receive)
+        #: the transfer schedulers' side (geomx/policy/scheduling.py): pushes in blocks or
+        #: merged, replies fused or broadcast (None: one push, one acknowledgement)
+        self.sched: SchedGlobalSide | None = global_side_of(
+            job.transfer_schedulers,
+            SchedNodeContext(self, job, accept_merged=self._accept_merged, pushers=self.pushers))
         #: checkpoints (geomx/node/checkpoint.py): round -> is it a checkpoint round;
         #: round -> keys that finished it
         self.ckpt = ckpt.NodeCheckpoints(job, name)
@@ -237,8 +232,8 @@ class GlobalServer(Node):
             if self.optimizer is not None and not is_phantom(slot.store):
                 slot.opt_state = self.optimizer.create_state(msg.key, slot.store)
             self.record("init", key=msg.key, part=msg.part)
-            if self.ts is not None:
-                self.ts.root_ready(msg.key, msg.part)  # this shard roots its own tree
+            if self.sched is not None:
+                self.sched.on_key_ready(msg.key, msg.part)
         self.post(msg.reply(Kind.INIT_ACK))
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
@@ -260,20 +255,14 @@ class GlobalServer(Node):
         slot = self._check_push(msg)
         if slot is None:
             return
-        if TS_META in msg.meta:
-            if self.ts is None:
-                self.reply_error(msg, "a TSEngine merge, but sched.tsengine_inter is off")
-                return
-            self.ts.on_merge(msg)  # acknowledges, then _ts_receive
-            return
+        sched = self.sched
+        if sched is not None and sched.receive_push(msg):
+            return  # the transfer scheduler's own (an overlay merge: _accept_merged)
         try:
-            if DGT_META in msg.meta:
-                if self.dgt is None:
-                    raise ValueError("a DGT block, but sched.dgt is off in this job")
-                value = self.dgt.receive(self, msg, slot.store)
-                if value is None:
-                    return  # a block: the end block completes the push
-            else:
+            value = sched.decode_push(msg, slot.store) if sched is not None else None
+            if value is HELD:
+                return  # a piece of a push: its last piece completes it
+            if value is None:
                 value = self.codec.decode(msg, like=slot.store)
         except ValueError as e:
             self.reply_error(msg, str(e))
@@ -303,9 +292,10 @@ class GlobalServer(Node):
                     why=why)
         return True
 
-    def _ts_receive(self, msg: Message, value: Value, count: int, senders: list[str]) -> None:
-        """TSEngine: a merged push of ``count`` local servers' sums (docs/geomx-behaviour.md
-        §4.5, aggregation step 5: the server records it as that many pushes)."""
+    def _accept_merged(self, msg: Message, value: Value, count: int,
+                       senders: list[str]) -> None:
+        """A merged push of ``count`` local servers' sums (the transfer scheduler's overlay,
+        docs/geomx-behaviour.md §4.5, aggregation step 5: recorded as that many pushes)."""
         slot = self.slots[(msg.key, msg.part)]
         assert slot.store is not None
         if not is_phantom(value) and (is_phantom(slot.store) or value.size != slot.store.size):
@@ -317,11 +307,11 @@ class GlobalServer(Node):
                             if not is_phantom(value) else value)
 
     def contributors_of(self, msg: Message) -> list[str]:
-        """Whose pushes ``msg`` carries: its sender, or a TSEngine merge's senders."""
-        if TS_FROM not in msg.meta and msg.src in self._pusher_set:
+        """Whose pushes ``msg`` carries: its sender, or a merged push's senders."""
+        if MERGED_FROM_META not in msg.meta and msg.src in self._pusher_set:
             return [msg.src]  # (the common case, without the checks a merge needs)
-        senders = [str(s) for s in msg.meta.get(TS_FROM, [])] if TS_FROM in msg.meta \
-            else [msg.src]
+        senders = [str(s) for s in msg.meta.get(MERGED_FROM_META, [])] \
+            if MERGED_FROM_META in msg.meta else [msg.src]
         pushers = self._pusher_set
         bad = [s for s in senders if s not in pushers]
         if bad or len(set(senders)) != len(senders):
@@ -352,21 +342,15 @@ class GlobalServer(Node):
             self._round_done(slot.version)
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
-        if TS_META in msg.meta and self.ts is not None:
-            # TSEngine: the merge was acknowledged on arrival; the new value goes out by
-            # the overlay broadcast (once per round, whichever merge completed it)
-            payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store),
-                                                    tier="wan",
-                                                    weights=self.optimizer is not None)
-            if self.stop_requested:
-                meta["stop"] = True
-            self.ts.broadcast(msg.key, msg.part, slot.version, payloads, meta)
-            return
-        if wants_fused_reply(msg.meta):
-            # P3 push/pull fusion: the acknowledgement is also the pull of the new value
-            payloads, meta = self._pull_payloads(msg, slot)
-            self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
-            return
+        sched = self.sched
+        if sched is not None:
+            if sched.reply_push(msg, slot.version, slot.store):
+                return  # answered by the scheduler (an overlay broadcast)
+            if sched.reply_carries_value(msg):
+                # push/pull fusion: the acknowledgement is also the pull of the new value
+                payloads, meta = self._pull_payloads(msg, slot)
+                self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
+                return
         meta = {"stop": True} if self.stop_requested else {}
         self._mark_checkpoint(meta, slot)
         self.post(msg.answer(_PUSH_ACK, slot.version, meta))
@@ -392,7 +376,7 @@ class GlobalServer(Node):
         self.post(msg.answer(_PULL_REPLY, slot.version, meta, payloads))
 
     def _pull_payloads(self, msg: Message, slot: Slot) -> tuple[list[Any], dict[str, Any]]:
-        """The encoded current value of a slot, for a pull (or a fused P3 push reply)."""
+        """The encoded current value of a slot, for a pull (or a fused push reply)."""
         assert slot.store is not None
         if (self.optimizer is not None and self.optimizer.needs_pull_notes
                 and not is_phantom(slot.store)):
@@ -578,10 +562,9 @@ class GlobalServer(Node):
             if set(self.pushers) <= self._stopped_by:
                 self._done.set()
         await self._done.wait()
-        if self.ts is not None:
-            await self.ts.drain()
-        if self.dgt is not None:
-            self.dgt.record_totals(self)
+        if self.sched is not None:
+            await self.sched.drain()
+            self.sched.on_done()
         self.record("server_done", versions=sum(s.version for s in self.slots.values()),
                     **({"applied": dict(sorted(self.applied.items())),
                         "deduped": dict(sorted(self.deduped.items()))}

@@ -3,9 +3,9 @@
 A pull of key k runs after this worker's previous push or pull of k. The common case, a
 key that travels whole from one server, is one message and its reply, handled with a
 future and callbacks (:mod:`geomx.node.calls`); a large dense reply may be read from the
-socket straight into the caller's ``out`` array. P3 slices, the TSEngine overlay, keys
-split over servers and per-device outputs take the task paths below; a list of whole
-keys goes as one message per server.
+socket straight into the caller's ``out`` array. Keys the transfer scheduler slices or
+answers itself (geomx/policy/scheduling.py), keys split over servers and per-device
+outputs take the task paths below; a list of whole keys goes as one message per server.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class PullCalls(KVStoreState):
                 after = [self._fence, self._inflight.get(wk)]
                 fetch = functools.partial(self._pull_one, wk, None if fan_out else o, priority)
             else:
-                # P3: each slice is pulled after this worker's push of that slice (captured
+                # sliced: each slice is pulled after this worker's push of it (captured
                 # now, before this pull becomes the slice's latest task)
                 prevs = [self._inflight.get(wk) for wk, _, _ in wire]
                 after = [self._fence]
@@ -106,7 +106,7 @@ class PullCalls(KVStoreState):
 
     async def _pull_sliced(self, key: int, wire: list[tuple[int, int, int]], out: Any,
                            priority: int, prevs: list[asyncio.Task[Any] | None]) -> Any:
-        """P3: pull every slice of ``key``, each once this worker's push of that slice is
+        """Pull every slice of ``key``, each once this worker's push of that slice is
         done, so early slices complete while later ones are still in their rounds."""
         async def one(wk: int, prev: asyncio.Task[Any] | None) -> Any:
             if prev is not None and not prev.done():
@@ -126,13 +126,15 @@ class PullCalls(KVStoreState):
         node = self._node
         parts = self._parts(key)
         shape, dtype = self._wire_shapes[key]
-        replies = self._fused.pop(key, None)
-        if replies is None and self._ts is not None and key in self._ts_pushed:
-            self._ts_pushed.discard(key)
-            replies = [await self._ts.receive(key, 0)]  # the round's overlay broadcast
-            self._learn(replies)
+        replies = None
+        if self._sched is not None:
+            answered = await self._sched.pull_replies(key)  # (a fused reply, a broadcast)
+            if answered is not None:
+                replies, unread = answered
+                if unread:
+                    self._learn(replies)
         if replies is None:
-            prio = priority if self.p3.enabled else 0
+            prio = priority if self._by_priority else 0
             if len(parts) == 1:  # (no list of one coroutine to build and index)
                 p = parts[0]
                 # one dense part: the reply may be read from the socket straight into ``out``

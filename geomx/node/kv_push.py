@@ -3,8 +3,9 @@
 A push returns at once; its value is read (snapshot) when the call is made. The common
 case, a key that travels whole to one server with nothing to wait for, is one message
 and its acknowledgement, handled with a future and callbacks (:mod:`geomx.node.calls`)
-rather than a task; P3 slices, the TSEngine overlay and keys split over servers take
-``_push_one``; a list of whole keys goes as one message per server.
+rather than a task; keys the transfer scheduler handles (geomx/policy/scheduling.py)
+and keys split over servers take ``_push_one``; a list of whole keys goes as one
+message per server.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import numpy as np
 from geomx.node.calls import request_soon
 from geomx.node.kv_state import KVStoreError, KVStoreState
 from geomx.node.values import flat_slice, freeze
-from geomx.sched.p3 import FUSE_META
 from geomx.wire import Kind, Message, Payload
 
 #: the message kind of the per-message path (a module global reads faster than the enum)
@@ -35,7 +35,7 @@ class PushCalls(KVStoreState):
         ``value`` is read now (a later write to it does not change what is sent); a list
         of arrays for one key is summed first, as MXNet sums per-device values."""
         tasks = []
-        ready = self._node.now() if self.p3.enabled else 0.0  # (P3's record reads it)
+        ready = self._node.now() if self._sched is not None else 0.0  # (for the scheduler)
         pairs = self._keys(key, value)
         if len(pairs) > 1 and self._batchable([k for k, _ in pairs]):
             values = [(k, self._merge_devices(k, v)) for k, v in pairs]
@@ -83,20 +83,17 @@ class PushCalls(KVStoreState):
         parts = self._parts(key)
         meta: dict[str, Any] = {"stop": True} if self._worker_state.stop_wanted else {}
         if self._loss is not None and self._carry_loss:
-            meta["loss"] = self._loss  # DGT's adaptive K at the local server
-        p3 = self.p3.enabled
-        if p3:
-            meta[FUSE_META] = True
-        # GeoMX/MXNet without P3 sends FIFO: the priority only orders P3's send queues
-        wire_priority = priority if p3 else 0
+            meta["loss"] = self._loss  # read by the transfer scheduler at the local server
+        sched = self._sched
+        if sched is not None:
+            sched.push_meta(meta)
+            routed = await sched.push(key, value, meta)  # (an overlay, not the server)
+            if routed is not None:
+                self._learn(routed)
+                return
+        # without a scheduler ordering by priority the sends are FIFO (GeoMX/MXNet)
+        wire_priority = priority if self._by_priority else 0
         sent = [0]
-        if self._ts is not None:
-            # TSEngine (geomx/node/ts_overlay.py): one part (the DC's local server), dense
-            rnd = self._ts_round[key] = self._ts_round.get(key, 0) + 1
-            self._ts_pushed.add(key)
-            v = value if isinstance(value, Payload) else np.array(value, copy=True)
-            self._learn([await self._ts.contribute(key, 0, rnd, v, meta)])
-            return
 
         async def one(p) -> Message:
             v = flat_slice(value, p.lo, p.hi) if len(parts) > 1 else value
@@ -107,19 +104,14 @@ class PushCalls(KVStoreState):
             msg = Message(_PUSH, node.name, self._servers[p.server], key=key, part=p.index,
                           priority=wire_priority, version=node.iteration, meta=m,
                           payloads=payloads)
-            if p3:
-                sent[0] += msg.nbytes  # (only P3's record reads it)
+            sent[0] += msg.nbytes
             return await node.request(msg)
 
         acks = [await one(parts[0])] if len(parts) == 1 else await asyncio.gather(*(one(p) for p in parts))
         self._learn(acks)
-        if p3:
-            if all(a.payloads for a in acks):
-                self._fused[key] = acks  # the next pull of this slice is served from these
-            t = node.now()
-            node.record("p3_slice", t_start=ready, dur=t - ready, key=user_key, slice=index,
-                        skey=key, prio=priority, msg=f"prio {priority}",
-                        bytes=sent[0])
+        if sched is not None:
+            sched.pushed(key, acks, user_key=user_key, index=index, priority=priority,
+                         t_ready=ready, nbytes=sent[0])
 
     def _push_msg(self, key: int, value: Any) -> tuple[Message, None]:
         """The PUSH of a one-part key, built when the call starts (``value`` is read then,
@@ -131,7 +123,7 @@ class PushCalls(KVStoreState):
         if self._worker_state.stop_wanted:
             m["stop"] = True
         if self._loss is not None and self._carry_loss:
-            m["loss"] = self._loss  # DGT's adaptive K at the local server
+            m["loss"] = self._loss  # read by the transfer scheduler at the local server
         if self._number_rounds:
             m["round"] = self._rounds.get(key, 0) + 1
         return Message(_PUSH, node.name, self._servers[p.server], key=key, part=p.index,

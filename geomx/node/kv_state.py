@@ -22,7 +22,6 @@ import numpy as np
 
 from geomx.node.push_snapshots import PushSnapshots
 from geomx.node.worker_state import WorkerState
-from geomx.sched.p3 import P3Config
 from geomx.sched.placement import place
 from geomx.wire import Kind, Message
 
@@ -51,15 +50,18 @@ class KVStoreState:
         #: user key -> (shape, dtype) as given to init
         self._shapes: dict[int, tuple[tuple[int, ...], str]] = {}
         #: user key -> the wire keys it travels as: [(wire key, lo, hi)] over the flattened
-        #: tensor; one entry ``(key, 0, n)`` unless P3 slices it (geomx/sched/p3.py)
+        #: tensor; one entry ``(key, 0, n)`` unless the transfer scheduler slices it
         self._wire: dict[int, list[tuple[int, int, int]]] = {}
         #: wire key -> (shape, dtype) of what travels under it
         self._wire_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
-        #: wire key -> the fused push replies (P3) that the next pull is served from
-        self._fused: dict[int, list[Message]] = {}
         #: the buffers large pushes are snapshot into, reused from push to push
         self._snapshots = PushSnapshots()
-        self.p3 = P3Config.from_sched(getattr(job, "sched", None) or {})
+        #: the transfer schedulers' worker side (geomx/policy/scheduling.py; None: none),
+        #: whether one-part keys still go as one request and its reply, and whether the
+        #: wire priority is the caller's (else FIFO, as GeoMX/MXNet without a scheduler)
+        self._sched = getattr(node, "sched", None)
+        self._sched_plain = self._sched is None or self._sched.plain
+        self._by_priority = self._sched is not None and self._sched.orders_by_priority
         self._placement: dict[int, list[Any]] = {}
         self._inflight: dict[int, asyncio.Task[Any]] = {}
         self._fence: asyncio.Task[Any] | None = None
@@ -72,14 +74,8 @@ class KVStoreState:
         self._rounds: dict[int, int] = {}
         self._phantom: set[int] = set()
         self._loss: float | None = None
-        #: TSEngine inside the DC (the worker's overlay peer): pushes join the merge tree,
-        #: and a pull after a push takes the round's value from the overlay broadcast
-        self._ts = node.ts
-        self._ts_round: dict[int, int] = {}
-        self._ts_pushed: set[int] = set()
-        dgt = job.sched.get("dgt") or {}
-        # only a job whose local servers adapt DGT's K pays the bytes of carrying the loss
-        self._carry_loss = dgt.get("mode", "off") != "off" and bool(dgt.get("adaptive_k"))
+        # only a job whose scheduler reads the loss pays the bytes of carrying it
+        self._carry_loss = self._sched is not None and self._sched.carries_loss
 
     # ------------------------------------------------------------------ helpers
     def _parts(self, key: int):
@@ -157,16 +153,16 @@ class KVStoreState:
         return tasks[0] if len(tasks) == 1 else asyncio.ensure_future(asyncio.gather(*tasks))
 
     def _plain(self, key: int) -> bool:
-        """Whether a push or pull of wire key ``key`` is one request and its reply (no
-        P3 slices or fused replies, no TSEngine overlay, one server part)."""
-        return self._ts is None and not self.p3.enabled and len(self._parts(key)) == 1
+        """Whether a push or pull of wire key ``key`` is one request and its reply (the
+        transfer scheduler leaves it plain, one server part)."""
+        return self._sched_plain and len(self._parts(key)) == 1
 
     def _batchable(self, keys: list[int]) -> bool:
         """A list call goes as one message per server (``request_many``) when every key
-        travels whole to one server: no P3 slices, no TSEngine overlay, no split key."""
+        travels whole to one server: plain for the transfer scheduler, no split key."""
         for k in keys:
             self._check_key(k)
-        if self.p3.enabled or self._ts is not None:
+        if not self._sched_plain:
             return False
         return all(len(self._wire[k]) == 1 and len(self._parts(k)) == 1 for k in keys)
 

@@ -37,7 +37,6 @@ from geomx.node.kv_push import PushCalls
 from geomx.node.kv_state import STRING_KEY_BASE, KVStoreError
 from geomx.node.values import flat_slice, is_phantom
 from geomx.policy.sync import KVSTORE_ALGORITHMS
-from geomx.sched.p3 import P3Error, slices_of
 from geomx.wire import Kind, Message, Payload
 
 __all__ = ["KV_TYPES", "SINK_MIN_BYTES", "STRING_KEY_BASE", "KVStore", "KVStoreError",
@@ -136,19 +135,17 @@ class KVStore(PushCalls, PullCalls):
             dtype = arr.dtype.str if not isinstance(arr, Payload) else arr.dtype
             self._shapes[k] = (tuple(arr.shape), dtype)
             n = math.prod(arr.shape)
-            if self.p3.enabled:
-                try:
-                    wire = [(s.skey, s.lo, s.hi)
-                            for s in slices_of(k, n, self.p3.slice_elements)]
-                except P3Error as e:
-                    raise KVStoreError(f"key {self._key_name(k)} cannot be sliced for P3: {e} "
-                                       "(string keys are not supported with sched.p3)") from None
-            else:
-                wire = [(k, 0, n)]
+            sched = self._sched
+            try:
+                sliced = sched.slices(k, n) if sched is not None else None
+            except ValueError as e:
+                raise KVStoreError(f"key {self._key_name(k)} cannot be sliced {e}") from None
+            wire = sliced if sliced is not None else [(k, 0, n)]
             self._wire[k] = wire
             for wk, lo, hi in wire:
                 self._placement.pop(wk, None)
-                self._fused.pop(wk, None)
+                if sched is not None:
+                    sched.forget(wk)
                 self._wire_shapes[wk] = ((tuple(arr.shape), dtype) if len(wire) == 1
                                          else ((hi - lo,), dtype))
                 if is_phantom(arr):
@@ -213,8 +210,8 @@ class KVStore(PushCalls, PullCalls):
         await self._node.worker_barrier(f"kv{self._barrier_count}")
 
     def report_loss(self, loss: float) -> None:
-        """This worker's current training loss, carried with its next pushes (DGT's
-        adaptive K reads it; GeoMX's scripts write it to ``/tmp/loss<id>.csv``)."""
+        """This worker's current training loss, carried with its next pushes (a transfer
+        scheduler may read it; GeoMX's scripts write it to ``/tmp/loss<id>.csv``)."""
         self._loss = float(loss)
 
     def request_stop(self) -> None:

@@ -23,16 +23,14 @@ import numpy as np
 from geomx.node.base import Node
 from geomx.node import checkpoint as ckpt
 from geomx.node.link_codec import LinkCodec
+from geomx.node.sched_context import SchedNodeContext
 from geomx.node.scheduler import leave, register
-from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.spec import JobSpec
 from geomx.node.sync_contexts import LocalSyncContext
 from geomx.node.values import (Value, add_into, flat_slice, from_payload, write_slice,
                                zeros_like_spec)
-from geomx.sched.dgt import DgtSender, DgtSettings
-from geomx.sched.p3 import FUSE_META, P3Config, wants_fused_reply
+from geomx.policy.scheduling import SchedLocalSide, local_side_of
 from geomx.sched.placement import place
-from geomx.sched.tsengine import TS_META, TsSettings
 from geomx.policy.sync import LocalSide
 from geomx.wire import Kind, Message, Payload
 
@@ -64,7 +62,7 @@ class LocalSlot:
     stop_requested: bool = False
     parts: list[Any] | None = None
     early_pushes: list[Message] = field(default_factory=list)  # init then push, no pull
-    priority: int = 0          # P3: the workers' priority, carried on to the global tier
+    priority: int = 0          # the workers' priority, carried on to the global tier
     key: int = -1
     ckpt_round: int = 0        # the global round just finished is a checkpoint round
     answered: int = 0          # the last round whose workers were answered
@@ -89,11 +87,7 @@ class LocalServer(Node):
         #: this server's side of the job's sync algorithm, and what it sees of the server
         self.policy: LocalSide = job.sync_algorithm.local_side(job)
         self.sync_ctx = LocalSyncContext(self)
-        self.p3 = P3Config.from_sched(job.sched)
         self.global_stop = False
-        dgt = DgtSettings.from_dict(job.sched.get("dgt"))
-        #: DGT of the pushes to the global servers (None = plain pushes)
-        self.dgt: DgtSender | None = DgtSender(dgt) if dgt.enabled else None
         self._done = asyncio.Event()
         self._stopped_workers: set[str] = set()
         #: rejoined workers waiting for a round boundary, their parked pulls, and the
@@ -116,18 +110,11 @@ class LocalServer(Node):
         self.on(Kind.COMMAND, self._on_command)
         self._commanded_codec: dict[str, Any] | None = None
         self._codec_told: set[str] = set()
-        # TSEngine (geomx/node/ts_overlay.py): a member of the overlay across DCs, the
-        # root of the one among this DC's workers
-        ts = TsSettings.from_sched(job.sched)
-        self.ts_inter: OverlayPeer | None = (
-            OverlayPeer(self, "inter", job.global_scheduler,
-                        [*job.global_servers, *job.local_server_of.values()])
-            if ts.inter else None)
-        self.ts_intra: OverlayPeer | None = (
-            OverlayPeer(self, "intra", job.local_scheduler_of[dc], self.workers,
-                        root_receive=self._ts_intra_receive) if ts.intra else None)
-        if self.ts_inter is not None:
-            self.on(Kind.RELAY, self.ts_inter.on_relay)
+        #: the transfer schedulers' side (geomx/policy/scheduling.py): how the DC's sum
+        #: travels to the global tier and back (None: push each part, then pull)
+        self.sched: SchedLocalSide | None = local_side_of(
+            job.transfer_schedulers,
+            SchedNodeContext(self, job, accept_merged=self._accept_merged, workers=self.workers))
         #: checkpoints (geomx/node/checkpoint.py): round -> keys answered after it
         self.ckpt = ckpt.NodeCheckpoints(job, name)
         self._ckpt_answered: dict[int, set[int]] = {}
@@ -147,9 +134,9 @@ class LocalServer(Node):
         ``set_sync`` (a ``dist_async`` store under ``[sync] algorithm = "auto"``) switches
         this server to that algorithm's local side."""
         cmd = msg.meta.get("cmd")
-        if cmd == "set_gradient_compression" and (self.ts_inter or self.ts_intra):
-            self.reply_error(msg, "set_gradient_compression: TSEngine (sched.tsengine_inter / "
-                                  "tsengine_intra) runs on uncompressed data only")
+        problem = self.sched.command_problem(str(cmd)) if self.sched is not None else None
+        if problem:
+            self.reply_error(msg, problem)
             return
         if msg.src not in self.job.global_servers or cmd not in ("set_gradient_compression",
                                                                    "set_sync"):
@@ -288,15 +275,8 @@ class LocalServer(Node):
 
     # ------------------------------------------------------------------ push
     def _on_push(self, msg: Message) -> None:
-        overlay = msg.meta.get(TS_META)
-        if overlay is not None:
-            peer = self.ts_inter if overlay == "inter" else \
-                self.ts_intra if overlay == "intra" else None
-            if peer is None:
-                self.reply_error(msg, f"a TSEngine {overlay!r} merge, but that overlay is off")
-                return
-            peer.on_merge(msg)  # a merge from a peer LS (inter) or from workers (intra)
-            return
+        if self.sched is not None and self.sched.receive_push(msg):
+            return  # the transfer scheduler's own (an overlay merge)
         slot = self.slots.get(msg.key)
         if slot is not None and not slot.initialized and msg.src in self.workers:
             # GeoMX: init then push without a pull; the push waits for the global value
@@ -322,8 +302,8 @@ class LocalServer(Node):
             self.reply_error(msg, str(e))
             return
         slot.contributors.add(msg.src)
-        if self.dgt is not None:
-            self.dgt.note_loss(msg.src, msg.meta.get("loss"))  # adaptive K
+        if self.sched is not None:
+            self.sched.note_worker_push(msg)
         slot.priority = msg.priority
         if slot.merged is None:
             slot.merged = value  # decode() returned a fresh array: take it, no copy
@@ -412,10 +392,10 @@ class LocalServer(Node):
         if self._stopped_workers and set(self.live) <= self._stopped_workers:
             self._done.set()
 
-    def _ts_intra_receive(self, msg: Message, value: Value, count: int,
-                          senders: list[str]) -> None:
-        """TSEngine inside the DC: a merged push of ``count`` workers' gradients counts as
-        that many pushes (docs/geomx-behaviour.md §4.5, aggregation steps 5-7)."""
+    def _accept_merged(self, msg: Message, value: Value, count: int,
+                       senders: list[str]) -> None:
+        """A merged push of ``count`` workers' gradients (the transfer scheduler's overlay)
+        counts as that many pushes (docs/geomx-behaviour.md §4.5, aggregation steps 5-7)."""
         slot = self.slots.get(msg.key)
         if slot is None or not slot.initialized:
             raise ValueError(f"key {msg.key} is not initialised yet")
@@ -438,42 +418,28 @@ class LocalServer(Node):
             stop, slot.stop_requested = slot.stop_requested, False
             self.spawn(self.policy.on_round(self.sync_ctx, msg.key, slot, merged, [], stop))
 
-    async def _ts_exchange(self, key: int, slot: LocalSlot, value: Value,
-                           meta: dict[str, Any]) -> Value:
-        """TSEngine across DCs: each part joins its global server's merge tree, and the
-        new value comes by the overlay broadcast (no pull: docs/geomx-behaviour.md §4.5,
-        broadcast step 5)."""
-        parts = self._parts(key, slot)
-        assert self.ts_inter is not None
-        peer = self.ts_inter
-
-        async def one(part) -> tuple[Any, Message]:
-            v = flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
-            v = v if isinstance(v, Payload) else v.copy()
-            await peer.contribute(key, part.index, slot.round, v, meta)
-            return part, await peer.receive(key, part.index)
-
-        results = ([await one(parts[0])] if len(parts) == 1
-                   else list(await asyncio.gather(*(one(p) for p in parts))))
-        return self._assemble(slot, results)
-
     # called by the sync side (through LocalSyncContext) ------------------------------
     async def exchange_global(self, key: int, slot: LocalSlot, value: Value, *,
                               stop: bool) -> Value:
         """Push ``value`` to the global server(s) owning ``key``, wait for every part's
-        acknowledgement, then pull the new global value back and return it."""
-        if self.ts_inter is not None:
-            return await self._ts_exchange(key, slot, value, {"stop": True} if stop else {})
+        acknowledgement, then pull the new global value back and return it (unless the
+        transfer scheduler carries it another way)."""
+        sched = self.sched
         parts = self._parts(key, slot)
         meta_stop: dict[str, Any] = {"stop": True} if stop else {}
-        if self.p3.enabled:
-            meta_stop[FUSE_META] = True  # P3: the acks carry the new value (no pull trip)
+        if sched is not None:
+            results = await sched.exchange(key, parts, slot.round, value, meta_stop)
+            if results is not None:
+                return self._assemble(slot, results)
+            sched.global_push_meta(meta_stop)
 
         async def push_part(part) -> Message:
             v = flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
-            if self.dgt is not None:
-                return await self.dgt.push(self, self.job.global_servers[part.server], key,
-                                           part.index, slot.round, v, meta_stop)
+            if sched is not None:
+                ack = await sched.push_part(self.job.global_servers[part.server], key,
+                                            part.index, slot.round, v, meta_stop)
+                if ack is not None:
+                    return ack
             payloads, meta = self.codec.encode_push(key, v, tier="wan")
             meta.update(meta_stop)
             return await self.request(Message(_PUSH, self.name,
@@ -488,7 +454,7 @@ class LocalServer(Node):
                 self.global_stop = True
             slot.ckpt_round = max([slot.ckpt_round,
                                    *(int(a.meta.get("ckpt", 0)) for a in acks)])
-            if self.p3.enabled and all(a.payloads for a in acks):
+            if sched is not None and sched.acks_carry_value(acks):
                 return self._assemble(slot, list(zip(parts, acks)))
             new = await self.pull_global(key, slot)
             if slot.global_version >= slot.round or not self.replaceable_peers:
@@ -506,15 +472,12 @@ class LocalServer(Node):
             self._open_pushes.discard((req.src, req.request_id))
         if round_:
             reply_meta["ckpt"] = round_
-        if self.ts_intra is not None:
-            # TSEngine inside the DC: the workers get the round's value by the broadcast
-            assert slot.store is not None
-            payloads, meta = self.codec.encode_pull(slot.key, _snapshot(slot.store), tier="lan")
-            meta.update(reply_meta)
-            self.ts_intra.broadcast(slot.key, 0, slot.round, payloads, meta)
+        sched = self.sched
+        if sched is not None:
+            sched.on_round_answered(slot.key, slot.round, slot.store, reply_meta)
         for req in waiting:
-            if wants_fused_reply(req.meta):
-                # P3 push/pull fusion: the acknowledgement carries the new value
+            if sched is not None and sched.reply_carries_value(req):
+                # push/pull fusion: the acknowledgement carries the new value
                 payloads, meta = self.codec.encode_pull(req.key, slot.store, tier="lan")
                 meta.update(reply_meta)
                 self.post(req.answer(_PUSH_ACK, slot.round, self._tell_codec(req.src, meta),
@@ -570,7 +533,7 @@ class LocalServer(Node):
         return self._assemble(slot, results)
 
     def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:
-        """Decode the global tier's replies (pull replies, or P3's fused push acks) into
+        """Decode the global tier's replies (pull replies, or fused push acks) into
         the key's new value."""
         parts = slot.parts or []
         new = zeros_like_spec(slot.shape, slot.dtype, slot.phantom) if len(parts) > 1 else None
@@ -601,8 +564,8 @@ class LocalServer(Node):
             slot.round = slot.answered = slot.global_version
             slot.ckpt_round = 0
             self.record("takeover_init", key=key, round=slot.round)
-        if self.ts_intra is not None:
-            self.ts_intra.root_ready(key, 0)  # the root of this DC's merge tree
+        if self.sched is not None:
+            self.sched.on_key_ready(key)
         self.record("init", key=key)
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
@@ -661,13 +624,12 @@ class LocalServer(Node):
             if self.workers[0] in done or set(self.live) <= done:
                 self._done.set()
         await self._done.wait()
-        for peer in (self.ts_inter, self.ts_intra):
-            if peer is not None:
-                await peer.drain()  # TSEngine: forward what this node still owes
+        if self.sched is not None:
+            await self.sched.drain()  # forward what this node still owes others
         for gs in self.job.global_servers:
             self.post(Message(Kind.SHUTDOWN, self.name, gs))
-        if self.dgt is not None:
-            self.dgt.record_totals(self)
+        if self.sched is not None:
+            self.sched.on_done()
         counts: dict[str, Any] = {}
         if self.job.on_worker_loss == "continue":
             counts.update(applied=dict(sorted(self.applied.items())),

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geomx.policy.registry import policy_class
+from geomx.policy.scheduling import TransferScheduler
 from geomx.policy.sync import SyncAlgorithm
 
 
@@ -55,7 +56,9 @@ class JobSpec:
     seed: int = 0
     sync: dict[str, Any] = field(default_factory=lambda: {"algorithm": "fsa"})
     codec: dict[str, Any] = field(default_factory=lambda: {"type": "none"})
-    sched: dict[str, Any] = field(default_factory=dict)
+    #: the job's transfer schedulers (geomx/policy/scheduling.py), built once from the
+    #: scenario's [sched]; each node asks them for its side
+    transfer_schedulers: tuple[TransferScheduler, ...] = ()
     heartbeat_interval_s: float = 0.0
     heartbeat_timeout_s: float = 0.0
     register_timeout_s: float = 0.0

@@ -17,10 +17,10 @@ from geomx.node.kvstore import current_node
 from geomx.node.base import Node
 from geomx.node.link_codec import LinkCodec
 from geomx.node.scheduler import barrier, leave, register
+from geomx.node.sched_context import SchedNodeContext
 from geomx.node.spec import JobSpec
-from geomx.node.ts_overlay import OverlayPeer
 from geomx.node.worker_state import WorkerState
-from geomx.sched.tsengine import TsSettings
+from geomx.policy.scheduling import SchedWorkerSide, worker_side_of
 from geomx.wire import Kind, Message
 
 Program = Callable[["Worker"], Awaitable[Any]]
@@ -47,13 +47,10 @@ class Worker(Node):
         self.push_tier = "wan" if (job.mode == "flat_ps" or is_master) else "lan"
         # The codec policy decides per tier (Bi-Sparse only on "wan", FP16 on both, ...).
         self.lan_codec = LinkCodec(job.codec, num_dcs=len(job.party_dcs))
-        #: TSEngine inside the DC: this worker merges and relays (geomx/node/ts_overlay.py)
-        self.ts: OverlayPeer | None = None
-        if TsSettings.from_sched(job.sched).intra and job.mode == "hips" and not is_master:
-            self.ts = OverlayPeer(self, "intra", job.local_scheduler_of[dc],
-                                  [job.local_server_of[dc], *job.workers_of[dc]])
-            self.on(Kind.PUSH, self.ts.on_merge)
-            self.on(Kind.RELAY, self.ts.on_relay)
+        #: the transfer schedulers' worker side (geomx/policy/scheduling.py); the kvstore
+        #: hands it each transfer (None: plain pushes and pulls)
+        self.sched: SchedWorkerSide | None = worker_side_of(
+            job.transfer_schedulers, SchedNodeContext(self, job, codec_attr="lan_codec"))
 
     @property
     def rejoining(self) -> bool:
@@ -89,8 +86,8 @@ class Worker(Node):
             await register(self, s)
         current_node.set(self)
         self.result = await self.program(self)
-        if self.ts is not None:
-            await self.ts.drain()  # TSEngine: forward the last rounds before leaving
+        if self.sched is not None:
+            await self.sched.drain()  # forward what this worker still owes others
         if not self.is_master:
             # unbounded: a worker that finished early may wait for a slower one's whole
             # remaining training (flat PS, asynchronous); liveness is the heartbeats' job

@@ -8,7 +8,7 @@ contract in pyproject.toml keeps it so). How to write each kind, its contract an
 testing helper: docs/extending.md.
 
 * :mod:`geomx.policy.sync` -- :class:`SyncAlgorithm` and its three sides;
-* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler`;
+* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler` and its three sides;
 * :mod:`geomx.policy.topology` -- :class:`Topology`, and :class:`MeshTopology` for trees
   over a mesh of DCs (:mod:`geomx.policy.mesh_plan`: the :class:`MeshPlan` it returns);
 * :mod:`geomx.policy.codec` -- :class:`Codec` (and :class:`CodecPolicy`);
@@ -25,7 +25,8 @@ from geomx.policy.layout import DCShape, NodeLayout
 from geomx.policy.mesh_plan import Chunk, Link, MeshPlan, route_key
 from geomx.policy.options import NoOptions, OptionsError, PolicyOptions, options_from_table
 from geomx.policy.registry import KINDS, PolicyError, policy_class
-from geomx.policy.scheduling import TransferScheduler
+from geomx.policy.scheduling import (SchedContext, SchedGlobalSide, SchedLocalSide,
+                                     SchedWorkerSide, TransferScheduler)
 from geomx.policy.sync import (GlobalContext, GlobalSide, LocalContext, LocalSide,
                                SyncAlgorithm, WorkerContext, WorkerSide)
 from geomx.policy.topology import MeshTopology, MeshView, Topology
@@ -34,7 +35,8 @@ __all__ = [
     "Policy", "PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
     "PolicyError", "policy_class", "KINDS", "NodeContext",
     "SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
-    "LocalContext", "WorkerContext", "TransferScheduler", "Topology", "MeshTopology",
+    "LocalContext", "WorkerContext", "TransferScheduler", "SchedWorkerSide",
+    "SchedLocalSide", "SchedGlobalSide", "SchedContext", "Topology", "MeshTopology",
     "MeshView", "MeshPlan", "Link", "Chunk", "route_key", "DCShape", "NodeLayout",
     "Codec", "CodecPolicy", "CodecState", "CodecError", "Encoded",
 ]

@@ -48,7 +48,11 @@ BUILTIN: dict[str, dict[str, str]] = {
         "hfa": "geomx.sync.hfa:HFA",
         "esync": "geomx.sync.esync:ESync",
     },
-    "sched": {},
+    "sched": {
+        "p3": "geomx.sched.p3:P3",
+        "dgt": "geomx.sched.dgt:Dgt",
+        "tsengine": "geomx.sched.ts_overlay:TsEngine",
+    },
     "topology": {
         "hips": "geomx.topology.hips:HiPS",
         "flat": "geomx.topology.flat:FlatPS",

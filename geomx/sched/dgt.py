@@ -24,8 +24,10 @@ server gets only its part (GeoMX resends the whole key to every server); mode 3 
 nibbles correctly; the send order is GeoMX's strict "important queue first": channel-0
 blocks, then the end block, then the bands, so the end block never waits behind a band.
 
-Node code calls :class:`DgtSender` (local server) and :class:`DgtReceiver` (global
-server); neither knows which runtime it runs in.
+:class:`Dgt` is the transfer scheduler (geomx/policy/scheduling.py): its local-server
+side sends through a :class:`DgtSender`, its global-server side reassembles with a
+:class:`DgtReceiver`, both through their scheduler context; neither knows which runtime
+it runs in.
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from geomx.policy.options import PolicyOptions
+from geomx.policy.scheduling import (HELD, GlobalSchedContext, LocalSchedContext,
+                                     SchedContext, SchedGlobalSide, SchedLocalSide,
+                                     SchedWorkerSide, TransferScheduler, WorkerSchedContext)
 from geomx.sched.dgt_quant import dequantise4, quantise4
 from geomx.wire import UNRELIABLE_BASE, Kind, Message, Payload
 
@@ -54,8 +60,9 @@ HALF_CODECS = ("fp16", "bf16")
 
 
 @dataclass(frozen=True)
-class DgtSettings:
-    """The job's DGT parameters (from the scenario's ``[sched] dgt*`` keys)."""
+class DgtSettings(PolicyOptions):
+    """The job's DGT parameters (from the scenario's ``[sched] dgt*`` keys, built once
+    by ``geomx/cluster.py``)."""
 
     mode: str = "off"
     block_bytes: int = 4096
@@ -66,15 +73,16 @@ class DgtSettings:
     alpha: float = 0.3
     codec: str = "none"
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"dgt mode {self.mode!r}; allowed: {', '.join(MODES)}")
+        if not 1 <= self.channels <= 7:
+            raise ValueError(f"dgt channels {self.channels}; allowed: 1..7")
+
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> DgtSettings:
         names = {f.name for f in fields(cls)}
-        s = cls(**{k: v for k, v in (d or {}).items() if k in names})
-        if s.mode not in MODES:
-            raise ValueError(f"dgt mode {s.mode!r}; allowed: {', '.join(MODES)}")
-        if not 1 <= s.channels <= 7:
-            raise ValueError(f"dgt channels {s.channels}; allowed: 1..7")
-        return s
+        return cls(**{k: v for k, v in (d or {}).items() if k in names})
 
     @property
     def enabled(self) -> bool:
@@ -184,11 +192,11 @@ class DgtSender:
         self.k = adaptive_k(self.s.k, self.s.k_min, loss_t, self.loss0)
         return self.k
 
-    async def push(self, node: Any, dst: str, key: int, part: int, round_: int, value: Any,
-                   extra_meta: dict[str, Any]) -> Message:
+    async def push(self, node: SchedContext, dst: str, key: int, part: int, round_: int,
+                   value: Any, extra_meta: dict[str, Any]) -> Message:
         """Send one push of ``value`` (this server's part) as DGT blocks; return the ack.
 
-        ``node`` is the local server (``post``, ``request``, ``codec``, ``record``).
+        ``node`` is the local server's scheduler context.
         """
         if is_phantom(value):
             raise ValueError("DGT ranks blocks by their values; a phantom tensor has none")
@@ -203,9 +211,9 @@ class DgtSender:
         if prev is None:
             # the first push of a key goes whole on the reliable channel (initialisation)
             self.whole += 1
-            payloads, meta = node.codec.encode_push(key, value, tier="wan")
+            payloads, meta = node.encode_push(key, value, tier="wan")
             meta.update(extra_meta)
-            return await node.request(Message(Kind.PUSH, node.name, dst, key=key, part=part,
+            return await node.request(Message(Kind.PUSH, node.node_name, dst, key=key, part=part,
                                               version=round_, meta=meta, payloads=payloads))
         k = self.current_k()
         bands = assign_bands(self.contribution[ident], k, self.s.channels)
@@ -239,11 +247,11 @@ class DgtSender:
             else:
                 if residual is not None:
                     residual[lo:hi] = 0.0
-                payloads, meta = node.codec.encode_push(key, np.array(block, copy=True),
-                                                        tier="wan")
+                payloads, meta = node.encode_push(key, np.array(block, copy=True),
+                                                  tier="wan")
             meta[DGT_META] = [int(seq), nb, be]
             meta[ROUND_META] = round_
-            msg = Message(Kind.PUSH, node.name, dst, key=key, part=part, version=round_,
+            msg = Message(Kind.PUSH, node.node_name, dst, key=key, part=part, version=round_,
                           channel=self.s.channel_of_band(band), meta=meta, payloads=payloads)
             counts[band] += 1
             nbytes[band] += msg.nbytes
@@ -269,7 +277,7 @@ class DgtSender:
             node.post(m)
         return await ack
 
-    def record_totals(self, node: Any) -> None:
+    def record_totals(self, node: SchedContext) -> None:
         node.record("dgt_sender_totals", blocks=[c.blocks for c in self.sent],
                     bytes=[c.bytes for c in self.sent], skipped=self.skipped, whole=self.whole,
                     k=round(self.k, 6))
@@ -301,7 +309,7 @@ class DgtReceiver:
         self.missing = 0
         self.assemblies = 0
 
-    def receive(self, node: Any, msg: Message, like: Any) -> np.ndarray | None:
+    def receive(self, node: SchedContext, msg: Message, like: Any) -> np.ndarray | None:
         """Take one block; return the assembled tensor when ``msg`` is the end block.
 
         Raises ValueError (the caller answers ERROR) on a block that does not fit ``like``.
@@ -361,7 +369,7 @@ class DgtReceiver:
                     sent=sent_total, on_time=on_time, missing=missing)
         return out.reshape(like.shape).astype(like.dtype, copy=False)
 
-    def _decode(self, node: Any, msg: Message, count: int) -> np.ndarray:
+    def _decode(self, node: SchedContext, msg: Message, count: int) -> np.ndarray:
         if msg.meta.get(QUANT_META):
             if len(msg.payloads) != 2 or any(p.data is None for p in msg.payloads):
                 raise ValueError("a 4-bit DGT block needs two payloads (codes, bounds)")
@@ -371,7 +379,7 @@ class DgtReceiver:
                     if k not in (DGT_META, ROUND_META, SENT_META)}
             plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
                             payloads=msg.payloads)
-            value = np.asarray(node.codec.decode(plain), dtype=np.float32).reshape(-1)
+            value = np.asarray(node.decode(plain), dtype=np.float32).reshape(-1)
         else:
             if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
                 raise ValueError("a dense DGT block needs exactly one real payload")
@@ -384,8 +392,64 @@ class DgtReceiver:
         """Blocks buffered for a round that will never be assembled (run over)."""
         return sum(len(b) for b in self.buffers.values())
 
-    def record_totals(self, node: Any) -> None:
+    def record_totals(self, node: SchedContext) -> None:
         node.record("dgt_receiver_totals", received=[t.received for t in self.totals],
                     on_time=[t.on_time for t in self.totals], late=[t.late for t in self.totals],
                     bytes=[t.bytes for t in self.totals], missing=self.missing,
                     unapplied=self.pending_late(), assemblies=self.assemblies)
+
+
+# ---------------------------------------------------------------- the scheduler
+
+class Dgt(TransferScheduler):
+    """DGT as a transfer scheduler: workers carry their loss (adaptive K), local servers
+    push their DC sums as blocks on several channels, global servers reassemble them."""
+
+    name: ClassVar[str] = "dgt"
+    Options = DgtSettings
+    options: DgtSettings
+
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide | None:
+        # only a job whose local servers adapt K pays the bytes of carrying the loss
+        return _DgtWorker() if self.options.adaptive_k else None
+
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide:
+        return _DgtLocal(ctx, DgtSender(self.options))
+
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide:
+        return _DgtGlobal(ctx, DgtReceiver(self.options))
+
+
+class _DgtWorker(SchedWorkerSide):
+    carries_loss = True
+
+
+class _DgtLocal(SchedLocalSide):
+    def __init__(self, ctx: LocalSchedContext, sender: DgtSender):
+        self.ctx = ctx
+        self.sender = sender
+
+    def note_worker_push(self, msg: Message) -> None:
+        self.sender.note_loss(msg.src, msg.meta.get("loss"))  # adaptive K
+
+    async def push_part(self, dst: str, key: int, part: int, round_: int, value: Any,
+                        meta: dict[str, Any]) -> Message:
+        return await self.sender.push(self.ctx, dst, key, part, round_, value, meta)
+
+    def on_done(self) -> None:
+        self.sender.record_totals(self.ctx)
+
+
+class _DgtGlobal(SchedGlobalSide):
+    def __init__(self, ctx: GlobalSchedContext, receiver: DgtReceiver):
+        self.ctx = ctx
+        self.receiver = receiver
+
+    def decode_push(self, msg: Message, like: Any) -> Any:
+        if DGT_META not in msg.meta:
+            return None
+        value = self.receiver.receive(self.ctx, msg, like)
+        return HELD if value is None else value  # a block: the end block completes it
+
+    def on_done(self) -> None:
+        self.receiver.record_totals(self.ctx)

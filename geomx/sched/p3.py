@@ -34,8 +34,15 @@ placed exactly as without P3.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
+
+from geomx.policy.options import PolicyOptions
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedGlobalSide,
+                                     SchedLocalSide, SchedWorkerSide, TransferScheduler,
+                                     WorkerSchedContext)
+from geomx.wire import Message
 
 #: lcm(1..16): the stride is 1 modulo every server count that divides it.
 _LCM_1_TO_16 = 720_720
@@ -101,18 +108,88 @@ def slices_of(key: int, num_elements: int, slice_elements: int) -> list[Slice]:
 
 
 @dataclass(frozen=True)
-class P3Config:
-    """What the nodes need to know of ``[sched]`` for P3 (built by ``cluster.py``)."""
+class P3Options(PolicyOptions):
+    """P3's options (``[sched] p3_slice_elements``, built once by ``geomx/cluster.py``)."""
 
-    enabled: bool = False
     slice_elements: int = DEFAULT_SLICE_ELEMENTS
 
-    @classmethod
-    def from_sched(cls, sched: dict[str, Any]) -> "P3Config":
-        return cls(enabled=bool(sched.get("p3", False)),
-                   slice_elements=int(sched.get("p3_slice_elements", DEFAULT_SLICE_ELEMENTS)))
+    def __post_init__(self) -> None:
+        if self.slice_elements < 1:
+            raise P3Error(f"sched.p3_slice_elements must be >= 1, got {self.slice_elements}")
 
 
 def wants_fused_reply(meta: dict[str, Any]) -> bool:
     """A push whose reply must carry the slice's new value (P3 push/pull fusion)."""
     return bool(meta.get(FUSE_META))
+
+
+class P3(TransferScheduler):
+    """P3 as a transfer scheduler: slices, priorities and push/pull fusion (this module's
+    docstring says where each mechanism acts)."""
+
+    name: ClassVar[str] = "p3"
+    Options = P3Options
+    options: P3Options
+
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide:
+        return _P3Worker(ctx, self.options.slice_elements)
+
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide:
+        return _P3Local()
+
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide:
+        return _P3Global()
+
+
+class _P3Worker(SchedWorkerSide):
+    plain = False
+    orders_by_priority = True
+
+    def __init__(self, ctx: WorkerSchedContext, slice_elements: int):
+        self.ctx = ctx
+        self.slice_elements = slice_elements
+        #: wire key -> the fused push replies that the next pull is served from
+        self.fused: dict[int, list[Message]] = {}
+
+    def slices(self, key: int, num_elements: int) -> list[tuple[int, int, int]]:
+        try:
+            return [(s.skey, s.lo, s.hi) for s in slices_of(key, num_elements,
+                                                             self.slice_elements)]
+        except P3Error as e:
+            raise P3Error(f"for P3: {e} (string keys are not supported with sched.p3)") \
+                from None
+
+    def push_meta(self, meta: dict[str, Any]) -> None:
+        meta[FUSE_META] = True
+
+    def pushed(self, key: int, acks: Sequence[Message], *, user_key: int, index: int,
+               priority: int, t_ready: float, nbytes: int) -> None:
+        if all(a.payloads for a in acks):
+            self.fused[key] = list(acks)  # the next pull of this slice is served from these
+        t = self.ctx.now()
+        self.ctx.record("p3_slice", t_start=t_ready, dur=t - t_ready, key=user_key,
+                        slice=index, skey=key, prio=priority, msg=f"prio {priority}",
+                        bytes=nbytes)
+
+    async def pull_replies(self, key: int) -> tuple[list[Message], bool] | None:
+        acks = self.fused.pop(key, None)
+        return None if acks is None else (acks, False)
+
+    def forget(self, key: int) -> None:
+        self.fused.pop(key, None)
+
+
+class _P3Local(SchedLocalSide):
+    def global_push_meta(self, meta: dict[str, Any]) -> None:
+        meta[FUSE_META] = True  # the acks carry the new value (no pull trip)
+
+    def acks_carry_value(self, acks: Sequence[Message]) -> bool:
+        return all(a.payloads for a in acks)
+
+    def reply_carries_value(self, push: Message) -> bool:
+        return wants_fused_reply(push.meta)
+
+
+class _P3Global(SchedGlobalSide):
+    def reply_carries_value(self, push: Message) -> bool:
+        return wants_fused_reply(push.meta)

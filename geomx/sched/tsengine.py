@@ -24,7 +24,8 @@ it was taken (GeoMX records a ``lifetime`` matrix it never reads); state is per
 (key, part), so several keys are in flight and each global server shard is the root of
 its own tree (GeoMX has one queue per scheduler and hard-codes global server id 8).
 
-The node side (messages, measuring on ``node.now()``) is ``geomx/node/ts_overlay.py``.
+The node side (messages, measuring on the context's clock) and the transfer scheduler
+(:class:`geomx.sched.ts_overlay.TsEngine`) are ``geomx/sched/ts_overlay.py``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from geomx.policy.options import PolicyOptions
+from geomx.policy.scheduling import MERGED_FROM_META
 
 #: The two overlays (GeoMX's ENABLE_INTER_TS: local <-> global servers across DCs,
 #: coordinated by the global scheduler; ENABLE_INTRA_TS: workers <-> local server inside
@@ -44,7 +48,7 @@ MODES = {"off": (), "inter": ("inter",), "intra": ("intra",), "both": ("inter", 
 TS_META = "ts"
 #: meta of a merged push: how many original contributions it carries, and whose
 TS_COUNT = "ts_n"
-TS_FROM = "ts_from"
+TS_FROM = MERGED_FROM_META
 
 
 class TsEngineError(ValueError):
@@ -52,8 +56,8 @@ class TsEngineError(ValueError):
 
 
 @dataclass(frozen=True)
-class TsSettings:
-    """``JobSpec.sched["tsengine"]`` (built by geomx/cluster.py from ``[sched]``)."""
+class TsSettings(PolicyOptions):
+    """TSEngine's options (built once by geomx/cluster.py from ``[sched]``)."""
 
     mode: str = "off"
     max_greed_rate: float = 0.9
@@ -76,13 +80,6 @@ class TsSettings:
     @property
     def intra(self) -> bool:
         return "intra" in MODES[self.mode]
-
-    @classmethod
-    def from_sched(cls, sched: dict[str, Any] | None) -> "TsSettings":
-        d = dict((sched or {}).get("tsengine") or {})
-        return cls(mode=str(d.get("mode", "off")),
-                   max_greed_rate=float(d.get("max_greed_rate", 0.9)),
-                   expiry_iterations=int(d.get("expiry_iterations", 5)))
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "max_greed_rate": self.max_greed_rate,

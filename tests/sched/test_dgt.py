@@ -93,10 +93,10 @@ def test_quantisation_error_feedback_keeps_the_sum_unbiased():
 # ---------------------------------------------------------------- sender + receiver
 
 class _FakeServer:
-    """Enough of a local/global server for DgtSender/DgtReceiver (posts are captured)."""
+    """Enough of a scheduler context for DgtSender/DgtReceiver (posts are captured)."""
 
     def __init__(self, name="ls:a"):
-        self.name = name
+        self.node_name = name
         self.codec = LinkCodec(None)
         self.posted: list[Message] = []
         self.events: list[tuple[str, dict]] = []
@@ -113,6 +113,12 @@ class _FakeServer:
 
     def record(self, ev, **fields):
         self.events.append((ev, fields))
+
+    def encode_push(self, key, value, *, tier):
+        return self.codec.encode_push(key, value, tier=tier)
+
+    def decode(self, msg, like=None):
+        return self.codec.decode(msg, like=like)
 
 
 def _push(sender, node, value, round_):

@@ -257,8 +257,9 @@ def test_scenario_checks(scenario_of):
     plan = plan_job(scenario_of("quickstart.toml", "training.layer_compute=shares",
                                 "training.layer_compute_shares=[1,1,2,0]"))
     assert plan.train.layer_shares == [0.25, 0.25, 0.5, 0.0]
-    assert plan.job.sched["p3"] is False
-    assert plan.job.sched["p3_slice_elements"] == 1_000_000
+    assert plan.job.transfer_schedulers == ()
+    p3 = plan_job(scenario_of("quickstart.toml", "sched.p3=true")).job.transfer_schedulers
+    assert [s.name for s in p3] == ["p3"] and p3[0].options.slice_elements == 1_000_000
 
 
 def test_geomx_environment_switches_map_onto_sched():

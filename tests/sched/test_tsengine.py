@@ -1,4 +1,4 @@
-"""TSEngine (geomx/sched/tsengine.py, geomx/node/ts_overlay.py).
+"""TSEngine (geomx/sched/tsengine.py, geomx/sched/ts_overlay.py).
 
 Policy: float epsilon-greedy (mostly greedy with every candidate known, unknown
 candidates explored in proportion), expiry after ``expiry_iterations`` rounds, pairing

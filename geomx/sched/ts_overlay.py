@@ -1,0 +1,538 @@
+"""TSEngine as a transfer scheduler: the coordinator's message handling, a member's merge
+buffer and relay loop, and the sides the node roles run (docs/geomx-behaviour.md §4.5;
+the decisions are ``geomx/sched/tsengine.py``; the hooks geomx/policy/scheduling.py).
+
+Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` = round):
+
+* ``ASK_PUSH`` (request, member or root -> coordinator): "my merge buffer is ready" (the
+  root: "I can receive"). Answered when the node is paired: ``SCHED_REPLY`` with
+  ``to`` = the receiver (this node sends its buffer) or ``to = None`` (it will receive).
+  GeoMX's "send now" order is a separate message; here it is the ask's reply.
+* ``PUSH`` with ``ts_n``/``ts_from`` (request, sender -> receiver): the merge buffer and
+  the contributions it holds; the receiver acknowledges at once (``PUSH_ACK``), adds it
+  into its own buffer (or, at the root, into the round's aggregate) and asks again.
+* ``ASK_PULL`` (request, holder -> coordinator): with the receiver and throughput of the
+  holder's last transfer; answered ``SCHED_REPLY`` ``to`` = next receiver or None.
+* ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
+  AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
+
+Bulk data (merges and relays) travels on ``TS_DATA_CHANNEL``, control (asks, answers,
+acknowledgements) on channel 0, so an acknowledgement never waits behind the rest of a
+megabyte going the same way: otherwise the time measured for a relay would include
+whatever bulk transfer the receiver had queued towards the sender.
+
+Throughput = bytes / (time from sending RELAY to its RELAY_ACK) on ``ctx.now()``: the
+emulator's virtual clock or wall time over sockets (GeoMX measures ``clock()``, CPU time).
+Nothing here knows which runtime it runs in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from collections.abc import Sequence
+from typing import Any, Callable, ClassVar, Iterable
+
+import numpy as np
+
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedContext,
+                                     SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
+                                     TransferScheduler, Value, WorkerSchedContext)
+from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
+from geomx.wire import Kind, Message, Payload
+
+#: reliable channel of TSEngine's merges and relays (control stays on channel 0, the
+#: higher strict-priority class, so acknowledgements are not queued behind data)
+TS_DATA_CHANNEL = 1
+
+
+class TsCoordinatorRole:
+    """The coordinator of one overlay, living in a scheduler node (GeoMX: the global
+    scheduler for ``inter``, each DC's local scheduler for ``intra``)."""
+
+    def __init__(self, ctx: SchedContext, overlay: str, settings: TsSettings,
+                 members: list[str], roots: list[str]):
+        self.ctx = ctx
+        self.overlay = overlay
+        self._members = set(members)
+        self._roots = set(roots)
+        self.policy = Coordinator(settings, members,
+                                  ctx.rng(f"tsengine:{overlay}:{ctx.node_name}"))
+        #: the pending ASK_PUSH of each queued node, answered when it is paired
+        self._asks: dict[tuple[int, int, str], Message] = {}
+
+    def _check(self, msg: Message) -> None:
+        root = bool(msg.meta.get("root"))
+        if msg.src not in (self._roots if root else self._members):
+            raise ValueError(f"{msg.src} is not a{' root' if root else ' member'} of the "
+                             f"{self.overlay} overlay coordinated by {self.ctx.node_name}")
+
+    def on_ask_push(self, msg: Message) -> None:
+        self._check(msg)
+        key, part = msg.key, msg.part
+        self._asks[(key, part, msg.src)] = msg
+        for p in self.policy.ask_push(key, part, msg.src, root=bool(msg.meta.get("root")),
+                                      round_=msg.version):
+            self.ctx.record("ts_pair", overlay=self.overlay, key=key, part=part,
+                             round=msg.version, src=p.sender, dst=p.receiver, rule=p.rule,
+                             a_sr=p.a_sr, a_rs=p.a_rs)
+            snd = self._asks.pop((key, part, p.sender))
+            rcv = self._asks.pop((key, part, p.receiver))
+            self.ctx.post(rcv.reply(Kind.SCHED_REPLY, meta={"to": None}))
+            self.ctx.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
+
+    def on_ask_pull(self, msg: Message) -> None:
+        if msg.src not in self._members | self._roots:
+            raise ValueError(f"{msg.src} is not in the {self.overlay} overlay of {self.ctx.node_name}")
+        last = msg.meta.get("last")
+        thr = float(msg.meta.get("thr", -1.0))
+        if last is not None and thr > 0:
+            self.ctx.record("ts_measure", overlay=self.overlay, src=msg.src, dst=last,
+                             thr=thr, round=msg.version, key=msg.key, part=msg.part,
+                             bytes=int(msg.meta.get("bytes", 0)))
+        c = self.policy.ask_pull(msg.key, msg.part, msg.src, msg.version,
+                                 last=None if last is None else str(last), throughput=thr)
+        if c.receiver is not None:
+            self.ctx.record("ts_choose", overlay=self.overlay, key=msg.key, part=msg.part,
+                             round=msg.version, src=msg.src, dst=c.receiver, mode=c.mode,
+                             p_greedy=c.p_greedy, known=c.known, unknown=c.unknown,
+                             a=c.throughput)
+        self.ctx.post(msg.reply(Kind.SCHED_REPLY, meta={"to": c.receiver}))
+
+
+class TsCoordinators:
+    """Routes a scheduler's ASK_PUSH / ASK_PULL to the coordinator of their overlay."""
+
+    def __init__(self, roles: list[TsCoordinatorRole]):
+        self.roles = {r.overlay: r for r in roles}
+
+    def install(self, ctx: SchedContext) -> None:
+        ctx.on(Kind.ASK_PUSH, lambda m: self._role(ctx, m).on_ask_push(m))
+        ctx.on(Kind.ASK_PULL, lambda m: self._role(ctx, m).on_ask_pull(m))
+
+    def _role(self, ctx: SchedContext, msg: Message) -> TsCoordinatorRole:
+        role = self.roles.get(str(msg.meta.get(TS_META)))
+        if role is None:
+            raise ValueError(f"{ctx.node_name} coordinates no TSEngine overlay "
+                             f"{msg.meta.get(TS_META)!r} (runs: {sorted(self.roles)})")
+        return role
+
+
+def install_coordinators(ctx: SchedContext, ts: TsSettings) -> TsCoordinators | None:
+    """Give a scheduler node the TSEngine coordinators the job runs (none when off):
+    ``inter`` at the global scheduler (members: the local servers), ``intra`` at each DC's
+    local scheduler (members: that DC's workers)."""
+    job = ctx.job
+    roles = []
+    if ts.inter and ctx.node_name == job.global_scheduler and job.mode == "hips":
+        roles.append(TsCoordinatorRole(ctx, "inter", ts,
+                                       [job.local_server_of[d] for d in job.party_dcs],
+                                       list(job.global_servers)))
+    if ts.intra:
+        for dc, lh in job.local_scheduler_of.items():
+            if lh == ctx.node_name:
+                roles.append(TsCoordinatorRole(ctx, "intra", ts, list(job.workers_of[dc]),
+                                               [job.local_server_of[dc]]))
+    if not roles:
+        return None
+    coordinators = TsCoordinators(roles)
+    coordinators.install(ctx)
+    return coordinators
+
+
+@dataclass
+class _Merge:
+    round: int
+    value: Value
+    count: int
+    senders: list[str]
+    meta: dict[str, Any]
+    sent: asyncio.Future[Message] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+#: ``root_receive(msg, value, count, senders)``: what the root does with a merged push
+RootReceive = Callable[[Message, Value, int, list[str]], None]
+
+
+class OverlayPeer:
+    """One node's side of one overlay: member (merge buffer, relay) and/or root.
+
+    ``receive`` hands the node each broadcast round it did not consume yet; the root
+    calls ``root_ready`` once per (key, part) it serves and ``broadcast`` per new round.
+    """
+
+    def __init__(self, ctx: SchedContext, overlay: str, coordinator: str,
+                 peers: Iterable[str], *, root_receive: RootReceive | None = None):
+        self.ctx = ctx
+        self.overlay = overlay
+        self.coordinator = coordinator
+        #: the nodes that may send this node merges and relays in this overlay
+        self.peers = frozenset(peers) - {ctx.node_name}
+        self.root_receive = root_receive
+        self._bufs: dict[tuple[int, int], _Merge] = {}
+        #: latest broadcast message per (key, part) and the round last handed to the node
+        self._latest: dict[tuple[int, int], Message] = {}
+        self._consumed: dict[tuple[int, int], int] = {}
+        self._arrived: dict[tuple[int, int], asyncio.Event] = {}
+        self._broadcast_rounds: dict[tuple[int, int], int] = {}
+        self._relays: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ aggregation
+    async def contribute(self, key: int, part: int, round_: int, value: Value,
+                         meta: dict[str, Any]) -> Message:
+        """Enter ``value`` (owned: it is added into) into the merge tree; returns the
+        receiver's acknowledgement once this node's buffer has been sent."""
+        if (key, part) in self._bufs:
+            raise RuntimeError(f"{self.ctx.node_name}: key {key} part {part} is already in the "
+                               f"{self.overlay} merge tree")
+        buf = _Merge(round_, value, 1, [self.ctx.node_name], dict(meta))
+        self._bufs[(key, part)] = buf
+        self.ctx.spawn(self._ask(key, part, round_))
+        return await buf.sent
+
+    def root_ready(self, key: int, part: int, round_: int = 0) -> None:
+        """The root of (key, part) enters the queue (and again after every receipt)."""
+        self.ctx.spawn(self._ask(key, part, round_, root=True))
+
+    async def _ask(self, key: int, part: int, round_: int, *, root: bool = False) -> None:
+        meta: dict[str, Any] = {TS_META: self.overlay}
+        if root:
+            meta["root"] = True
+        reply = await self.ctx.request(Message(Kind.ASK_PUSH, self.ctx.node_name,
+                                                self.coordinator, key=key, part=part,
+                                                version=round_, meta=meta),
+                                        timeout_s=math.inf)
+        to = reply.meta.get("to")
+        if to is None:
+            return  # paired as the receiver: the data comes from the sender
+        buf = self._bufs.pop((key, part))
+        meta = {**buf.meta, TS_META: self.overlay, TS_COUNT: buf.count, TS_FROM: buf.senders}
+        data = Message(Kind.PUSH, self.ctx.node_name, str(to), key=key, part=part,
+                       version=buf.round, meta=meta, channel=TS_DATA_CHANNEL,
+                       payloads=[_payload(buf.value)])
+        t0 = self.ctx.now()
+        ack = await self.ctx.request(data)
+        self._span("merge", data, t0)
+        buf.sent.set_result(ack)
+
+    def _span(self, what: str, data: Message, t0: float) -> None:
+        """A ``ts_xfer`` span on the sender, one trace track per overlay edge."""
+        self.ctx.record("ts_xfer", t_start=t0, dur=self.ctx.now() - t0, edge=f"->{data.dst}",
+                         msg=what, overlay=self.overlay, key=data.key, part=data.part,
+                         round=data.version, bytes=data.nbytes)
+
+    def _check_peer(self, msg: Message) -> None:
+        if msg.src not in self.peers:
+            raise ValueError(f"{msg.src} is not a peer of {self.ctx.node_name} in the "
+                             f"{self.overlay} overlay")
+
+    def on_merge(self, msg: Message) -> None:
+        """A merged push arrived: acknowledge it, add it, ask again."""
+        self._check_peer(msg)
+        count = int(msg.meta.get(TS_COUNT, 1))
+        senders = [str(s) for s in msg.meta.get(TS_FROM, [msg.src])]
+        if len(msg.payloads) != 1 or count != len(senders) or count < 1:
+            raise ValueError("a TSEngine merge carries one payload and ts_n = len(ts_from)")
+        if self.root_receive is not None:
+            self.root_receive(msg, _from_payload(msg.payloads[0]), count, senders)
+            self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
+            self.root_ready(msg.key, msg.part, msg.version)
+            return
+        buf = self._bufs.get((msg.key, msg.part))
+        if buf is None or buf.round != msg.version:
+            raise ValueError(f"no {self.overlay} merge buffer for key {msg.key} part "
+                             f"{msg.part} round {msg.version} at {self.ctx.node_name}")
+        p = msg.payloads[0]
+        _add_into(buf.value, p if p.data is None else p.data)
+        buf.count += count
+        buf.senders += senders
+        if msg.meta.get("stop"):
+            buf.meta["stop"] = True
+        self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
+        self.ctx.spawn(self._ask(msg.key, msg.part, buf.round))
+
+    # ------------------------------------------------------------------ broadcast
+    def broadcast(self, key: int, part: int, round_: int, payloads: list[Payload],
+                  meta: dict[str, Any]) -> None:
+        """The root holds round ``round_`` of (key, part): start its relay loop (once)."""
+        if self._broadcast_rounds.get((key, part), -1) >= round_:
+            return
+        self._broadcast_rounds[(key, part)] = round_
+        self._start_relay(key, part, round_, payloads, meta)
+
+    def _start_relay(self, key: int, part: int, round_: int, payloads: list[Payload],
+                     meta: dict[str, Any]) -> None:
+        task = self.ctx.spawn(self._relay(key, part, round_, payloads, meta))
+        self._relays.add(task)
+        task.add_done_callback(self._relays.discard)
+
+    async def drain(self) -> None:
+        """Wait until this node has forwarded every round it holds: a node that leaves
+        while the coordinator still counts on it as a sender would strand its receivers."""
+        while self._relays:
+            await asyncio.gather(*list(self._relays), return_exceptions=True)
+
+    async def _relay(self, key: int, part: int, round_: int, payloads: list[Payload],
+                     meta: dict[str, Any]) -> None:
+        last: str | None = None
+        thr = -1.0
+        nbytes = 0
+        while True:
+            reply = await self.ctx.request(
+                Message(Kind.ASK_PULL, self.ctx.node_name, self.coordinator, key=key, part=part,
+                        version=round_, meta={TS_META: self.overlay, "last": last, "thr": thr,
+                                              "bytes": nbytes}),
+                timeout_s=math.inf)
+            to = reply.meta.get("to")
+            if to is None:
+                return
+            data = Message(Kind.RELAY, self.ctx.node_name, str(to), key=key, part=part,
+                           version=round_, meta={**meta, TS_META: self.overlay},
+                           channel=TS_DATA_CHANNEL, payloads=payloads)
+            t0 = self.ctx.now()
+            await self.ctx.request(data)
+            dt = self.ctx.now() - t0
+            self._span("relay", data, t0)
+            last, thr, nbytes = str(to), (data.nbytes / dt if dt > 0 else -1.0), data.nbytes
+
+    def on_relay(self, msg: Message) -> None:
+        """The new model arrived: acknowledge (AUTOPULLREPLY), forward it, hand it over."""
+        self._check_peer(msg)
+        self.ctx.post(msg.reply(Kind.RELAY_ACK, channel=0))
+        k = (msg.key, msg.part)
+        if self._consumed.get(k, 0) >= msg.version or \
+                (k in self._latest and self._latest[k].version >= msg.version):
+            return  # a duplicate
+        meta = {m: v for m, v in msg.meta.items() if m != TS_META}
+        for p in msg.payloads:
+            p.owned = False  # forwarded as they are: whoever decodes them must copy
+        self._start_relay(msg.key, msg.part, msg.version, list(msg.payloads), meta)
+        self._latest[k] = msg
+        self._event(k).set()
+
+    def _event(self, k: tuple[int, int]) -> asyncio.Event:
+        ev = self._arrived.get(k)
+        if ev is None:
+            ev = self._arrived[k] = asyncio.Event()
+        return ev
+
+    async def receive(self, key: int, part: int) -> Message:
+        """The next broadcast round of (key, part) this node has not consumed."""
+        k = (key, part)
+        while True:
+            msg = self._latest.get(k)
+            if msg is not None and msg.version > self._consumed.get(k, 0):
+                self._consumed[k] = msg.version
+                return msg
+            ev = self._event(k)
+            ev.clear()
+            await ev.wait()
+
+
+def _payload(v: Value) -> Payload:
+    if isinstance(v, Payload):
+        return v
+    return Payload.of(np.ascontiguousarray(v))
+
+
+def _from_payload(p: Payload) -> Value:
+    """A value of this node's own from a received payload (phantoms stay phantoms)."""
+    if p.data is None:
+        return Payload.phantom(p.shape, p.dtype)
+    return np.array(p.data, copy=True)
+
+
+def _add_into(acc: Value, v: Value) -> None:
+    """``acc += v`` for arrays; phantoms absorb anything."""
+    if isinstance(acc, Payload) or isinstance(v, Payload):
+        return
+    np.add(acc, v.reshape(acc.shape), out=acc, casting="unsafe")
+
+
+def _flat_slice(v: Value, lo: int, hi: int) -> Value:
+    if isinstance(v, Payload):
+        return Payload.phantom((hi - lo,), v.dtype)
+    return v.reshape(-1)[lo:hi]
+
+
+def _frozen(v: Value) -> Value:
+    """``v`` marked read-only: it is sent as it is (a later update copies it first)."""
+    if isinstance(v, np.ndarray):
+        v.flags.writeable = False
+    return v
+
+
+# ---------------------------------------------------------------- the scheduler
+
+class TsEngine(TransferScheduler):
+    """TSEngine as a transfer scheduler: pushes merge along overlay trees the coordinators
+    build, and the new model comes back by an overlay broadcast instead of pulls."""
+
+    name: ClassVar[str] = "tsengine"
+    Options = TsSettings
+    options: TsSettings
+
+    def sync_problem(self, algorithm: str) -> str | None:
+        if self.options.mode == "off":
+            return None
+        return ("set_sync: a dist_async store runs MixedSync, but TSEngine "
+                "(sched.tsengine_inter / tsengine_intra) needs FSA; use dist_sync")
+
+    def worker_side(self, ctx: WorkerSchedContext) -> SchedWorkerSide | None:
+        if self.options.intra and ctx.job.mode == "hips" and not ctx.is_master:
+            return _TsWorker(ctx)
+        return None
+
+    def local_side(self, ctx: LocalSchedContext) -> SchedLocalSide | None:
+        if not (self.options.inter or self.options.intra):
+            return None
+        return _TsLocal(ctx, self.options)
+
+    def global_side(self, ctx: GlobalSchedContext) -> SchedGlobalSide | None:
+        if self.options.inter and ctx.job.mode == "hips":
+            return _TsGlobal(ctx)
+        return None
+
+    def coordinator_side(self, ctx: SchedContext) -> object | None:
+        return install_coordinators(ctx, self.options)
+
+
+class _TsWorker(SchedWorkerSide):
+    """A worker inside its DC's overlay: its pushes join the merge tree, and a pull after
+    a push takes the round's value from the overlay broadcast."""
+
+    plain = False
+
+    def __init__(self, ctx: WorkerSchedContext):
+        job, dc = ctx.job, ctx.dc
+        self.peer = OverlayPeer(ctx, "intra", job.local_scheduler_of[dc],
+                                [job.local_server_of[dc], *job.workers_of[dc]])
+        ctx.on(Kind.PUSH, self.peer.on_merge)
+        ctx.on(Kind.RELAY, self.peer.on_relay)
+        self.rounds: dict[int, int] = {}
+        self.pushed_keys: set[int] = set()
+
+    async def push(self, key: int, value: Value, meta: dict[str, Any]) -> list[Message]:
+        # one part (the DC's local server), dense
+        rnd = self.rounds[key] = self.rounds.get(key, 0) + 1
+        self.pushed_keys.add(key)
+        v = value if isinstance(value, Payload) else np.array(value, copy=True)
+        return [await self.peer.contribute(key, 0, rnd, v, meta)]
+
+    async def pull_replies(self, key: int) -> tuple[list[Message], bool] | None:
+        if key not in self.pushed_keys:
+            return None
+        self.pushed_keys.discard(key)
+        return [await self.peer.receive(key, 0)], True  # the round's overlay broadcast
+
+    async def drain(self) -> None:
+        await self.peer.drain()  # forward the last rounds before leaving
+
+
+class _TsLocal(SchedLocalSide):
+    """A local server: a member of the overlay across DCs, the root of the one among
+    this DC's workers."""
+
+    def __init__(self, ctx: LocalSchedContext, ts: TsSettings):
+        job = ctx.job
+        self.ctx = ctx
+        self.inter: OverlayPeer | None = (
+            OverlayPeer(ctx, "inter", job.global_scheduler,
+                        [*job.global_servers, *job.local_server_of.values()])
+            if ts.inter else None)
+        self.intra: OverlayPeer | None = (
+            OverlayPeer(ctx, "intra", job.local_scheduler_of[ctx.dc], ctx.workers,
+                        root_receive=ctx.accept_merged) if ts.intra else None)
+        if self.inter is not None:
+            ctx.on(Kind.RELAY, self.inter.on_relay)
+
+    def command_problem(self, cmd: str) -> str | None:
+        if cmd == "set_gradient_compression":
+            return ("set_gradient_compression: TSEngine (sched.tsengine_inter / "
+                    "tsengine_intra) runs on uncompressed data only")
+        return None
+
+    def receive_push(self, msg: Message) -> bool:
+        overlay = msg.meta.get(TS_META)
+        if overlay is None:
+            return False
+        peer = self.inter if overlay == "inter" else \
+            self.intra if overlay == "intra" else None
+        if peer is None:
+            self.ctx.reply_error(msg, f"a TSEngine {overlay!r} merge, but that overlay is off")
+            return True
+        peer.on_merge(msg)  # a merge from a peer LS (inter) or from workers (intra)
+        return True
+
+    def on_key_ready(self, key: int) -> None:
+        if self.intra is not None:
+            self.intra.root_ready(key, 0)  # the root of this DC's merge tree
+
+    async def exchange(self, key: int, parts: Sequence[Any], round_: int, value: Value,
+                       meta: dict[str, Any]) -> list[tuple[Any, Message]] | None:
+        """Each part joins its global server's merge tree, and the new value comes by the
+        overlay broadcast (no pull: docs/geomx-behaviour.md §4.5, broadcast step 5)."""
+        peer = self.inter
+        if peer is None:
+            return None
+
+        async def one(part: Any) -> tuple[Any, Message]:
+            v = _flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
+            v = v if isinstance(v, Payload) else v.copy()
+            await peer.contribute(key, part.index, round_, v, meta)
+            return part, await peer.receive(key, part.index)
+
+        if len(parts) == 1:
+            return [await one(parts[0])]
+        return list(await asyncio.gather(*(one(p) for p in parts)))
+
+    def on_round_answered(self, key: int, round_: int, value: Value,
+                          reply_meta: dict[str, Any]) -> None:
+        if self.intra is None:
+            return
+        # the workers get the round's value by the broadcast (a copy: the store may be
+        # replaced or updated while it is relayed)
+        assert value is not None
+        snapshot = value if isinstance(value, Payload) else value.copy()
+        payloads, meta = self.ctx.encode_pull(key, snapshot, tier="lan")
+        meta.update(reply_meta)
+        self.intra.broadcast(key, 0, round_, payloads, meta)
+
+    async def drain(self) -> None:
+        for peer in (self.inter, self.intra):
+            if peer is not None:
+                await peer.drain()  # forward what this node still owes
+
+
+class _TsGlobal(SchedGlobalSide):
+    """A global server: the root of its (key, part)s' merge trees and broadcasts."""
+
+    def __init__(self, ctx: GlobalSchedContext):
+        self.ctx = ctx
+        self.peer = OverlayPeer(ctx, "inter", ctx.job.global_scheduler, ctx.pushers,
+                                root_receive=ctx.accept_merged)
+
+    def on_key_ready(self, key: int, part: int) -> None:
+        self.peer.root_ready(key, part)  # this shard roots its own tree
+
+    def receive_push(self, msg: Message) -> bool:
+        if TS_META not in msg.meta:
+            return False
+        self.peer.on_merge(msg)  # acknowledges, then the context's accept_merged
+        return True
+
+    def reply_push(self, msg: Message, version: int, value: Value) -> bool:
+        if TS_META not in msg.meta:
+            return False
+        # the merge was acknowledged on arrival; the new value goes out by the overlay
+        # broadcast (once per round, whichever merge completed it)
+        payloads, meta = self.ctx.encode_pull(msg.key, _frozen(value), tier="wan",
+                                              weights=self.ctx.has_optimizer)
+        if self.ctx.stop_requested:
+            meta["stop"] = True
+        self.peer.broadcast(msg.key, msg.part, version, payloads, meta)
+        return True
+
+    async def drain(self) -> None:
+        await self.peer.drain()
