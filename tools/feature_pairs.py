@@ -140,7 +140,7 @@ class Setting:
     what: str
 
 
-_LOSS = ("membership.in_emulator=true", "membership.heartbeat_timeout=3s", "fault.0.at=1.5s")
+_LOSS = ("membership.in_emulator=true", "membership.heartbeat_timeout=3s", "fault.0.at=0.5s")
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("mixed", ("sync.algorithm=mixed",), "sync", _mixed_active, "MixedSync"),
