@@ -70,3 +70,17 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
     r = _lint(tmp_path)
     assert r.returncode != 0
     assert "BROKEN" in r.stdout and "geomx.node.spec -> geomx.sim.loop" in r.stdout, r.stdout
+
+
+def test_a_node_role_importing_a_policy_module_breaks_the_contract(tmp_path):
+    """A node role that reaches for a concrete policy (here P3) instead of the policy API
+    is reported by name: the roles hold no policy."""
+    shutil.copytree(ROOT / "geomx", tmp_path / "geomx",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    role = tmp_path / "geomx" / "node" / "local_server.py"
+    role.write_text(role.read_text() + "\nimport geomx.sched.p3  # a policy in a role\n")
+    r = _lint(tmp_path)
+    assert r.returncode != 0
+    assert "node roles hold no policy" in r.stdout and "BROKEN" in r.stdout, r.stdout
+    assert "geomx.node.local_server -> geomx.sched.p3" in r.stdout, r.stdout
