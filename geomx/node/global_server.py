@@ -351,9 +351,7 @@ class GlobalServer(Node):
                 payloads, meta = self._pull_payloads(msg, slot)
                 self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
                 return
-        meta = {"stop": True} if self.stop_requested else {}
-        self._mark_checkpoint(meta, slot)
-        self.post(msg.answer(_PUSH_ACK, slot.version, meta))
+        self.post(msg.answer(_PUSH_ACK, slot.version, self.reply_meta(slot.version)))
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -389,16 +387,18 @@ class GlobalServer(Node):
         # the resend window keep the value they were given
         payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
                                                 weights=dense)
-        if self.stop_requested:
-            meta["stop"] = True
-        self._mark_checkpoint(meta, slot)
+        meta.update(self.reply_meta(slot.version))
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints
-    def _mark_checkpoint(self, meta: dict[str, Any], slot: Slot) -> None:
-        """Replies of a checkpoint round tell the tiers below to snapshot after it."""
-        if self._ckpt_due.get(slot.version):
-            meta["ckpt"] = slot.version
+    def reply_meta(self, version: int) -> dict[str, Any]:
+        """What every reply of round ``version`` carries besides the value, however it
+        travels: the stop request, and the checkpoint round that tells the tiers below to
+        snapshot after it (geomx/node/checkpoint.py)."""
+        meta: dict[str, Any] = {"stop": True} if self.stop_requested else {}
+        if self._ckpt_due.get(version):
+            meta["ckpt"] = version
+        return meta
 
     def _round_done(self, round_: int) -> None:
         """A key finished global round ``round_``: decide (first key) whether it is a
@@ -536,6 +536,8 @@ class GlobalServer(Node):
     async def main(self) -> None:
         self.ckpt.last_t = self.now()  # a checkpoint period counts from the (re)start
         self._taking_over = self.restarted_as == "takeover"
+        restored = [] if self.taking_over else sorted(
+            k for k, s in self.slots.items() if s.store is not None)
         if self.taking_over:
             self._load_own_snapshot()
             self._awaiting = set(self.pushers)
@@ -552,6 +554,9 @@ class GlobalServer(Node):
                               f"predecessor left no snapshot in {self.ckpt.dir} (it died "
                               f"before the first checkpoint: checkpoint.every); the job "
                               f"cannot go on")
+        if self.sched is not None:
+            for key, part in restored:  # a checkpoint set them: no INIT will
+                self.sched.on_key_ready(key, part)
         if self.taking_over:
             # local servers that finished before this process started hand nothing in
             done = set(getattr(self, "members_left", ())) & set(self.pushers)

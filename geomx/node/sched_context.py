@@ -76,6 +76,9 @@ class SchedNodeContext:
     def has_optimizer(self) -> bool:
         return self._node.optimizer is not None
 
+    def reply_meta(self, version: int) -> dict[str, Any]:
+        return dict(self._node.reply_meta(version))
+
     def encode_push(self, key: int, value: Value, *,
                     tier: str) -> tuple[list[Payload], dict[str, Any]]:
         return getattr(self._node, self._codec_attr).encode_push(key, value, tier=tier)

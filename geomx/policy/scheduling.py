@@ -169,6 +169,11 @@ class GlobalSchedContext(SchedContext, Protocol):
         """A pull returns weights (the server runs an optimizer), not a sum."""
         ...
 
+    def reply_meta(self, version: int) -> dict[str, Any]:
+        """What every reply of round ``version`` carries besides the value (the stop
+        request, the checkpoint round): a scheduler that answers another way adds it."""
+        ...
+
     def accept_merged(self, msg: Message, value: Value, count: int,
                       senders: list[str]) -> None:
         """A push that carries ``count`` pushers' values (``senders``) summed: hand it to

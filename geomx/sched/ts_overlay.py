@@ -529,8 +529,7 @@ class _TsGlobal(SchedGlobalSide):
         # broadcast (once per round, whichever merge completed it)
         payloads, meta = self.ctx.encode_pull(msg.key, _frozen(value), tier="wan",
                                               weights=self.ctx.has_optimizer)
-        if self.ctx.stop_requested:
-            meta["stop"] = True
+        meta.update(self.ctx.reply_meta(version))  # the stop flag, the checkpoint round
         self.peer.broadcast(msg.key, msg.part, version, payloads, meta)
         return True
 

@@ -106,11 +106,13 @@ def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sched", [["sched.p3=true", "sched.p3_slice_elements=200"],
-                                   ["sched.tsengine_intra=true"]], ids=["p3", "tsengine_intra"])
+                                   ["sched.tsengine_intra=true"], ["sched.tsengine_inter=true"]],
+                         ids=["p3", "tsengine_intra", "tsengine_inter"])
 def test_scheduled_transfers_resume_bit_exact(tmp_path: Path, sched: list[str]) -> None:
-    """P3 (sliced keys, fused push replies) and TSEngine inside the DCs (merged pushes,
-    relayed model) finish every transfer of a round before the next starts, so their
-    checkpoints are consistent cuts too."""
+    """P3 (sliced keys, fused push replies) and TSEngine inside the DCs or across them
+    (merged pushes, relayed model whose broadcast carries the checkpoint round) finish
+    every transfer of a round before the next starts, so their checkpoints are consistent
+    cuts too."""
     clean, resumed, _ = _stop_and_resume(tmp_path, ["checkpoint.every=10", *sched],
                                          stop=30, end=50)
     assert _max_difference(clean, resumed) == 0.0
@@ -293,15 +295,30 @@ def test_bad_every_is_refused(every, problem) -> None:
     assert "checkpoint.every" in str(e.value)
 
 
+#: three party DCs: TSEngine's overlay across them sums in the order they become ready
+THREE_PARTIES = {
+    "dc": [{"name": "central", "central": True, "global_servers": 1, "workers": 0},
+           *({"name": f"p{i}", "workers": 1} for i in range(3))],
+    "wan": [{"a": f"p{i}", "b": "central", "bandwidth": "100Mbps", "latency": "30ms"}
+            for i in range(3)]}
+
+
 @pytest.mark.parametrize("extra, field", [
     ({"sync": {"algorithm": "mixed"}}, "sync.algorithm"),
     ({"sched": {"dgt": "tcp"}}, "sched.dgt"),
-    ({"sched": {"tsengine_inter": True}}, "sched.tsengine_inter"),
+    ({"sched": {"tsengine_inter": True}, **THREE_PARTIES}, "sched.tsengine_inter"),
     ({"training": {"model": "phantom"}}, "training.model"),
     ({"topology": {"kind": "netstorm"}}, "topology.kind")])
 def test_checkpoint_refuses_what_it_cannot_save(extra, field) -> None:
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
         parse_scenario({"checkpoint": {"every": 10}, **extra})
+
+
+def test_tsengine_across_two_dcs_takes_checkpoints() -> None:
+    """Two party DCs: whichever way the overlay merges them, the root adds the same two
+    values (a + b == b + a), so a resumed run sums exactly as the original did."""
+    s = parse_scenario({"checkpoint": {"every": 10}, "sched": {"tsengine_inter": True}})
+    assert s.checkpoint.enabled and len(s.party_dcs) == 2
 
 
 def test_every_forms_round_trip() -> None:
