@@ -12,8 +12,9 @@ recovers servers from theirs):
   worker pushes round r+1 only after pulling every key of round r. So the files of one
   round form a consistent cut without pausing the job.
 * **What.** Stores, optimizer states, codec error-feedback buffers, sync-policy state,
-  round and iteration counters, and a worker's data-stream position, RNG state and
-  local model (HFA). Values are ``npz`` arrays (loaded with ``allow_pickle=False``);
+  the servers' transfer-scheduler state (``state_dict`` of their sides,
+  geomx/policy/scheduling.py), round and iteration counters, and a worker's
+  data-stream position, RNG state and local model (HFA). Values are ``npz`` arrays (loaded with ``allow_pickle=False``);
   structure and scalars are JSON inside the same file, so one rename publishes a node's
   whole state.
 * **Atomic.** A node writes ``<round>/<node>.npz`` to a temporary name, fsyncs it and
@@ -324,6 +325,26 @@ def restore_codec_states(codec: Any, saved: list[Any]) -> None:
     for k, st in saved:
         codec.states[tuple(k)] = CodecState(int(st["n"]), u=st["u"], v=st["v"],
                                             residual=st["residual"], round=int(st["round"]))
+
+
+def sched_state(side: Any) -> Any:
+    """A node's transfer-scheduler side's state (``state_dict``, geomx/policy/scheduling.py),
+    as saved; None without a side or when it keeps nothing across rounds."""
+    return side.state_dict() if side is not None else None
+
+
+def restore_sched_state(side: Any, saved: Any) -> None:
+    """Hand a saved transfer-scheduler state back to the node's side; one that does not
+    fit (the checkpoint ran other schedulers) is a :class:`CheckpointError`."""
+    if saved is None:
+        return
+    if side is None:
+        raise CheckpointError("the checkpoint has transfer-scheduler state and this job "
+                              "runs no scheduler there ([sched] differs from the checkpoint's)")
+    try:
+        side.load_state_dict(saved)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def optimizer_private(opt: Any) -> dict[str, Any]:

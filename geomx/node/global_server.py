@@ -121,6 +121,7 @@ class GlobalServer(Node):
         self._ckpt_due: dict[int, bool] = {}
         self._ckpt_reached: dict[int, int] = {}
         self._restored_opt: dict[str, Any] = {}
+        self._restored_sched: Any = None  # the scheduler side's, handed back in main()
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
         #: its predecessor may have pushed already; pushes taken per pusher, and those
@@ -421,7 +422,8 @@ class GlobalServer(Node):
         state = {"slots": slots, "optimizer": ckpt.optimizer_private(self.optimizer),
                  "optimizer_config": (self.optimizer.to_config()
                                       if self.optimizer is not None else None),
-                 "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t}
+                 "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t,
+                 "sched": ckpt.sched_state(self.sched)}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
 
@@ -438,6 +440,7 @@ class GlobalServer(Node):
                                                      opt_state=opt_state)
         self._restored_opt = dict(state["optimizer"])
         ckpt.restore_codec_states(self.codec, state["codec"])
+        self._restored_sched = state.get("sched")
         self.record("restore", round=meta["round"], keys=len(self.slots))
 
     def _restore_optimizer(self) -> None:
@@ -539,8 +542,10 @@ class GlobalServer(Node):
         restored = [] if self.taking_over else sorted(
             k for k, s in self.slots.items() if s.store is not None)
         if self.taking_over:
+            self._restored_sched = None  # a successor's scheduler side starts afresh
             self._load_own_snapshot()
             self._awaiting = set(self.pushers)
+        ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
         if self.taking_over and not hasattr(self, "members_left"):
             # its predecessor died before the job began: an ordinary start

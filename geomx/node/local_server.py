@@ -119,12 +119,14 @@ class LocalServer(Node):
         self.ckpt = ckpt.NodeCheckpoints(job, name)
         self._ckpt_answered: dict[int, set[int]] = {}
         self._restored: dict[int, Any] = {}
+        self._restored_sched: Any = None  # the scheduler side's, handed back in main()
         loaded = self.ckpt.load()
         if loaded is not None:
             tree, meta, arrays = loaded
             state = ckpt.unpack(tree, arrays)
             self._restored = {int(k): v for k, v in state["slots"]}
             ckpt.restore_codec_states(self.codec, state["codec"])
+            self._restored_sched = state.get("sched")
             self.record("restore", round=meta["round"], keys=len(self._restored))
 
     # ------------------------------------------------------------------ commands
@@ -498,7 +500,8 @@ class LocalServer(Node):
         del self._ckpt_answered[round_]
         slots = [[k, {"store": s.store, "round": s.round, "policy": self.policy.key_state(k)}]
                  for k, s in sorted(self.slots.items())]
-        state = {"slots": slots, "codec": ckpt.codec_states(self.codec)}
+        state = {"slots": slots, "codec": ckpt.codec_states(self.codec),
+                 "sched": ckpt.sched_state(self.sched)}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
 
@@ -614,6 +617,8 @@ class LocalServer(Node):
     async def main(self) -> None:
         if self.taking_over:
             self._restored = {}  # the job's state is the global tier's, not a checkpoint's
+            self._restored_sched = None
+        ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
         done = set(getattr(self, "members_left", ())) & set(self.workers)

@@ -286,6 +286,17 @@ class SchedLocalSide:
         """The server has stopped (record totals)."""
         return None
 
+    def state_dict(self) -> Any:
+        """What this side keeps across rounds, saved with the server's checkpoint once
+        it has finished the checkpoint round (geomx/node/checkpoint.py; a tree of dicts,
+        lists, numbers, strings and numpy arrays). None: nothing outlives a round."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Take back what :meth:`state_dict` returned (a resumed server, before the
+        first round after the checkpoint's)."""
+        return None
+
 
 class SchedGlobalSide:
     """A global server's part of a transfer scheduler."""
@@ -321,6 +332,17 @@ class SchedGlobalSide:
         """The server has stopped (record totals)."""
         return None
 
+    def state_dict(self) -> Any:
+        """What this side keeps across rounds, saved with the server's checkpoint once
+        it has finished the checkpoint round (geomx/node/checkpoint.py; a tree of dicts,
+        lists, numbers, strings and numpy arrays). None: nothing outlives a round."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Take back what :meth:`state_dict` returned (a resumed server, before the
+        first round after the checkpoint's)."""
+        return None
+
 
 class TransferScheduler(Policy):
     """The job's transfer scheduling on every hop (worker, local and global servers).
@@ -354,6 +376,22 @@ class TransferScheduler(Policy):
 
 
 # ---------------------------------------------------------------- composition
+
+def _chain_state(sides: Sequence[SchedLocalSide | SchedGlobalSide]) -> Any:
+    """The sides' states in chain order (None: no side keeps any)."""
+    states = [s.state_dict() for s in sides]
+    return None if all(v is None for v in states) else states
+
+
+def _load_chain_state(sides: Sequence[SchedLocalSide | SchedGlobalSide], state: Any) -> None:
+    if state is None:
+        return
+    if not isinstance(state, list) or len(state) != len(sides):
+        raise ValueError("the checkpoint's transfer-scheduler state does not fit this job's "
+                         f"{len(sides)} schedulers ([sched] differs from the checkpoint's)")
+    for side, part in zip(sides, state):
+        side.load_state_dict(part)
+
 
 class _WorkerChain(SchedWorkerSide):
     def __init__(self, sides: list[SchedWorkerSide]):
@@ -461,6 +499,12 @@ class _LocalChain(SchedLocalSide):
         for s in self.sides:
             s.on_done()
 
+    def state_dict(self) -> Any:
+        return _chain_state(self.sides)
+
+    def load_state_dict(self, state: Any) -> None:
+        _load_chain_state(self.sides, state)
+
 
 class _GlobalChain(SchedGlobalSide):
     def __init__(self, sides: list[SchedGlobalSide]):
@@ -493,6 +537,12 @@ class _GlobalChain(SchedGlobalSide):
     def on_done(self) -> None:
         for s in self.sides:
             s.on_done()
+
+    def state_dict(self) -> Any:
+        return _chain_state(self.sides)
+
+    def load_state_dict(self, state: Any) -> None:
+        _load_chain_state(self.sides, state)
 
 
 def worker_side_of(schedulers: Sequence[TransferScheduler],

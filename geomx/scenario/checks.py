@@ -459,8 +459,6 @@ def _check_checkpoint(s: Scenario) -> None:
          "a phantom model has no values to save", "a real model"),
         (s.training.layer_compute != "off", "training.layer_compute",
          s.training.layer_compute, "the per-layer compute model overlaps rounds", "'off'"),
-        (s.sched.dgt != "off", "sched.dgt", s.sched.dgt,
-         "DGT's per-block contributions and channel state are not saved", "'off'"),
         (s.sched.tsengine_inter and len(s.party_dcs) > 2, "sched.tsengine_inter", True,
          f"with {len(s.party_dcs)} party DCs the overlay sums their values in the order they "
          "become ready, which a resumed run does not replay (the model differs in the last "

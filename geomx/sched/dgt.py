@@ -28,13 +28,19 @@ blocks, then the end block, then the bands, so the end block never waits behind 
 side sends through a :class:`DgtSender`, its global-server side reassembles with a
 :class:`DgtReceiver`, both through their scheduler context; neither knows which runtime
 it runs in.
+
+Checkpoints (docs/reliability.md, "What is saved"): both keep their cross-round state
+in the servers' checkpoint files (``state_dict``). The band blocks of the checkpoint
+round trail its end block, so some are still on their way when the files are written:
+the sender keeps that round's trailing blocks with its state and, resumed, sends them
+again marked :data:`RESENT_META`; the receiver takes each (round, block) once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -54,6 +60,9 @@ ROUND_META = "dgt_r"
 SENT_META = "dgt_sent"
 #: A 4-bit quantised block (payloads: packed codes, [lo, hi]).
 QUANT_META = "dgt_q4"
+#: A block sent again by a resumed sender (it may have reached the receiver before the
+#: checkpoint): the receiver takes it only if it has not seen its (round, seq) yet.
+RESENT_META = "dgt_again"
 
 MODES = ("off", "udp", "tcp", "quant")
 HALF_CODECS = ("fp16", "bf16")
@@ -177,6 +186,10 @@ class DgtSender:
         self.sent = [ChannelTotals() for _ in range(settings.channels + 1)]
         self.skipped = 0
         self.whole = 0
+        #: per (key, part): the blocks of its latest push sent after the end block, kept
+        #: until its round is answered (longer when that round is a checkpoint's: they
+        #: may still be on their way when the receiver's state is saved)
+        self.tail: dict[tuple[int, int], list[Message]] = {}
 
     def note_loss(self, worker: str, loss: Any) -> None:
         """A worker's latest training loss (carried with its push)."""
@@ -275,7 +288,54 @@ class DgtSender:
         await asyncio.sleep(0)  # the request is posted before the bands
         for m in later:
             node.post(m)
+        self.tail[ident] = later
         return await ack
+
+    def round_answered(self, key: int, checkpoint: bool) -> None:
+        """Round of ``key`` answered: its tail blocks are needed no more, unless the round
+        is a checkpoint's (they are saved with it, :meth:`state_dict`)."""
+        if checkpoint:
+            return
+        for ident in [i for i in self.tail if i[0] == key]:
+            del self.tail[ident]
+
+    def resend_tail(self, node: SchedContext, key: int) -> None:
+        """A resumed sender: post again the checkpoint round's tail blocks of ``key``
+        (the receiver drops the ones it had before the checkpoint)."""
+        for ident in sorted(i for i in self.tail if i[0] == key):
+            msgs = self.tail.pop(ident)
+            for m in msgs:
+                node.post(replace(m, src=node.node_name, meta={**m.meta, RESENT_META: 1}))
+            if msgs:
+                node.record("dgt_resend", key=key, part=ident[1], round=msgs[0].version,
+                            blocks=len(msgs))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What outlives a round (a checkpoint): the contribution EWMAs and quantisation
+        residuals per (key, part), the workers' latest losses, adaptive K's ``loss_0``
+        and K, and the checkpoint round's tail blocks (:meth:`resend_tail`). The byte
+        and block counters are the run's, not the job's."""
+        return {"contribution": [[list(i), c] for i, c in sorted(self.contribution.items())],
+                "residual": [[list(i), r] for i, r in sorted(self.residual.items())],
+                "losses": dict(sorted(self.losses.items())), "loss0": self.loss0, "k": self.k,
+                "tail": [[m.dst, m.key, m.part, m.version, m.channel, m.meta,
+                          [p.data for p in m.payloads]]
+                         for _, msgs in sorted(self.tail.items()) for m in msgs]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.contribution = {(int(i[0]), int(i[1])): np.asarray(c, dtype=np.float32)
+                             for i, c in state["contribution"]}
+        self.residual = {(int(i[0]), int(i[1])): np.asarray(r, dtype=np.float32)
+                         for i, r in state["residual"]}
+        self.losses = {str(w): float(v) for w, v in state["losses"].items()}
+        self.loss0 = None if state["loss0"] is None else float(state["loss0"])
+        self.k = float(state["k"])
+        self.tail = {}
+        for dst, key, part, version, channel, meta, arrays in state["tail"]:
+            msg = Message(Kind.PUSH, "", str(dst), key=int(key), part=int(part),
+                          version=int(version), channel=int(channel), meta=dict(meta),
+                          payloads=[Payload.of(a) for a in arrays])
+            self.tail.setdefault((msg.key, msg.part), []).append(msg)
 
     def record_totals(self, node: SchedContext) -> None:
         node.record("dgt_sender_totals", blocks=[c.blocks for c in self.sent],
@@ -308,6 +368,10 @@ class DgtReceiver:
         self.totals = [ReceiverTotals() for _ in range(settings.channels + 1)]
         self.missing = 0
         self.assemblies = 0
+        #: per (sender, key, part): round -> the blocks of it received, for the rounds
+        #: from the last assembled one on (a checkpoint saves the last assembled round's,
+        #: so a resumed sender's resent blocks are taken once)
+        self.seen: dict[tuple[str, int, int], dict[int, set[int]]] = {}
 
     def receive(self, node: SchedContext, msg: Message, like: Any) -> np.ndarray | None:
         """Take one block; return the assembled tensor when ``msg`` is the end block.
@@ -338,6 +402,10 @@ class DgtReceiver:
         is_end = seq == nb - 1
         if is_end and not msg.request_id:
             raise ValueError("a DGT end block must be a request (it is answered)")
+        seen = self.seen.setdefault(ident, {}).setdefault(round_, set())
+        if seq in seen and msg.meta.get(RESENT_META) and not is_end:
+            return None  # it reached this receiver before the checkpoint
+        seen.add(seq)
         t = self.totals[band]
         t.received += 1
         t.bytes += msg.nbytes
@@ -364,6 +432,9 @@ class DgtReceiver:
             out[s * be:s * be + b.size] = b
         buf.clear()
         self.assembled[ident] = round_
+        rounds = self.seen[ident]
+        for r in [r for r in rounds if r < round_]:
+            del rounds[r]
         self.assemblies += 1
         node.record("dgt_assemble", src=msg.src, key=msg.key, part=msg.part, round=round_,
                     sent=sent_total, on_time=on_time, missing=missing)
@@ -387,6 +458,31 @@ class DgtReceiver:
         if value.size != count:
             raise ValueError(f"DGT block has {value.size} values, expected {count}")
         return value
+
+    def state_dict(self) -> dict[str, Any]:
+        """What outlives a round (a checkpoint), per (sender, key, part): the last round
+        assembled and which of its blocks came, the blocks buffered for the next
+        assembly (late ones of earlier rounds) and how many of the next round's blocks
+        came on time."""
+        idents = sorted(set(self.buffers) | set(self.assembled) | set(self.on_time_now))
+        out = []
+        for i in idents:
+            last = self.assembled.get(i, -1)
+            out.append([list(i), last, sorted(self.seen.get(i, {}).get(last, ())),
+                        self.on_time_now.get(i, 0),
+                        [[seq, b] for seq, b in sorted(self.buffers.get(i, {}).items())]])
+        return {"senders": out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffers, self.assembled, self.on_time_now, self.seen = {}, {}, {}, {}
+        for ident, assembled, seen, on_time, blocks in state["senders"]:
+            i = (str(ident[0]), int(ident[1]), int(ident[2]))
+            if int(assembled) >= 0:
+                self.assembled[i] = int(assembled)
+                self.seen[i] = {int(assembled): {int(q) for q in seen}}
+            if int(on_time):
+                self.on_time_now[i] = int(on_time)
+            self.buffers[i] = {int(seq): np.asarray(b, dtype=np.float32) for seq, b in blocks}
 
     def pending_late(self) -> int:
         """Blocks buffered for a round that will never be assembled (run over)."""
@@ -432,12 +528,26 @@ class _DgtLocal(SchedLocalSide):
     def note_worker_push(self, msg: Message) -> None:
         self.sender.note_loss(msg.src, msg.meta.get("loss"))  # adaptive K
 
+    def on_key_ready(self, key: int) -> None:
+        self.sender.resend_tail(self.ctx, key)  # a resumed run: the checkpoint's tail
+
     async def push_part(self, dst: str, key: int, part: int, round_: int, value: Any,
                         meta: dict[str, Any]) -> Message:
         return await self.sender.push(self.ctx, dst, key, part, round_, value, meta)
 
+    def on_round_answered(self, key: int, round_: int, value: Any,
+                          reply_meta: dict[str, Any]) -> None:
+        # "ckpt": the round is a checkpoint's (geomx/node/checkpoint.py)
+        self.sender.round_answered(key, checkpoint=bool(reply_meta.get("ckpt")))
+
     def on_done(self) -> None:
         self.sender.record_totals(self.ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sender.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.sender.load_state_dict(state)
 
 
 class _DgtGlobal(SchedGlobalSide):
@@ -453,3 +563,9 @@ class _DgtGlobal(SchedGlobalSide):
 
     def on_done(self) -> None:
         self.receiver.record_totals(self.ctx)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.receiver.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.receiver.load_state_dict(state)
