@@ -50,8 +50,7 @@ STILL_REFUSED = {
         # not yet (docs/scenario.md, "Combinations"): no common round to checkpoint or
         # dedupe by, state not saved, overlays that need every member
         "mixed + tsengine", "esync + tsengine", "bsc + tsengine",
-        "mixed + checkpoint", "esync + checkpoint", "dgt + checkpoint",
-        "tsengine + checkpoint", "layer + checkpoint",
+        "mixed + checkpoint", "esync + checkpoint", "layer + checkpoint",
         "mixed + server_loss", "hfa + server_loss", "esync + server_loss",
         "tsengine + server_loss", "layer + server_loss",
         "esync + worker_loss", "tsengine + worker_loss", "layer + worker_loss",
