@@ -4,12 +4,15 @@ load with a one-line reason, and is one of :data:`STILL_REFUSED`.
 
 The pairs, the checks of each feature's events and the accuracy bar (0.5 on ten balanced
 classes, where an untrained model scores about 0.1) are tools/feature_pairs.py's; each
-pair runs there in a forked child of its own, 30 iterations of the quickstart.
+pair runs there in a forked child of its own, 30 iterations of the quickstart, the tool
+itself in a child process of this test.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
 import sys
 from types import ModuleType
 
@@ -59,8 +62,18 @@ STILL_REFUSED = {
 
 
 @pytest.fixture(scope="module")
-def outcomes():
-    return {frozenset(o.settings): o for o in TOOL.run_forked(TOOL.pairs_of(SWEPT), jobs=2)}
+def outcomes(tmp_path_factory):
+    """The sweep, run by the tool in a fresh interpreter: it forks one child per pair, and
+    a child forked from this test process (which earlier tests may have left with Numba's
+    worker threads) can die instead of running its pair."""
+    out = tmp_path_factory.mktemp("pairs") / "pairs.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "feature_pairs.py"),
+                           "--no-singles", "--jobs", "2", "--json", str(out),
+                           "--only", ",".join(s.name for s in SWEPT)],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    pairs = json.loads(out.read_text())["pairs"]
+    return {frozenset(o["settings"]): TOOL.Outcome(**o) for o in pairs}
 
 
 @pytest.mark.slow

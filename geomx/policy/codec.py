@@ -289,8 +289,13 @@ class Codec(CodecPolicy):
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
         name = cls.__dict__.get("name")
-        if isinstance(name, str):
-            _DECODERS[name] = cls
+        if not isinstance(name, str):
+            return
+        taken = _DECODERS.get(name)
+        if (taken is not None and taken.__module__.startswith("geomx.")
+                and not cls.__module__.startswith("geomx.")):
+            return  # a built-in's decoder is never replaced (the registry refuses the name)
+        _DECODERS[name] = cls
 
     # -- policy -----------------------------------------------------------------
     def applies_to(self, num_elements: int) -> bool:

@@ -228,10 +228,25 @@ def policy_class(kind: str, spec: str) -> type:
                           f"{', '.join(missing)} (required by geomx.policy.{base.__name__})")
     if f"{cls.__module__}:{cls.__qualname__}" not in BUILTIN[kind].values() \
             and not cls.__module__.startswith("geomx."):
+        if kind == "codec":
+            _check_codec_name(cls, cls_name, label)
         if SPEC_ATTRIBUTE not in cls.__dict__:
             setattr(cls, SPEC_ATTRIBUTE, spec)
         _guard(kind, cls, label)
     return cls
+
+
+def _check_codec_name(cls: type, cls_name: str, label: str) -> None:
+    """A receiver picks a payload's decoder by its codec's ``name`` (``meta["codec"]``), so
+    a user codec needs a name of its own: none, or a built-in's, would decode its
+    payloads with another codec (or replace the built-in's decoder for every job)."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        raise PolicyError(f"{label}: {cls_name} has no name; set the class attribute "
+                          "name = \"...\" (receivers pick the decoder by it)")
+    if name in BUILTIN["codec"]:
+        raise PolicyError(f"{label}: {cls_name}.name = {name!r} is a built-in codec's name; "
+                          f"allowed: a name of its own (not {', '.join(BUILTIN['codec'])})")
 
 
 def _guard(kind: str, cls: type, label: str) -> None:

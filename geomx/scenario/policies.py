@@ -119,10 +119,18 @@ def _check_user(field: PolicyField, spec: str, options: dict[str, Any]) -> None:
     except PolicyError as e:
         raise ScenarioError(str(e), path=f"{field.section}.{field.key}", value=spec) from None
     try:
-        options_from_table(cls.Options, options, policy=describe_spec(field.kind, spec),
-                           where=f"{field.section}.options")
+        built = options_from_table(cls.Options, options, policy=describe_spec(field.kind, spec),
+                                   where=f"{field.section}.options")
     except OptionsError as e:
         raise ScenarioError(str(e), path=f"{field.section}.options") from None
+    try:  # built once here, so a constructor that cannot take its options fails at load
+        cls(built)
+    except Exception as e:
+        raise ScenarioError(
+            f"{describe_spec(field.kind, spec)}: {cls.__name__}({type(built).__name__}(...)) "
+            f"raised {type(e).__name__}: {e}; a policy's __init__ takes its options "
+            "(def __init__(self, options=None): super().__init__(options)) or is not written",
+            path=f"{field.section}.{field.key}", value=spec) from None
 
 
 def _check_builtin_options(field: PolicyField, spec: str, options: dict[str, Any]) -> None:

@@ -91,3 +91,56 @@ def test_set_reaches_one_option_and_is_checked(lab):
     assert dict(load_scenario(path, ["codec.options.after=9"]).codec.options) == {"after": 9}
     with pytest.raises(ScenarioError, match=r"codec.options.after = 'nine'; allowed: an integer"):
         load_scenario(path, ["codec.options.after=nine"])
+
+
+NAMELESS = '''
+from geomx.policy import Codec
+
+
+class Nameless(Codec):
+    def encode(self, key, x, state=None): ...
+    def encoded_sizes(self, n, dtype="<f4"): ...
+    @classmethod
+    def _decode_cpu(cls, arrays, meta, n, dtype, out, accumulate): ...
+
+
+class Fp16Again(Nameless):
+    name = "fp16"
+'''
+
+NO_OPTIONS_INIT = '''
+from geomx.sync.fsa import FSA
+
+
+class NoOptionsInit(FSA):
+    name = "no_options_init"
+
+    def __init__(self):
+        super().__init__()
+'''
+
+
+@pytest.mark.parametrize("cls, message", [
+    ("Nameless", r"Nameless has no name; set the class attribute name"),
+    ("Fp16Again", r"Fp16Again.name = 'fp16' is a built-in codec's name"),
+])
+def test_a_codec_needs_a_name_of_its_own(tmp_path, cls, message):
+    """Receivers pick a decoder by the codec's name: none, or a built-in's, is refused at
+    load (it used to fail at run time in every node, or silently replace fp16's decoder)."""
+    (tmp_path / "codecs.py").write_text(NAMELESS)
+    with pytest.raises(ScenarioError, match=message) as info:
+        load_scenario(_write(tmp_path, f'type = "codecs.py:{cls}"'))
+    assert "\n" not in str(info.value)
+    import geomx.codec.fp16
+    from geomx.policy.codec import _DECODERS
+
+    assert _DECODERS["fp16"] is geomx.codec.fp16.FP16Codec  # the built-in's decoder stays
+
+
+def test_a_policy_whose_constructor_cannot_take_its_options_is_refused_at_load(tmp_path):
+    (tmp_path / "algo.py").write_text(NO_OPTIONS_INIT)
+    with pytest.raises(ScenarioError, match=r"sync.algorithm: sync policy '.*algo.py:"
+                                            r"NoOptionsInit': NoOptionsInit\(NoOptions\(\.\.\.\)\)"
+                                            r" raised TypeError") as info:
+        parse_scenario({"sync": {"algorithm": f"{tmp_path / 'algo.py'}:NoOptionsInit"}})
+    assert "\n" not in str(info.value)
