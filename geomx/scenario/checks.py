@@ -356,6 +356,11 @@ def _check_dgt(s: Scenario) -> None:
 
 
 
+#: Codecs TSEngine's relays can merge (decode, add, encode): dense ones. GeoMX runs its
+#: overlay on uncompressed data only.
+TSENGINE_CODECS = ("none", "fp16", "bf16")
+
+
 @scenario_check
 def _check_tsengine(s: Scenario) -> None:
     """TSEngine's overlays merge and relay whole dense values of a synchronous round
@@ -376,12 +381,12 @@ def _check_tsengine(s: Scenario) -> None:
             f"sync.algorithm = {s.sync.algorithm!r} is not that; allowed with TSEngine: 'fsa', "
             "'hfa' (or 'auto' with a dist_sync store)",
             path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'hfa', 'auto'")
-    if s.codec.type != "none":
+    if s.codec.type not in TSENGINE_CODECS:
         raise ScenarioError(
-            f"{field} = true adds values at relaying nodes, so it runs on uncompressed data only "
-            f"(GeoMX: intra-TS applies to uncompressed data); codec.type = {s.codec.type!r}; "
-            "allowed with TSEngine: 'none'",
-            path="codec.type", value=s.codec.type, allowed="'none'")
+            f"{field} = true adds values at relaying nodes, which decode, add and encode "
+            f"again: a sum of sparse or 1-bit values is not one; codec.type = "
+            f"{s.codec.type!r}; allowed with TSEngine: {quote_list(TSENGINE_CODECS)}",
+            path="codec.type", value=s.codec.type, allowed=quote_list(TSENGINE_CODECS))
     if q.p3:
         raise ScenarioError(
             f"sched.p3 = true slices keys and fuses pulls into push replies, which {field} = true "

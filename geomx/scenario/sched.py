@@ -69,11 +69,11 @@ class SchedConfig(Section):
                                    "scheduler pairs local servers into a merge tree for their "
                                    "pushes (by measured throughput) and relays the new model "
                                    "epidemically, each receiver forwarding it. FSA or HFA, "
-                                   "uncompressed data only.")
+                                   "uncompressed or half-precision data.")
     tsengine_intra: bool = setting(Flag(), False,
                                    "TSEngine inside each DC (GeoMX ENABLE_INTRA_TS): the DC's "
                                    "local scheduler builds the same overlay among its workers and "
-                                   "local server. FSA or HFA, uncompressed data only.")
+                                   "local server. FSA or HFA, uncompressed or half-precision data.")
     tsengine_max_greed_rate: float = setting(
         Fraction(percent=False), 0.9,
         "TSEngine: cap on the probability of sending the model over the fastest measured edge "

@@ -176,6 +176,24 @@ def test_overlay_changes_timing_not_the_model(scenario_of, extra):
 
 
 @pytest.mark.parametrize("extra", [INTER, INTRA], ids=["inter", "intra"])
+@pytest.mark.parametrize("codec", ["fp16", "bf16"])
+def test_a_dense_codec_rides_the_overlay(scenario_of, extra, codec):
+    """A relay decodes what it merges, adds and encodes again: a dense half-precision
+    codec composes with the overlay (the model is the star's up to that rounding), and
+    the merges and relays carry half the bytes."""
+    base = ("run.iterations=20", "run.eval_every=20", *extra)
+    r_dense, _ = _run(scenario_of, "quickstart.toml", *base)
+    r_half, _ = _run(scenario_of, "quickstart.toml", *base, f"codec.type={codec}",
+                     "codec.size_lower_bound=1000")
+    assert r_half.summary.final_accuracy == pytest.approx(r_dense.summary.final_accuracy,
+                                                          abs=0.02)
+    assert r_half.summary.bytes_wan + r_half.summary.bytes_lan < \
+        0.8 * (r_dense.summary.bytes_wan + r_dense.summary.bytes_lan)
+    ev = run_events(r_half.run_dir)
+    assert any(e["ev"] == "ts_choose" for e in ev)
+
+
+@pytest.mark.parametrize("extra", [INTER, INTRA], ids=["inter", "intra"])
 def test_hfa_global_syncs_ride_the_overlay(scenario_of, extra):
     """HFA's local syncs (K1) and global syncs (K2) are synchronous rounds of one key
     each, so the merge trees and the relayed model carry them like FSA's rounds."""
@@ -228,8 +246,8 @@ def test_same_seed_same_decisions_and_summary(scenario_of):
 # ------------------------------------------------------------------ configuration
 
 @pytest.mark.parametrize("overrides,field", [
-    (("codec.type=fp16",), "codec.type"),
     (("codec.type=bsc",), "codec.type"),
+    (("codec.type=onebit",), "codec.type"),
     (("sync.algorithm=mixed",), "sync.algorithm"),
     (("sched.p3=true",), "sched.p3"),
     (("sched.dgt=tcp",), "sched.dgt"),
