@@ -59,7 +59,7 @@ class KVStoreState:
         #: the transfer schedulers' worker side (geomx/policy/scheduling.py; None: none),
         #: whether one-part keys still go as one request and its reply, and whether the
         #: wire priority is the caller's (else FIFO, as GeoMX/MXNet without a scheduler)
-        self._sched = getattr(node, "sched", None)
+        self._sched = node.sched
         self._sched_plain = self._sched is None or self._sched.plain
         self._by_priority = self._sched is not None and self._sched.orders_by_priority
         self._placement: dict[int, list[Any]] = {}
