@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
-import importlib.util
 import inspect
 import os
 import sys
 import time
-import zlib
 from typing import Any, Callable, Iterator
 
 from geomx.node import checkpoint, kvstore
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
 from geomx.node.sync_contexts import WorkerSyncContext
+from geomx.policy.registry import import_file, import_name
 
 
 class ProgramError(RuntimeError):
@@ -48,48 +46,18 @@ def _split_spec(spec: str) -> tuple[str, str]:
     return where, fn
 
 
-def _import_module(name: str) -> Any:
-    """Import ``name`` as ``python -m`` would find it: from ``sys.path``, else from the
-    working directory. A real node is started with ``python -m geomx``, which puts the
-    working directory on the path, and the ``geomx`` command does not; without the
-    fallback, ``program = "train:main"`` would run over sockets but not in the emulator."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        cwd = os.getcwd()
-        if e.name != name.partition(".")[0] or cwd in sys.path or "" in sys.path:
-            raise
-        sys.path.append(cwd)
-        return importlib.import_module(name)
-
-
 @functools.lru_cache(maxsize=16)
 def load_program(spec: str) -> Callable[..., Any]:
     """The coroutine function named by ``spec`` (a ``.py`` file or an importable module,
     optionally ``:function``, default ``main``). Raises :class:`ProgramError`."""
     where, fn = _split_spec(spec)
     if where.endswith(".py") or os.sep in where:
-        if not os.path.isfile(where):
-            raise ProgramError(f"training program {spec!r}: no such file {where!r} "
-                               f"(a relative path is taken next to the scenario file)")
-        folder = os.path.dirname(os.path.abspath(where))
-        if folder not in sys.path:  # like `python train.py`: its folder's modules import
-            sys.path.insert(0, folder)
-        mod_name = f"geomx_user_program_{zlib.crc32(os.path.abspath(where).encode()):08x}"
-        mspec = importlib.util.spec_from_file_location(mod_name, where)
-        if mspec is None or mspec.loader is None:
-            raise ProgramError(f"training program {spec!r}: cannot load {where!r} as Python")
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules[mod_name] = module
-        try:
-            mspec.loader.exec_module(module)
-        except Exception as e:
-            sys.modules.pop(mod_name, None)
-            raise ProgramError(f"training program {spec!r} failed to import: "
-                               f"{type(e).__name__}: {e}") from e
+        module = import_file(where, prefix="geomx_user_program_",
+                             label=f"training program {spec!r}", error=ProgramError,
+                             reuse=False)
     else:
         try:
-            module = _import_module(where)
+            module = import_name(where)
         except Exception as e:
             raise ProgramError(f"training program {spec!r}: cannot import module {where!r}: "
                                f"{type(e).__name__}: {e}") from e

@@ -31,7 +31,7 @@ from typing import Any
 
 __all__ = ["KINDS", "BUILTIN", "PolicyError", "policy_class", "is_builtin", "builtin_names",
            "describe_spec", "ENTRY_POINT_GROUP", "entry_point_names", "spec_of",
-           "dense_codec"]
+           "dense_codec", "import_file", "import_name"]
 
 #: The kinds of policy a scenario can name, and where: ``[sync] algorithm``,
 #: ``[sched] policy``, ``[topology] kind``, ``[codec] type``.
@@ -97,43 +97,54 @@ def _split(spec: str) -> tuple[str, str]:
     return where, cls
 
 
-@functools.lru_cache(maxsize=64)
-def _load_file(path: str, label: str) -> Any:
+def import_file(path: str, *, prefix: str, label: str, error: type[Exception] = PolicyError,
+                reuse: bool = True) -> Any:
+    """The module in file ``path``, imported as ``prefix`` + a hash of its absolute path,
+    with its folder on ``sys.path`` as ``python path`` would have it (so its own modules
+    import); ``reuse``: a module this process already imported from it is returned as it
+    is (a policy class must stay the same class), else the file runs again. Raises
+    ``error`` with one line starting with ``label``. Training programs
+    (geomx/node/program.py) and user policies load the same way."""
     if not os.path.isfile(path):
-        raise PolicyError(f"{label}: no such file {path!r} (a relative path is taken next to "
-                          "the scenario file)")
+        raise error(f"{label}: no such file {path!r} (a relative path is taken next to "
+                    "the scenario file)")
     folder = os.path.dirname(os.path.abspath(path))
-    if folder not in sys.path:  # like `python lab/ssp.py`: its folder's modules import
+    if folder not in sys.path:
         sys.path.insert(0, folder)
-    mod_name = f"geomx_user_policy_{zlib.crc32(os.path.abspath(path).encode()):08x}"
-    if mod_name in sys.modules:
+    mod_name = f"{prefix}{zlib.crc32(os.path.abspath(path).encode()):08x}"
+    if reuse and mod_name in sys.modules:
         return sys.modules[mod_name]
     mspec = importlib.util.spec_from_file_location(mod_name, path)
     if mspec is None or mspec.loader is None:
-        raise PolicyError(f"{label}: cannot load {path!r} as Python")
+        raise error(f"{label}: cannot load {path!r} as Python")
     module = importlib.util.module_from_spec(mspec)
     sys.modules[mod_name] = module
     try:
         mspec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(mod_name, None)
-        raise PolicyError(f"{label} failed to import: {type(e).__name__}: {e}") from e
+        raise error(f"{label} failed to import: {type(e).__name__}: {e}") from e
     return module
 
 
-def _load_module(name: str, label: str) -> Any:
+def import_name(name: str) -> Any:
+    """Import module ``name`` as ``python -m`` would find it: from ``sys.path``, else from
+    the working directory (a real node starts as ``python -m geomx``, which puts the
+    working directory on the path; the ``geomx`` command does not, and without this
+    fallback a ``module:Class`` name would load over sockets but not in the emulator)."""
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as e:
         cwd = os.getcwd()
-        if e.name == name.partition(".")[0] and cwd not in sys.path and "" not in sys.path:
-            sys.path.append(cwd)
-            try:
-                return importlib.import_module(name)
-            except Exception as e2:
-                raise PolicyError(f"{label}: cannot import module {name!r}: "
-                                  f"{type(e2).__name__}: {e2}") from e2
-        raise PolicyError(f"{label}: cannot import module {name!r}: {e}") from e
+        if e.name != name.partition(".")[0] or cwd in sys.path or "" in sys.path:
+            raise
+        sys.path.append(cwd)
+        return importlib.import_module(name)
+
+
+def _load_module(name: str, label: str) -> Any:
+    try:
+        return import_name(name)
     except Exception as e:
         raise PolicyError(f"{label}: cannot import module {name!r}: "
                           f"{type(e).__name__}: {e}") from e
@@ -212,7 +223,7 @@ def policy_class(kind: str, spec: str) -> type:
     if not cls_name:
         raise PolicyError(f"{label}: name the class, as in 'file.py:Class'")
     if where.endswith(".py") or os.sep in where or "/" in where:
-        module = _load_file(where, label)
+        module = import_file(where, prefix="geomx_user_policy_", label=label)
     else:
         module = _load_module(where, label)
     cls = getattr(module, cls_name, None)
