@@ -228,7 +228,30 @@ class SchedWorkerSide:
         return None
 
 
-class SchedLocalSide:
+class _SchedServerSide:
+    """The hooks a local and a global server's sides share: stopping and checkpoints."""
+
+    async def drain(self) -> None:
+        """The server is about to stop: finish the transfers it still owes others."""
+        return None
+
+    def on_done(self) -> None:
+        """The server has stopped (record totals)."""
+        return None
+
+    def state_dict(self) -> Any:
+        """What this side keeps across rounds, saved with the server's checkpoint once
+        it has finished the checkpoint round (geomx/node/checkpoint.py; a tree of dicts,
+        lists, numbers, strings and numpy arrays). None: nothing outlives a round."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Take back what :meth:`state_dict` returned (a resumed server, before the
+        first round after the checkpoint's)."""
+        return None
+
+
+class SchedLocalSide(_SchedServerSide):
     """A local server's part of a transfer scheduler."""
 
     def command_problem(self, cmd: str) -> str | None:
@@ -278,27 +301,9 @@ class SchedLocalSide:
         """The acknowledgement of worker push ``push`` must carry the new value."""
         return False
 
-    async def drain(self) -> None:
-        """The server is about to stop: finish the transfers it still owes others."""
-        return None
-
-    def on_done(self) -> None:
-        """The server has stopped (record totals)."""
-        return None
-
-    def state_dict(self) -> Any:
-        """What this side keeps across rounds, saved with the server's checkpoint once
-        it has finished the checkpoint round (geomx/node/checkpoint.py; a tree of dicts,
-        lists, numbers, strings and numpy arrays). None: nothing outlives a round."""
-        return None
-
-    def load_state_dict(self, state: Any) -> None:
-        """Take back what :meth:`state_dict` returned (a resumed server, before the
-        first round after the checkpoint's)."""
-        return None
 
 
-class SchedGlobalSide:
+class SchedGlobalSide(_SchedServerSide):
     """A global server's part of a transfer scheduler."""
 
     def on_key_ready(self, key: int, part: int) -> None:
@@ -324,24 +329,6 @@ class SchedGlobalSide:
         """The acknowledgement of ``push`` must carry the new value (a fused pull)."""
         return False
 
-    async def drain(self) -> None:
-        """The server is about to stop: finish the transfers it still owes others."""
-        return None
-
-    def on_done(self) -> None:
-        """The server has stopped (record totals)."""
-        return None
-
-    def state_dict(self) -> Any:
-        """What this side keeps across rounds, saved with the server's checkpoint once
-        it has finished the checkpoint round (geomx/node/checkpoint.py; a tree of dicts,
-        lists, numbers, strings and numpy arrays). None: nothing outlives a round."""
-        return None
-
-    def load_state_dict(self, state: Any) -> None:
-        """Take back what :meth:`state_dict` returned (a resumed server, before the
-        first round after the checkpoint's)."""
-        return None
 
 
 class TransferScheduler(Policy):
