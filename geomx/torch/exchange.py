@@ -1,0 +1,184 @@
+"""What one ``DistributedOptimizer.step()`` sends and receives, per sync algorithm.
+
+The same rounds as the built-in trainer's worker sides (geomx/sync/fsa.py, hfa.py,
+esync.py, mixed.py; geomx/policy/sync.py), with the wrapped torch optimizer taking the
+local steps where those take a ``geomx.optim`` one, and written as operations that
+start kvstore calls and yield what they wait for (geomx/torch/waits.py), so that a
+synchronous and an asynchronous program run the same code:
+
+* FSA and MixedSync (:class:`GradientRounds`): push every gradient (the earliest layer
+  with the highest priority), pull the servers' sum and step the torch optimizer with
+  its mean -- BytePS's semantics, the same step on every worker; or, with a server-side
+  optimizer, pull the new weights (GeoMX's ``cnn.py``, docs/geomx-behaviour.md §2.2);
+* HFA (:class:`ModelAveragingRounds`): a local step every iteration; every ``k1`` push
+  ``weights / n_local`` and pull the average (docs/geomx-behaviour.md §3.4);
+* ESync (:class:`BudgetedDeltaRounds`): local steps until the state server's budget is
+  used, then push the model delta and pull the sum of the deltas (docs/papers.md §5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from geomx.node.sync_contexts import WorkerSyncContext
+from geomx.torch.session import Session, TorchAPIError
+from geomx.torch.tensors import HostBuffers
+from geomx.torch.waits import Operation
+from geomx.wire import Kind, Message
+
+ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
+
+
+class Rounds:
+    """One worker's exchange with the servers, step by step."""
+
+    def __init__(self, s: Session, names: list[str], params: list[torch.Tensor],
+                 buffers: HostBuffers, optimizer: torch.optim.Optimizer):
+        self.s = s
+        self.kv = s.kv
+        self.names = names
+        self.params = params
+        self.buffers = buffers
+        self.optimizer = optimizer
+
+    def step(self, iteration: int) -> Operation[bool]:
+        """Apply this step's gradients (in ``p.grad``); True when every worker now holds
+        the same model."""
+        raise NotImplementedError
+
+    def _push(self, values: list[np.ndarray]) -> list[Any]:
+        # the last layer's gradient is ready first; the earliest layer goes first on the
+        # wire (priority -k, as the built-in trainer's sides push)
+        return [self.kv.push(self.names[k], values[k], priority=-k)
+                for k in reversed(range(len(values)))]
+
+    def _pull(self, outs: list[np.ndarray]) -> list[Any]:
+        return [self.kv.pull(self.names[k], out=outs[k], priority=-k)
+                for k in range(len(outs))]
+
+    def _local_step(self) -> None:
+        self.optimizer.step()
+
+
+def _host_like(t: torch.Tensor, staged: bool) -> torch.Tensor:
+    return torch.zeros(t.shape, dtype=t.dtype,
+                       pin_memory=staged and torch.cuda.is_available())
+
+
+class GradientRounds(Rounds):
+    """FSA / MixedSync: every step is a round of gradients."""
+
+    def __init__(self, *args: Any, pull_weights: bool):
+        super().__init__(*args)
+        self.pull_weights = pull_weights
+        self._agg = [_host_like(p, st) for p, st in zip(self.params, self.buffers.staged)]
+        self._agg_np = [a.numpy() for a in self._agg]
+
+    def step(self, iteration: int) -> Operation[bool]:
+        grads = self.buffers.grads_from_device([p.grad for p in self.params])
+        if self.pull_weights:
+            waits = self._push(grads) + self._pull(self.buffers.writable_weights())
+            yield waits
+            self.buffers.weights_to_device()
+            return True
+        waits = self._push(grads) + self._pull(self._agg_np)
+        yield waits
+        mean = 1.0 / self.kv.num_all_workers
+        with torch.no_grad():
+            for p, a in zip(self.params, self._agg):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(a, non_blocking=True)
+                p.grad.mul_(mean)
+        self._local_step()
+        return True
+
+
+class ModelAveragingRounds(Rounds):
+    """HFA: local steps, a DC average every ``k1`` iterations (a global one every
+    ``k2``-th, done by the servers)."""
+
+    def __init__(self, *args: Any, k1: int, k2: int):
+        super().__init__(*args)
+        self.k1, self.k2 = k1, k2
+        self.share = 1.0 / self.kv.num_workers
+
+    def step(self, iteration: int) -> Operation[bool]:
+        self._local_step()
+        if iteration % self.k1 != 0:
+            return False
+        weights = self.buffers.weights_from_device()
+        yield self._push([w * w.dtype.type(self.share) for w in weights]) \
+            + self._pull(weights)
+        self.buffers.weights_to_device()
+        return (iteration // self.k1) % self.k2 == 0
+
+
+class BudgetedDeltaRounds(Rounds):
+    """ESync: local steps until the budget is used, then the mean of the model deltas."""
+
+    def __init__(self, *args: Any, max_iterations: int):
+        super().__init__(*args)
+        self.ctx = WorkerSyncContext(self.s.node, kv=self.kv, params=[], pull_weights=False,
+                                     local_optimizer=lambda: None,
+                                     max_iterations=max_iterations)
+        self.server = self.ctx.state_server
+        if not self.server:
+            raise TorchAPIError("sync.algorithm = 'esync' needs the job's state server; "
+                                "run the scenario through geomx run / geomx node")
+        self.max_iterations = max_iterations
+        self.prev = [w.copy() for w in self.buffers.weights_from_device()]
+        self._agg = [np.zeros_like(w) for w in self.prev]
+        self.round = 1
+        self.budget = 1
+        self.steps = 0
+        self._mark = self.ctx.now()
+
+    def step(self, iteration: int) -> Operation[bool]:
+        step_s = self.ctx.now() - self._mark
+        self._local_step()
+        self.steps += 1
+        end_round = self.steps >= self.budget
+        if self.max_iterations and iteration >= self.max_iterations:
+            self.kv.request_stop()  # leave together: this round carries the stop
+            end_round = True
+        if end_round:
+            ctx = self.ctx
+            query = ctx.spawn(ctx.request(Message(
+                Kind.STATE_QUERY, ctx.node_name, self.server, version=self.round + 1,
+                meta={"step_s": step_s, "end_s": ctx.now(), "steps": self.steps})))
+            weights = self.buffers.weights_from_device()
+            yield self._push([w - p for w, p in zip(weights, self.prev)]) \
+                + self._pull(self._agg) + [query]
+            weights = self.buffers.writable_weights()
+            n = self.kv.num_all_workers
+            for w, a, prev in zip(weights, self._agg, self.prev):
+                np.multiply(a, w.dtype.type(1.0 / n), out=w)
+                w += prev
+                np.copyto(prev, w)
+            self.buffers.weights_to_device()
+            self.budget = max(1, int(query.result().meta.get("steps", 1)))
+            self.round += 1
+            self.steps = 0
+        self._mark = self.ctx.now()
+        return end_round
+
+
+def rounds_for(s: Session, names: list[str], params: list[torch.Tensor], buffers: HostBuffers,
+               optimizer: torch.optim.Optimizer, *, pull_weights: bool) -> Rounds:
+    """The rounds of the scenario's ``[sync] algorithm``; another one is refused by name."""
+    algorithm = s.node.job.sync_algorithm
+    name = algorithm.name
+    args = (s, names, params, buffers, optimizer)
+    if name in ("fsa", "mixed"):
+        return GradientRounds(*args, pull_weights=pull_weights)
+    if name == "hfa":
+        return ModelAveragingRounds(*args, k1=int(algorithm.options.k1),
+                                    k2=int(algorithm.options.k2))
+    if name == "esync":
+        return BudgetedDeltaRounds(*args, max_iterations=int(s.ctx.max_iterations))
+    raise TorchAPIError(f"sync.algorithm = {name!r}: geomx.torch.DistributedOptimizer runs "
+                        f"under {', '.join(ALGORITHMS)}; use ctx.worker_sync for another")
