@@ -173,6 +173,10 @@ def rounds_for(s: Session, names: list[str], params: list[torch.Tensor], buffers
     algorithm = s.node.job.sync_algorithm
     name = algorithm.name
     args = (s, names, params, buffers, optimizer)
+    if name == "mixed" and not pull_weights:
+        raise TorchAPIError("sync.algorithm = 'mixed' applies each DC's push as a global "
+                            "step, so the optimizer must run on the servers: pass "
+                            "DistributedOptimizer(..., server_optimizer=True)")
     if name in ("fsa", "mixed"):
         return GradientRounds(*args, pull_weights=pull_weights)
     if name == "hfa":

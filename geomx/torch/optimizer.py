@@ -166,14 +166,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 "model.state_dict(), root_rank=0) on every node before the "
                                 "first step")
         passes = self._check_step()
+        if self._rounds is None:  # (before the compute: ESync times the whole step)
+            buffers = HostBuffers(self._params, stage=self._stage)
+            self._rounds = rounds_for(s, self._names, self._params, buffers, self.optimizer,
+                                      pull_weights=self.server_optimizer)
         if s.compute_calls == self._compute_mark:
             waiting = s.charge(max(1, passes))
             if waiting is not None:
                 yield [waiting]
-        if self._rounds is None:
-            buffers = HostBuffers(self._params, stage=self._stage)
-            self._rounds = rounds_for(s, self._names, self._params, buffers, self.optimizer,
-                                      pull_weights=self.server_optimizer)
         self._iteration += 1
         shared = yield from self._rounds.step(self._iteration)
         self._compute_mark = s.compute_calls

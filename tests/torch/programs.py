@@ -1,5 +1,10 @@
-"""Training programs the tests run: an MLP on the scenario's digits, written as a Horovod
-user writes one, with ``geomx.torch``."""
+"""A training program the tests run: an MLP on the scenario's digits, written as a
+Horovod user writes one, with ``geomx.torch``. Options (``training.program_args``):
+``--sgd`` (momentum SGD; with ``--server`` it runs on the servers), ``--stage`` (CPU
+tensors through the host staging buffers GPU tensors take), ``--fp16``, ``--passes N``
+(backward passes per step), ``--sync`` (``def main``: a synchronous program)."""
+
+import argparse
 
 import torch
 from torch import nn
@@ -7,34 +12,56 @@ from torch import nn
 import geomx.torch as hvd
 
 
-def build(ctx):
+def setup(kv, ctx):
+    p = argparse.ArgumentParser()
+    p.add_argument("--sgd", action="store_true")
+    p.add_argument("--server", action="store_true")
+    p.add_argument("--stage", action="store_true")
+    p.add_argument("--fp16", action="store_true")
+    p.add_argument("--passes", type=int, default=1)
+    args, _ = p.parse_known_args(ctx.args)
+    hvd.init(kv, ctx)
+    torch.set_num_threads(1)
     data = ctx.dataset()
-    torch.manual_seed(ctx.seed + max(0, ctx.worker_index))  # different inits: broadcast fixes them
+    # different initial weights on every node: broadcast_parameters makes them the master's
+    torch.manual_seed(ctx.seed + max(0, ctx.worker_index) + 1)
     c, h, w = data.input_shape
-    return data, nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(),
-                               nn.Linear(64, data.num_classes))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(),
+                          nn.Linear(64, data.num_classes))
+    opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if args.sgd
+           else torch.optim.Adam(model.parameters(), lr=0.01))
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.fp16 if args.fp16
+                                   else hvd.Compression.none,
+                                   backward_passes_per_step=args.passes,
+                                   server_optimizer=args.server,
+                                   stage_through_host=args.stage)
+    return args, data, model, opt
+
+
+def loss_of(model, data, idx):
+    return nn.functional.cross_entropy(model(torch.from_numpy(data.x_train[idx])),
+                                       torch.from_numpy(data.y_train[idx]))
+
+
+def evaluate(ctx, model, data, it, loss):
+    if ctx.is_evaluator and (it % ctx.eval_every == 0 or it == ctx.max_iterations):
+        with torch.no_grad():
+            out = model(torch.from_numpy(data.x_test))
+            acc = (out.argmax(1) == torch.from_numpy(data.y_test)).float().mean().item()
+        ctx.report(it, loss=loss.item(), accuracy=acc)
 
 
 async def main(kv, ctx):
-    hvd.init(kv, ctx)
-    torch.set_num_threads(1)
-    data, model = build(ctx)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    args, data, model, opt = setup(kv, ctx)
     await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if hvd.is_master():
         return
-    x_test, y_test = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
-    loss_fn = nn.CrossEntropyLoss()
     batches = ctx.batches()
     for it in ctx.iterations():
-        idx = batches.next()
         opt.zero_grad()
-        loss = loss_fn(model(torch.from_numpy(data.x_train[idx])),
-                       torch.from_numpy(data.y_train[idx]))
-        loss.backward()
-        shared = await opt.step_async()
-        if ctx.is_evaluator and it % ctx.eval_every == 0:
-            with torch.no_grad():
-                acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-            ctx.report(it, loss=loss.item(), accuracy=acc)
+        for _ in range(args.passes):
+            loss = loss_of(model, data, batches.next())
+            loss.backward()
+        await opt.step_async()
+        evaluate(ctx, model, data, it, loss)
