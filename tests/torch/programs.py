@@ -55,6 +55,7 @@ def evaluate(ctx, model, data, it, loss):
 async def main(kv, ctx):
     args, data, model, opt = setup(kv, ctx)
     await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    await hvd.broadcast_optimizer_state(opt, root_rank=0)
     if hvd.is_master():
         return
     batches = ctx.batches()

@@ -1,0 +1,60 @@
+"""``geomx.torch`` in the emulator: host staging (the code path of GPU tensors, run on
+CPU tensors), the compute ``step()`` charges, backward passes per step, FP16, and the
+model every worker starts from."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tests.helpers.events import run_events
+from tests.torch.helpers import pushes, run
+
+
+def test_host_staging_buffers_copy_both_ways():
+    from geomx.torch.tensors import HostBuffers
+
+    p = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    p.grad = torch.full((2, 3), 2.0)
+    b = HostBuffers([p, torch.zeros(4)], stage=True)
+    assert b.staged == [True, True]
+    w = b.weights_from_device()
+    assert np.array_equal(w[0], p.numpy()) and not np.shares_memory(w[0], p.numpy())
+    g = b.grads_from_device([p.grad, None])
+    assert np.array_equal(g[0], np.full((2, 3), 2.0)) and not np.shares_memory(g[0], p.grad.numpy())
+    assert np.array_equal(g[1], np.zeros(4))  # an unused parameter pushes zeros
+    b.writable_weights()[0][...] = 7.0
+    assert float(p[0, 0]) == 0.0
+    b.weights_to_device()
+    assert torch.equal(p, torch.full((2, 3), 7.0))
+    plain = HostBuffers([p])
+    assert plain.staged == [False] and np.shares_memory(plain.weights[0], p.numpy())
+
+
+def test_staged_tensors_train_exactly_as_host_tensors(tmp_path):
+    direct = run(tmp_path / "a", [])
+    staged = run(tmp_path / "b", [], args=["--stage"])
+    assert staged.summary.final_accuracy == direct.summary.final_accuracy
+    assert pushes(staged.run_dir) == pushes(direct.run_dir)
+
+
+def test_step_charges_the_compute_profile_once_per_backward_pass(tmp_path):
+    one = run(tmp_path / "one", [], iterations=6)
+    two = run(tmp_path / "two", [], args=["--passes", "2"], iterations=6)
+    for r, passes in ((one, 1), (two, 2)):
+        computes = [e for e in run_events(r.run_dir, "compute") if e["node"] == "w:party-a:0"]
+        assert len(computes) == 6 * passes
+        assert all(abs(e["dur"] - 0.01) < 1e-9 for e in computes)  # compute_per_iter 10ms
+    assert two.summary.emulated_seconds > one.summary.emulated_seconds + 0.05
+
+
+def test_fp16_compression_halves_what_workers_push(tmp_path):
+    dense = run(tmp_path / "a", [], iterations=4)
+    half = run(tmp_path / "b", [], args=["--fp16"], iterations=4)
+
+    def pushed(r):
+        return sum(e["bytes"] for e in run_events(r.run_dir, "xfer")
+                   if e.get("msg") == "PUSH" and e["src"].startswith("w:") and e["key"] >= 0)
+
+    assert 0.45 < pushed(half) / pushed(dense) < 0.6
+    assert half.summary.final_accuracy > 0.3
