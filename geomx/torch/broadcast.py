@@ -44,10 +44,16 @@ def _tensors_op(s: Session, named: list[tuple[str, torch.Tensor]], what: str) ->
     for name, t in named:
         check_tensor(name, t, s.node_name)
     hosts = [host_copy(t) for _, t in named]
-    yield from declare(s, entries_of(named), hosts, hosts, what)
+    # an integer tensor (BatchNorm's num_batches_tracked) travels as its bytes: the
+    # codecs encode float tensors only, and the bytes survive every codec exactly
+    carried = [h if t.is_floating_point() else as_bytes_array(np.ascontiguousarray(h).tobytes())
+               for (_, t), h in zip(named, hosts)]
+    yield from declare(s, entries_of(named), carried, carried, what)
     if not s.is_master:
-        for (_, t), h in zip(named, hosts):
-            if t.device.type != "cpu" or not t.is_contiguous():
+        for (_, t), h, c in zip(named, hosts, carried):
+            if c is not h:
+                to_tensor(t, np.frombuffer(from_bytes_array(c), dtype=h.dtype).reshape(h.shape))
+            elif t.device.type != "cpu" or not t.is_contiguous():
                 to_tensor(t, h)
 
 

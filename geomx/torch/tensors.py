@@ -143,6 +143,9 @@ def host_copy(t: torch.Tensor) -> np.ndarray:
 
 def to_tensor(t: torch.Tensor, value: Any) -> None:
     """Write a host value into ``t`` (wherever it lives)."""
-    src = torch.from_numpy(np.ascontiguousarray(value)).reshape(t.shape)
+    arr = np.ascontiguousarray(value)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    src = torch.from_numpy(arr).reshape(t.shape)
     with torch.no_grad():
         t.copy_(src, non_blocking=t.device.type == "cuda")

@@ -19,6 +19,7 @@ def setup(kv, ctx):
     p.add_argument("--stage", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--passes", type=int, default=1)
+    p.add_argument("--bn", action="store_true", help="a BatchNorm layer (an int64 buffer)")
     args, _ = p.parse_known_args(ctx.args)
     hvd.init(kv, ctx)
     torch.set_num_threads(1)
@@ -26,7 +27,8 @@ def setup(kv, ctx):
     # different initial weights on every node: broadcast_parameters makes them the master's
     torch.manual_seed(ctx.seed + max(0, ctx.worker_index) + 1)
     c, h, w = data.input_shape
-    model = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64), nn.ReLU(),
+    model = nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 64),
+                          nn.BatchNorm1d(64) if args.bn else nn.Identity(), nn.ReLU(),
                           nn.Linear(64, data.num_classes))
     opt = (torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9) if args.sgd
            else torch.optim.Adam(model.parameters(), lr=0.01))
@@ -37,6 +39,12 @@ def setup(kv, ctx):
                                    server_optimizer=args.server,
                                    stage_through_host=args.stage)
     return args, data, model, opt
+
+
+def digest(model):
+    """A checksum of the model's state (weights and buffers)."""
+    return float(sum(t.double().sum().item() * (i + 1)
+                     for i, t in enumerate(model.state_dict().values())))
 
 
 def loss_of(model, data, idx):
@@ -56,6 +64,7 @@ async def main(kv, ctx):
     args, data, model, opt = setup(kv, ctx)
     await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     await hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ctx.report(0, start_digest=digest(model))
     if hvd.is_master():
         return
     batches = ctx.batches()

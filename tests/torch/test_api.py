@@ -58,3 +58,22 @@ def test_fp16_compression_halves_what_workers_push(tmp_path):
 
     assert 0.45 < pushed(half) / pushed(dense) < 0.6
     assert half.summary.final_accuracy > 0.3
+
+
+def _start_digests(r):
+    return {e["node"]: e["start_digest"] for e in run_events(r.run_dir, "eval")
+            if "start_digest" in e}
+
+
+def test_every_worker_starts_from_the_master_workers_model(tmp_path):
+    r = run(tmp_path, [], args=["--bn"], iterations=2)
+    digests = _start_digests(r)
+    assert len(digests) == 5 and len(set(digests.values())) == 1  # 4 workers + master
+
+
+def test_broadcast_under_fp16_carries_integer_buffers(tmp_path):
+    # the weights arrive FP16-rounded, the same on every worker; BatchNorm's int64
+    # num_batches_tracked travels as its bytes (the codecs take float tensors only)
+    r = run(tmp_path, [], args=["--bn", "--fp16"], iterations=2)
+    workers = {n: d for n, d in _start_digests(r).items() if n.startswith("w:")}
+    assert len(workers) == 4 and len(set(workers.values())) == 1

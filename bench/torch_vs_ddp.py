@@ -1,0 +1,296 @@
+"""geomx.torch against what a PyTorch user would pick instead: DistributedDataParallel.
+
+A communication-heavy model (an MLP of ``--params`` parameters, 25M by default) trains on
+2 workers, once with ``torch.nn.parallel.DistributedDataParallel`` over gloo and once with
+``geomx.torch.DistributedOptimizer`` (``--runtime real``: one process per node, real
+sockets), with a flat parameter server and with HiPS (a local server per DC). Both run
+on this host's loopback, unshaped; then, with ``--shaped-mbit`` (100 by default) and
+root, both again across a ``tc tbf``-shaped veth link -- DDP's two ranks in two network
+namespaces (geomx/runtime/netns.py), geomx's workers in their DCs' namespaces
+(``[real] shaper = "kernel"``, geomx/runtime/kernel_wan.py) -- DDP with its
+``fp16_compress_hook``, geomx with ``Compression.fp16``.
+
+**What is measured, in the same run:** the communication time an iteration *exposes*:
+
+* DDP: (forward + backward with its allreduce) minus (forward + backward under
+  ``no_sync()``), alternating the two every iteration on the same model;
+* geomx: ``await opt.step_async()`` (push, servers' sum, pull) minus the wrapped torch
+  optimizer's own step, timed on the same model in the same process.
+
+Both subtract the same compute from the same kind of iteration, so the ratio compares
+communication only; a value on a loaded machine is noisy, which is why each figure is
+the median of ``--iterations`` iterations after ``--warmup``.
+
+Run: ``python bench/torch_vs_ddp.py`` (``--quick`` for a 2M-parameter smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parents[1]
+
+
+def mlp(params: float, inputs: int = 1024, classes: int = 10) -> nn.Module:
+    """Four linear layers with about ``params`` parameters (the hidden width solves
+    2h^2 + (inputs + classes) h = params)."""
+    b = inputs + classes + 3
+    h = int((-b + math.sqrt(b * b + 8 * params)) / 4)
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(inputs, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(),
+                         nn.Linear(h, h), nn.ReLU(), nn.Linear(h, classes))
+
+
+def batch(size: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(rank)
+    return torch.randn(size, 1024, generator=g), torch.randint(0, 10, (size,), generator=g)
+
+
+def median_ms(xs: list[float]) -> float:
+    return 1000.0 * statistics.median(xs)
+
+
+# ---------------------------------------------------------------------------- DDP
+def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup: int,
+             bs: int, fp16: bool) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=rank,
+                            world_size=2, timeout=__import__("datetime").timedelta(seconds=600))
+    model = DDP(mlp(params))
+    if fp16:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_hook
+        model.register_comm_hook(None, fp16_compress_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = batch(bs, rank)
+    synced, local = [], []
+    for it in range(warmup + iters):
+        for sync in (True, False):
+            opt.zero_grad()
+            t0 = time.perf_counter()
+            if sync:
+                nn.functional.cross_entropy(model(x), y).backward()
+            else:
+                with model.no_sync():
+                    nn.functional.cross_entropy(model(x), y).backward()
+            dt = time.perf_counter() - t0
+            if it >= warmup:
+                (synced if sync else local).append(dt)
+            if sync:
+                opt.step()
+    dist.destroy_process_group()
+    return {"comm_ms": median_ms(synced) - median_ms(local), "iter_ms": median_ms(synced),
+            "compute_ms": median_ms(local)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(args, *, fp16: bool, netns=None) -> dict:
+    """DDP's two ranks as two processes (inside two namespaces when ``netns``)."""
+    addr = netns.addr_a if netns else "127.0.0.1"
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        argv = [sys.executable, str(HERE), "--ddp-rank", str(rank), "--addr", addr,
+                "--port", str(port), "--params", str(args.params), "--iterations",
+                str(args.iterations), "--warmup", str(args.warmup), "--batch", str(args.batch)]
+        if fp16:
+            argv.append("--fp16")
+        if netns:
+            argv = netns.exec_argv("ab"[rank], argv)
+        device = (netns.if_a, netns.if_b)[rank] if netns else "lo"
+        procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True,
+                                      env={**os.environ, "GLOO_SOCKET_IFNAME": device}))
+    outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a DDP rank failed: {outs}")
+    rows = [json.loads(o.strip().splitlines()[-1]) for o in outs]
+    return {k: statistics.mean(r[k] for r in rows) for k in rows[0]}
+
+
+# ---------------------------------------------------------------------------- geomx
+async def geomx_main(kv, ctx):
+    """The training program each geomx node runs (``training.program``)."""
+    import geomx.torch as hvd
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--params", type=float)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--fp16", action="store_true")
+    a = p.parse_args(ctx.args)
+    hvd.init(kv, ctx)
+    torch.set_num_threads(1)
+    model = mlp(a.params)
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.fp16 if a.fp16 else "none")
+    await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    if hvd.is_master():
+        return
+    x, y = batch(a.batch, hvd.rank())
+    steps, computes, local_steps = [], [], []
+    for it in ctx.iterations():
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        nn.functional.cross_entropy(model(x), y).backward()
+        t1 = time.perf_counter()
+        await opt.step_async()
+        t2 = time.perf_counter()
+        inner.step()  # the local step alone (the same cost as the one inside step_async)
+        t3 = time.perf_counter()
+        if it > a.warmup:
+            computes.append(t1 - t0)
+            steps.append(t2 - t1)
+            local_steps.append(t3 - t2)
+    ctx.report(ctx.max_iterations, comm_ms=median_ms(steps) - median_ms(local_steps),
+               iter_ms=median_ms(computes) + median_ms(steps), compute_ms=median_ms(computes))
+
+
+SCENARIO = """
+[run]
+name = "torch_vs_ddp"
+iterations = {iterations}
+eval_every = 1000000
+progress = false
+[metrics]
+plot = false
+trace = false
+[[dc]]
+name = "central"
+central = true
+global_servers = 1
+workers = 0
+[[dc]]
+name = "a"
+workers = 1
+compute_per_iter = "0ms"
+[[dc]]
+name = "b"
+workers = 1
+compute_per_iter = "0ms"
+[[wan]]
+a = "a"
+b = "central"
+bandwidth = "{mbit}Mbps"
+latency = "0ms"
+[[wan]]
+a = "b"
+b = "central"
+bandwidth = "{mbit}Mbps"
+latency = "0ms"
+[topology]
+kind = "{topology}"
+[training]
+program = "{program}"
+dataset = "synthetic"
+[real]
+shape = {shape}
+shaper = "{shaper}"
+"""
+
+
+def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None) -> dict:
+    from geomx.experiment import run_scenario
+    from geomx.metrics import load_run
+    from geomx.scenario import load_scenario
+
+    with tempfile.TemporaryDirectory() as tmp:
+        text = SCENARIO.format(iterations=args.warmup + args.iterations, topology=topology,
+                               program=f"{HERE}:geomx_main", mbit=mbit or 100000,
+                               shape="true" if mbit else "false",
+                               shaper="kernel" if mbit else "userspace")
+        prog_args = ["--params", str(args.params), "--batch", str(args.batch),
+                     "--warmup", str(args.warmup)] + (["--fp16"] if fp16 else [])
+        path = Path(tmp) / "torch_vs_ddp.toml"
+        path.write_text(text)
+        s = load_scenario(path, [f"run.out_dir={tmp}",
+                                 "training.program_args=" + json.dumps(prog_args)])
+        r = run_scenario(s, runtime="real", progress=False)
+        rows = [e for e in load_run(r.run_dir).events()
+                if e.get("ev") == "eval" and "comm_ms" in e]
+    return {k: statistics.mean(e[k] for e in rows) for k in ("comm_ms", "iter_ms", "compute_ms")}
+
+
+# ---------------------------------------------------------------------------- main
+def table(title: str, rows: list[tuple[str, dict]], base: dict) -> None:
+    print(f"\n{title}")
+    print(f"  {'':34s} {'comm ms/it':>11s} {'vs DDP':>7s} {'compute ms':>11s} {'iter ms':>9s}")
+    for name, r in rows:
+        print(f"  {name:34s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
+              f"{r['compute_ms']:11.1f} {r['iter_ms']:9.1f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--params", type=float, default=25e6)
+    p.add_argument("--shaped-params", type=float, default=5e6,
+                   help="model size on the shaped link (25M at 100 Mbit/s is 8 s per step)")
+    p.add_argument("--iterations", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--shaped-mbit", type=float, default=100.0, help="0: skip the shaped part")
+    p.add_argument("--quick", action="store_true", help="2M parameters, 4 iterations")
+    p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--fp16", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.ddp_rank >= 0:
+        print(json.dumps(ddp_rank(args.ddp_rank, args.addr, args.port, args.params,
+                                  args.iterations, args.warmup, args.batch, args.fp16)))
+        return
+    if args.quick:
+        args.params, args.shaped_params, args.iterations, args.warmup = 2e6, 1e6, 4, 2
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; 2 workers, MLP of "
+          f"{args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
+          f"{args.iterations} iterations after {args.warmup}")
+    ddp = run_ddp(args, fp16=False)
+    rows = [("DDP (gloo)", ddp),
+            ("geomx.torch flat PS", run_geomx(args, topology="flat", fp16=False, mbit=None)),
+            ("geomx.torch HiPS", run_geomx(args, topology="hips", fp16=False, mbit=None))]
+    table("loopback, unshaped, no codec (target: geomx within 1.25x of DDP)", rows, ddp)
+    if args.shaped_mbit <= 0:
+        print("\nshaped link: skipped (--shaped-mbit 0)")
+        return
+    from geomx.runtime.kernel_wan import FRAME_OVERHEAD
+    from geomx.runtime.netns import NetnsPair, unavailable_reason
+
+    why = unavailable_reason()
+    if why is not None:
+        print(f"\nshaped link: skipped: {why}")
+        return
+    shaped = argparse.Namespace(**{**vars(args), "params": args.shaped_params})
+    with NetnsPair(rate_mbit=args.shaped_mbit * FRAME_OVERHEAD, latency_ms=100) as pair:
+        ddp16 = run_ddp(shaped, fp16=True, netns=pair)
+    rows = [("DDP (gloo) + fp16_compress_hook", ddp16),
+            ("geomx.torch flat PS + fp16", run_geomx(shaped, topology="flat", fp16=True,
+                                                      mbit=args.shaped_mbit)),
+            ("geomx.torch HiPS + fp16", run_geomx(shaped, topology="hips", fp16=True,
+                                                   mbit=args.shaped_mbit))]
+    table(f"{args.shaped_mbit:g} Mbit/s tbf-shaped link, {args.shaped_params / 1e6:.1f}M "
+          "parameters, FP16 (target: geomx ahead of DDP)", rows, ddp16)
+
+
+if __name__ == "__main__":
+    main()
