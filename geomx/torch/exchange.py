@@ -91,8 +91,11 @@ class GradientRounds(Rounds):
             for p, a in zip(self.params, self._agg):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                p.grad.copy_(a, non_blocking=True)
-                p.grad.mul_(mean)
+                if p.grad.device == a.device:
+                    torch.mul(a, mean, out=p.grad)  # one pass over the values
+                else:
+                    p.grad.copy_(a, non_blocking=True)
+                    p.grad.mul_(mean)
         self._local_step()
         return True
 
