@@ -27,8 +27,6 @@ from tests.helpers.paths import ROOT
 DOC = ROOT / "docs" / "ci.md"
 WORKFLOW = ROOT / "docs" / "ci" / "geomx-wan.yml"
 
-pytestmark = pytest.mark.slow
-
 
 def titled_blocks(markdown: str) -> dict[str, str]:
     """The doc's code blocks whose info string has ``title=NAME``, by name."""
@@ -140,6 +138,7 @@ def test_the_doc_has_the_projects_files(doc_blocks):
             "make-baseline.sh"} <= set(doc_blocks)
 
 
+@pytest.mark.slow
 def test_the_workflow_steps_run_as_written(installed, doc_blocks, steps):
     """Every step but the kernel-shaped one, with the geomx the install step installed."""
     where = installed.step("python -c 'import geomx; print(geomx.__file__)'")
@@ -170,6 +169,7 @@ def _kernel_problem() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_kernel_shaped_step_runs_where_there_is_root(installed, steps):
     problem = _kernel_problem()
     if problem:
