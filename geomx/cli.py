@@ -364,6 +364,7 @@ def _check_expectations(expectations: list, summary) -> int:
 
     outcomes = check_expectations(expectations, summary.to_dict())
     for o in outcomes:
+        sys.stdout.flush()  # the lines keep their order in a CI log that merges both streams
         print(f"expect: {format_outcome(o)}", file=sys.stdout if o.held else sys.stderr)
     failed = sum(not o.held for o in outcomes)
     if failed:

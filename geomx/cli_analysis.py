@@ -195,6 +195,7 @@ def _baseline_gate(args: argparse.Namespace):
             print(f"against baseline {args.baseline}: {run}")
             for r in regressions(baseline.to_dict(), current.to_dict(), tol, figures):
                 failed += not r.held
+                sys.stdout.flush()  # keep the order in a log that merges both streams
                 print(f"regression: {r.line(tol)}", file=sys.stdout if r.held else sys.stderr)
         if failed:
             print(f"geomx compare: {failed} figure(s) regressed beyond the tolerance",
