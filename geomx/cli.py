@@ -199,7 +199,6 @@ EXIT_INTERRUPTED = 130
 EXIT_USAGE = 2
 
 
-
 class UsageError(Exception):
     """Input a command cannot use; ``main`` prints ``geomx[ COMMAND]: <message>`` and
     exits 2."""

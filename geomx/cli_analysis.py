@@ -146,7 +146,8 @@ def _baseline_gate(args: argparse.Namespace):
     """With ``--baseline``: a function that prints each RUN_DIR's figures against the
     baseline's and returns the exit status (3 when one regressed); everything it needs is
     read and checked here, before the table is printed. Without: None."""
-    from geomx.expect import EXIT_EXPECTATION, REGRESSION_FIGURES, figure_of, parse_tolerance, regressions
+    from geomx.expect import (EXIT_EXPECTATION, FIGURES, REGRESSION_FIGURES, figure_of,
+                              parse_tolerance, regressions)
     from geomx.metrics.summary import SUMMARY_FILE, read_summary
 
     if args.baseline is None:
@@ -162,11 +163,10 @@ def _baseline_gate(args: argparse.Namespace):
     figures = tuple(args.figures or REGRESSION_FIGURES)
     for name in figures:
         if not figure_of(name).better:
+            directed = [n for n, f in FIGURES.items() if f.better]
             raise ValueError(f"--figure {name}: it has no better direction to gate on; "
-                             "figures with one: final_accuracy, final_loss, emulated_seconds, "
-                             "wall_seconds, bytes_wan, bytes_lan, wan_bytes_per_iteration, "
-                             "messages, time_to_target_s, bytes_per_link.<link>, "
-                             "bytes_per_dc_pair.<pair>")
+                             f"figures with one: {', '.join(directed)}, "
+                             "bytes_per_link.<link>, bytes_per_dc_pair.<pair>")
 
     def summary_of(run: str):
         path = Path(run) / SUMMARY_FILE

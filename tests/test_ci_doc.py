@@ -155,6 +155,9 @@ def test_the_workflow_steps_run_as_written(installed, doc_blocks, steps):
         ran.append((name, proc.stdout))
     out = "\n".join(o for _, o in ran)
     assert len(ran) == 3
+    # the installed wheel registers the plugin by its entry point; -p no:geomx turns it off
+    assert "--geomx-runtime" in installed.step("python -m pytest --help").stdout
+    assert "--geomx-runtime" not in installed.step("python -m pytest -p no:geomx --help").stdout
     assert re.search(r"expect: ok   bytes_wan <= 2MB: measured", out)
     assert "regression: ok   final_accuracy" in out
     assert re.search(r"\b3 passed\b", out)

@@ -160,6 +160,18 @@ def test_the_plugin_declares_its_option_and_marker(project):
     assert "@pytest.mark.wan(scenario, program=None, set=None, expect=(), runtime=None)" in markers
 
 
+def test_geomx_own_tests_run_with_the_plugin_loaded():
+    """Installed, the plugin loads in geomx's own test sessions too: its option and
+    fixtures must not clash with tests/conftest.py's."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *_plugin_args(), "tests/test_units.py", "tests/test_cli.py",
+                           "-k", "units or help or validate"],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert re.search(r"\d+ passed", proc.stdout)
+
+
 def test_loading_the_plugin_imports_nothing_heavy():
     """pytest loads it in every session of a project where geomx is installed."""
     code = ("import sys, geomx.testing\n"
