@@ -14,9 +14,10 @@ same line. This module owns what happens on *one* socket, in either direction:
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
   connection did not negotiate are unknown to it, as any other);
-* :class:`FrameBudget`, the bytes of large frames' bodies held while they arrive, shared
-  by every incoming connection of a transport: a frame that would go past it waits, its
-  connection not reading, until another frame completes.
+* :class:`FrameBudget`, the bytes of large frames' bodies (and of streamed messages,
+  see :mod:`geomx.runtime.framing`) held while they arrive, shared by every incoming
+  connection of a transport: a frame or stream that would go past it waits, its
+  connection not reading, until another completes.
 
 It does not know what a handshake says (:mod:`~geomx.runtime.tcp_handshake`), how
 messages are queued and batched (:mod:`~geomx.runtime.tcp_outgoing`) or where peers
@@ -48,9 +49,10 @@ HANDSHAKE, OPEN, CLOSED = 0, 1, 2
 
 
 class FrameBudget:
-    """Bytes of large frames' bodies held while they arrive, summed over the incoming
-    connections of one transport (the reserve/release of their
-    :class:`~geomx.runtime.framing.FrameDecoder`).
+    """Bytes of large frames' bodies and of streamed messages held while they arrive,
+    summed over the incoming connections of one transport (the reserve/release of their
+    :class:`~geomx.runtime.framing.FrameDecoder`). A stream received into a buffer the
+    receiver named (a pull's ``out``) holds no new memory and takes none of it.
 
     A frame that would go past ``limit_bytes`` is refused; its connection stops reading
     and waits in line (:meth:`wait`) until a release makes room. One frame alone is
@@ -101,6 +103,7 @@ class ConnOwner(Protocol):
     shared receive resources, and the calls a connection reports its events with."""
 
     max_frame_bytes: int
+    max_message_bytes: int
     dead_after_s: float
 
     @property
@@ -282,8 +285,10 @@ class Conn(asyncio.BufferedProtocol):
         self.state = OPEN
         if self.incoming:
             # a SEQ_MESSAGE frame is a message and its sequence number
-            self.decoder.max_frame_bytes = self.tr.max_frame_bytes + (
-                SEQ_BYTES if self.stream is not None else 0)
+            seq = SEQ_BYTES if self.stream is not None else 0
+            self.decoder.max_frame_bytes = self.tr.max_frame_bytes + seq
+            # a larger message arrives as a stream of frames (framing, "Large messages")
+            self.decoder.max_stream_bytes = self.tr.max_message_bytes + seq
             self.decoder.grow(SCRATCH_BYTES)
         # an outgoing connection only ever reads ACK frames: its limit stays small
         self.label = f"{peer} ({self.label}, channel {channel})"
