@@ -299,16 +299,18 @@ def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
       there is no reassembly for strangers to feed otherwise;
     * frames no longer than a stream's piece (a longer message travels as a stream of
       them, see geomx.runtime.framing), refused before any of it is held;
-    * messages no bigger than the job's largest legitimate one
-      (:func:`geomx.cluster.max_message_bytes`) for a built-in model; a training
-      program creates its keys as it runs, so for it the bound is this host's memory (a
-      larger message could not be received anyway). A stream announcing more is
-      refused before any of it is held;
+    * messages no bigger than ``[real] max_message``, by default the job's largest
+      legitimate one (:func:`geomx.cluster.max_message_bytes`) for a built-in model; a
+      training program creates its keys as it runs, so for it the default is this
+      host's memory (a larger message could not be received anyway). A stream
+      announcing more is refused before any of it is held;
     * large frames and streams arriving at once within :data:`RECEIVE_BUDGET_BYTES`
       together (or one such message), whatever the largest message.
     """
-    message_cap = (_host_memory_bytes() if plan.train.program
-                   else max_message_bytes(plan))
+    message_cap = s.real.max_message_bytes
+    if message_cap is None:
+        message_cap = (_host_memory_bytes() if plan.train.program
+                       else max_message_bytes(plan))
     return {"udp": s.sched.dgt == "udp",
             "max_frame_bytes": min(message_cap, STREAM_PIECE_BYTES) + STREAM_HEAD.size,
             "max_message_bytes": message_cap,

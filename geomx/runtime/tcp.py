@@ -423,9 +423,9 @@ class TcpTransport:
             raise WireError(
                 f"{self.name}: message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes to "
                 f"{msg.dst!r} exceeds max_message_bytes ({self.max_message_bytes}), the "
-                "largest message its receiver accepts (`geomx node` sets it from the job: "
-                "twice the model for a built-in model, this host's memory for a training "
-                "program; TcpTransport(max_message_bytes=...) otherwise)")
+                "largest message its receiver accepts: raise `[real] max_message` in the "
+                "scenario (its default is twice the model for a built-in model, this "
+                "host's memory for a training program)")
         out = self._outgoing(msg.dst, ch)
         if not out.active:  # (while a dropped connection is dialled again, messages queue)
             await out.ready()

@@ -166,3 +166,7 @@ def test_a_node_transport_is_bounded_by_its_job(scenario_of):
     assert limits["max_frame_bytes"] == STREAM_FRAME_BYTES
     assert limits["max_message_bytes"] == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert limits["max_partial_frame_bytes"] == 64 << 20
+    # the scenario can set the bound, either way
+    s = scenario_of("quickstart.toml", "training.program=examples.mnist:main",
+                    "real.max_message=2GiB")
+    assert transport_limits(s, plan_job(s, "real"))["max_message_bytes"] == 2 << 30
