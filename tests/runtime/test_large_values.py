@@ -54,6 +54,11 @@ kind = "flat"
 [real]
 shape = false
 
+# a node that copies or first touches a 1 GiB array holds its event loop for seconds on
+# a loaded machine (2 cores shared here); heartbeats must not call that a death
+[membership]
+heartbeat_timeout = "60s"
+
 [training]
 program = "{program}"
 """
