@@ -49,6 +49,10 @@ received into a sink takes none (its memory is the receiver's already). ps-lite 
 message as ZeroMQ multipart frames and leaves their transport to ZeroMQ
 (docs/geomx-behaviour.md §1.5); this is that layer, for geomx's own framing.
 
+The emulator (geomx/sim/transport.py) passes a message whole and charges its
+``nbytes``: a stream's headers (12 bytes per 4 MiB piece, 24 for the head) are not
+modelled, and nothing else about a value's travel differs.
+
 A stream that lies is a stream error (the connection is closed, the rejection counted by
 category, the half-received buffer freed): a head announcing more than
 ``max_stream_bytes`` ("oversize"), a piece for a stream that is not the one open

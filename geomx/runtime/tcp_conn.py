@@ -56,15 +56,20 @@ class FrameBudget:
 
     A frame that would go past ``limit_bytes`` is refused; its connection stops reading
     and waits in line (:meth:`wait`) until a release makes room. One frame alone is
-    always admitted, so no message is too big ever to arrive.
+    always admitted, so no message is too big ever to arrive. While connections wait,
+    a newcomer waits behind them even if it would fit: a message larger than the limit
+    needs the budget to itself, and frames that keep coming on other connections must
+    not keep it from ever being empty.
     """
 
-    __slots__ = ("limit_bytes", "_used_bytes", "_waiters")
+    __slots__ = ("limit_bytes", "_used_bytes", "_waiters", "_serving")
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self._used_bytes = 0
         self._waiters: deque[Conn] = deque()
+        #: a release is retrying the first connection in line (which may reserve)
+        self._serving = False
 
     @property
     def used_bytes(self) -> int:
@@ -72,6 +77,8 @@ class FrameBudget:
         return self._used_bytes
 
     def reserve(self, nbytes: int) -> bool:
+        if self._waiters and not self._serving:
+            return False  # others are in line first
         if self._used_bytes and self._used_bytes + nbytes > self.limit_bytes:
             return False
         self._used_bytes += nbytes
@@ -87,7 +94,11 @@ class FrameBudget:
             if conn.state == CLOSED:
                 waiters.popleft()
                 continue
-            conn.decoder.retry()  # may deliver frames, may reserve
+            self._serving = True
+            try:
+                conn.decoder.retry()  # may deliver frames, may reserve
+            finally:
+                self._serving = False
             if conn.decoder.waiting:
                 break
             waiters.popleft()

@@ -395,3 +395,41 @@ def test_streams_cut_by_killed_connections_are_written_again_and_arrive_once():
     assert killed >= 3 and sa["streams"]["reconnects"] >= 3
     assert sa["streams"]["resent_messages"] >= 3
     assert sb["partial_frame_bytes"] == 0 and sb["rejected_frames"] == 0
+
+
+def test_a_message_larger_than_the_budget_is_not_starved_by_newcomers():
+    """The budget admits a message larger than itself only when empty: frames arriving
+    on other connections meanwhile wait in line behind it instead of keeping it busy."""
+    from geomx.runtime.tcp_conn import OPEN, FrameBudget
+
+    budget = FrameBudget(100)
+
+    class Line:
+        """A connection's decoder and pause state, as FrameBudget sees them."""
+
+        def __init__(self, want: int):
+            self.want, self.state, self.waiting, self.admitted = want, OPEN, False, False
+            self.decoder = self
+
+        def try_(self) -> None:
+            self.waiting = not budget.reserve(self.want)
+            self.admitted = not self.waiting
+            if self.waiting:
+                budget.wait(self)
+
+        def retry(self) -> None:
+            self.waiting = not budget.reserve(self.want)
+            self.admitted = not self.waiting
+
+        def unpause(self, reason: str) -> None:
+            assert reason == "budget"
+
+    held, big, small = Line(60), Line(300), Line(10)
+    held.try_()
+    big.try_()
+    small.try_()  # it would fit beside the 60, but the big one is in line first
+    assert held.admitted and big.waiting and small.waiting
+    budget.release(60)  # the big one has the budget to itself; the small one still waits
+    assert big.admitted and small.waiting and budget.used_bytes == 300
+    budget.release(300)
+    assert small.admitted and budget.used_bytes == 10
