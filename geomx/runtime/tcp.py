@@ -152,8 +152,7 @@ class TcpTransport:
 
     ``TcpTransport(name, host=, port=, secret=, ssl_server=, ssl_client=, shaper=,
     max_frame_bytes=, max_message_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=,
-    dead_after_s=,
-    retain_limit_bytes=)``;
+    dead_after_s=, retain_limit_bytes=)``;
     then ``await start()``,
     ``set_address_book({...})``, ``send``/``recv``, ``await close()``. See the module
     docstring for the model.
