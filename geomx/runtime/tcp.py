@@ -428,7 +428,14 @@ class TcpTransport:
         out = self._outgoing(msg.dst, ch)
         if not out.active:  # (while a dropped connection is dialled again, messages queue)
             await out.ready()
-        if (nbytes <= WRITE_BATCH_BYTES and nbytes - PREAMBLE_BYTES <= self.piece_bytes
+        limit = out.peer_max_message_bytes
+        if limit is not None and nbytes - PREAMBLE_BYTES - SEQ_BYTES > limit:
+            raise WireError(
+                f"{self.name}: message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes to "
+                f"{msg.dst!r} exceeds the {limit} bytes its receiver accepts (its "
+                "max_message_bytes): raise `[real] max_message` in the scenario (its "
+                "default for a training program is the receiving host's memory)")
+        if (nbytes <= WRITE_BATCH_BYTES and nbytes - PREAMBLE_BYTES <= out.piece_bytes
                 and out.idle_unshaped(nbytes)):
             # Fast path: nothing queued or being written, so writing now keeps every
             # ordering guarantee and saves a hop through the writer task.
@@ -458,7 +465,7 @@ class TcpTransport:
         if out.hold(msg, estimate):  # another small message left in this turn: join it
             return True
         frames, nbytes = sequenced_frames(msg)
-        if nbytes - PREAMBLE_BYTES > self.piece_bytes or not out.idle_unshaped(nbytes):
+        if nbytes - PREAMBLE_BYTES > out.piece_bytes or not out.idle_unshaped(nbytes):
             return False  # send() encodes it again (and streams one too large for a frame)
         out.write_direct(frames, nbytes)
         return True

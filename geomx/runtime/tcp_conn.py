@@ -147,6 +147,10 @@ class Conn(asyncio.BufferedProtocol):
         self.label = label
         self.peer: str | None = None
         self.channel = -1
+        #: what the peer accepts, from its WELCOME (outgoing connections; None: it did not
+        #: say): the longest frame, the largest message
+        self.peer_max_frame_bytes: int | None = None
+        self.peer_max_message_bytes: int | None = None
         self.out: Any = None  # the tcp_outgoing.Outgoing writing on it (outgoing only)
         self.stream: Any = None  # the tcp_resume.InStream it carries (resumable, incoming)
         self.transport: asyncio.Transport | None = None
@@ -290,9 +294,13 @@ class Conn(asyncio.BufferedProtocol):
         longer; it was handed to a newer connection)."""
         self.stream = stream
 
-    def open(self, peer: str, channel: int) -> None:
+    def open(self, peer: str, channel: int, *, peer_max_frame_bytes: int | None = None,
+             peer_max_message_bytes: int | None = None) -> None:
+        """The handshake is done (on an outgoing connection, the peer's limits are known)."""
         self.peer = peer
         self.channel = channel
+        self.peer_max_frame_bytes = peer_max_frame_bytes
+        self.peer_max_message_bytes = peer_max_message_bytes
         self.state = OPEN
         if self.incoming:
             # a SEQ_MESSAGE frame is a message and its sequence number

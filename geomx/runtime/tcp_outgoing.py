@@ -38,7 +38,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
-from geomx.runtime.framing import PREAMBLE_BYTES, SPLIT_BATCH, sequenced_frames, stream_frames
+from geomx.runtime.framing import (PREAMBLE_BYTES, SPLIT_BATCH, sequenced_frames,
+                                   stream_frames, stream_piece_bytes)
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner
 from geomx.runtime.tcp_counters import PeerCounters, TransportCounts
@@ -80,6 +81,7 @@ class OutgoingOwner(ConnOwner, Protocol):
     ssl_client: ssl.SSLContext | None
     send_queue_limit_bytes: int
     retain_limit_bytes: int
+    max_frame_bytes: int
     piece_bytes: int
     connect_timeout_s: float
     reconnect_timeout_s: float
@@ -166,6 +168,11 @@ class Outgoing:
         self.connections = 0  # handshakes completed (more than one: reconnected)
         #: ids of the streams large messages are written as (framing, "Large messages")
         self._stream_ids = itertools.count(1)
+        #: a message whose frame body is longer is written as a stream of pieces this
+        #: long: the transport's, or less where the peer said it takes shorter frames
+        self.piece_bytes = tr.piece_bytes
+        #: the largest message the peer said it takes (None: it did not say)
+        self.peer_max_message_bytes: int | None = None
 
     # -- connection -------------------------------------------------------------------
     @property
@@ -275,6 +282,10 @@ class Outgoing:
         tr = self.tr
         proto.carry_outgoing(self)
         self.proto = proto
+        self.piece_bytes = stream_piece_bytes(min(tr.max_frame_bytes,
+                                                  proto.peer_max_frame_bytes
+                                                  or tr.max_frame_bytes))
+        self.peer_max_message_bytes = proto.peer_max_message_bytes
         again, dropped, why = self.window.resume(ack, inc)
         if dropped:
             self.counts.unacked_lost(dropped)
@@ -565,11 +576,11 @@ class Outgoing:
                     raise ConnectionError(f"connection to {self.peer!r} lost")
                 counters = self._peer_counts or self._count_peer()
                 wire, wire_nbytes = frames, nbytes
-                if nbytes - PREAMBLE_BYTES > self.tr.piece_bytes:
+                if nbytes - PREAMBLE_BYTES > self.piece_bytes:
                     # too long for one frame: a stream of pieces (the window keeps the
                     # message as one frame, so a resend streams it again)
                     wire, wire_nbytes = stream_frames(frames, next(self._stream_ids),
-                                                      self.tr.piece_bytes)
+                                                      self.piece_bytes)
                 if self.link is None:
                     if wire_nbytes <= WRITE_BATCH_BYTES:
                         proto.transport.writelines(wire)  # type: ignore[union-attr]

@@ -433,3 +433,30 @@ def test_a_message_larger_than_the_budget_is_not_starved_by_newcomers():
     assert big.admitted and small.waiting and budget.used_bytes == 300
     budget.release(300)
     assert small.admitted and budget.used_bytes == 10
+
+
+def test_the_sender_follows_the_limits_its_receiver_announces():
+    """The WELCOME says what the receiver takes: a sender allowed longer frames cuts its
+    pieces to the receiver's, and a message larger than the receiver accepts is refused
+    by the sender, naming the setting, instead of being refused (and written again on
+    every reconnect) by the receiver."""
+    async def main():
+        a = TcpTransport("a", udp=False)  # 2 GiB frames allowed here
+        b = TcpTransport("b", udp=False, max_frame_bytes=128 << 10, max_message_bytes=8 << 20)
+        for t in (a, b):
+            await t.start()
+        book = {"a": a.local_address(), "b": b.local_address()}
+        a.set_address_book(book)
+        b.set_address_book(book)
+        m = big_msg(1_000_000)  # 4 MB: one frame for a, a stream of 31 pieces for b
+        await a.send(m)
+        got = await asyncio.wait_for(b.recv(), 10)
+        np.testing.assert_array_equal(got.payloads[0].data, m.payloads[0].data)
+        with pytest.raises(wire.WireError, match=r"exceeds the 8388608 bytes its receiver "
+                                                 r"accepts.*`\[real\] max_message`"):
+            await a.send(big_msg(3_000_000))
+        sa, sb = a.stats(), b.stats()
+        assert sb["rejected_frames"] == 0 and sa["streams"]["reconnects"] == 0
+        await a.close()
+        await b.close()
+    arun(main())
