@@ -1,0 +1,391 @@
+"""Synchronous training programs: ``def main(kv, ctx)`` whose calls block, run on a thread
+of their own that takes turns with the node's loop (geomx/node/program_thread.py).
+
+In the emulator a sync program's event log is the same program's written ``async``, byte
+for byte; over real sockets the loop runs beside the program's thread; misuse (an async-only
+call in a sync program, a blocking call in an async one) fails in one line naming the
+call to use; Ctrl-C while a call blocks leaves no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+import geomx.kv
+from geomx.experiment import JobFailed, run_scenario
+from geomx.node.program import ProgramError, load_program
+from geomx.node.program_thread import ProgramThread, SyncCallError, run_blocking, run_on_loop
+from geomx.scenario import load_scenario
+from geomx.sim.loop import run_virtual
+
+from tests.helpers.paths import EXAMPLES, QUICKSTART, ROOT
+
+SHORT = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
+         "metrics.trace=false"]
+
+
+def _run(tmp_path, scenario, program, *sets, runtime="emu"):
+    return run_scenario(load_scenario(scenario, [f"run.out_dir={tmp_path}", *SHORT,
+                                                 f"training.program={program}", *sets]),
+                        runtime=runtime, progress=False)
+
+
+def _write(tmp_path, name, source):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _log(result):
+    return (result.run_dir / "events.jsonl").read_bytes()
+
+
+# ---------------------------------------------------------------- the same event log
+
+def test_cnn_sync_example_writes_cnn_examples_event_log(tmp_path):
+    a = _run(tmp_path / "a", EXAMPLES / "cnn.toml", "cnn.py", "run.iterations=12",
+             "run.eval_every=4")
+    s = _run(tmp_path / "s", EXAMPLES / "cnn.toml", "cnn_sync.py", "run.iterations=12",
+             "run.eval_every=4")
+    assert _log(a) == _log(s)
+    assert s.summary.iterations == 12 and s.summary.final_accuracy is not None
+
+
+ASYNC_CALLS = """
+import numpy as np
+import geomx.kv
+
+async def main(kv, ctx):
+    model = ctx.build_model()
+    params = model.params
+    if kv.is_master_worker:
+        kv.set_optimizer(ctx.optimizer_config)
+    kv.init(list(range(len(params))), params)
+    kv.init("extra", np.zeros(3, np.float32))
+    if kv.is_master_worker:
+        await kv.waitall()
+        return {"where": "master"}
+    for k, p in enumerate(params):
+        kv.pull(k, out=p)
+    await kv.waitall()
+    await kv.barrier()
+    data, batches = ctx.dataset(), ctx.batches()
+    for it in ctx.iterations():
+        idx = batches.next()
+        loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
+        await ctx.compute(0.002 * (1 + ctx.worker_index))
+        await ctx.compute("per_iter")
+        for k, g in enumerate(grads):
+            kv.pushpull(k, g, out=params[k], priority=-k)
+        kv.push("extra", np.full(3, it, np.float32))
+        extra = await kv.pull("extra")
+        await kv.waitall()
+        ctx.state["seen"] = float(np.asarray(extra).sum())
+        if it % 3 == 0:
+            await kv.barrier()
+        ctx.report(it, loss=loss, now=ctx.now(), stop=ctx.stop_requested)
+    return {"where": ctx.node_name}
+"""
+
+SYNC_CALLS = """
+import numpy as np
+import geomx.kv
+
+def main(kv, ctx):
+    assert geomx.kv.in_sync_program()
+    model = ctx.build_model()
+    params = model.params
+    if kv.is_master_worker:
+        kv.set_optimizer(ctx.optimizer_config)
+    kv.init(list(range(len(params))), params)
+    kv.init("extra", np.zeros(3, np.float32))
+    if kv.is_master_worker:
+        kv.waitall()
+        return {"where": "master"}
+    for k, p in enumerate(params):
+        kv.pull(k, out=p)
+    kv.waitall()
+    kv.barrier()
+    data, batches = ctx.dataset(), ctx.batches()
+    for it in ctx.iterations():
+        idx = batches.next()
+        loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
+        ctx.compute(0.002 * (1 + ctx.worker_index))
+        ctx.compute("per_iter")
+        for k, g in enumerate(grads):
+            kv.pushpull(k, g, out=params[k], priority=-k)
+        kv.push("extra", np.full(3, it, np.float32))
+        extra = kv.pull("extra")
+        kv.waitall()
+        ctx.state["seen"] = float(np.asarray(extra).sum())
+        if it % 3 == 0:
+            kv.barrier()
+        ctx.report(it, loss=loss, now=ctx.now(), stop=ctx.stop_requested)
+    return {"where": ctx.node_name}
+"""
+
+
+def test_a_program_with_compute_barriers_and_value_pulls_logs_the_same_sync_or_async(tmp_path):
+    a = _run(tmp_path / "a", QUICKSTART, _write(tmp_path, "calls_async.py", ASYNC_CALLS),
+             "run.iterations=9")
+    s = _run(tmp_path / "s", QUICKSTART, _write(tmp_path, "calls_sync.py", SYNC_CALLS),
+             "run.iterations=9")
+    assert _log(a) == _log(s)
+    assert s.summary.iterations == 9
+    # virtual time is exact: 9 iterations of compute 2 ms x (1 + index) + 10 ms at least
+    assert s.summary.extra["final_eval"]["now"] > 9 * (0.002 + 0.010)
+
+
+def test_worker_sync_steps_block_and_log_the_same_under_hfa(tmp_path):
+    pair = (ROOT / "tools" / "pair_program.py").read_text()
+    sync_pair = (pair.replace("async def main", "def main").replace("await ", ""))
+    sets = ["run.iterations=8", "sync.algorithm=hfa", "sync.k1=2", "sync.k2=2",
+            "training.optimizer=none", "training.worker_optimizer=adam"]
+    a = _run(tmp_path / "a", QUICKSTART, ROOT / "tools" / "pair_program.py", *sets)
+    s = _run(tmp_path / "s", QUICKSTART, _write(tmp_path, "pair_sync.py", sync_pair), *sets)
+    assert _log(a) == _log(s)
+    assert s.summary.iterations == 8
+
+
+# ---------------------------------------------------------------- the handoff itself
+
+def test_in_the_emulator_the_loop_stands_still_while_the_thread_runs():
+    """Exactly one thread runs at a time: a callback due now runs only once the program
+    blocks, and virtual time moves only in the calls it waits on."""
+    seen: list[str] = []
+
+    def program() -> float:
+        seen.append("thread starts")
+        time.sleep(0.05)  # wall time the loop must not see
+        seen.append("thread computed")
+        run_blocking(asyncio.sleep, 1.5)
+        seen.append(f"thread after sleep at {asyncio_now()}")
+        return run_on_loop(lambda: asyncio.get_running_loop().time())
+
+    loop_ref: list[asyncio.AbstractEventLoop] = []
+
+    def asyncio_now() -> float:
+        return run_on_loop(lambda: loop_ref[0].time())
+
+    async def job() -> float:
+        loop = asyncio.get_running_loop()
+        loop_ref.append(loop)
+        loop.call_soon(seen.append, "callback")
+        return await ProgramThread(loop, "p").run(program)
+
+    assert run_virtual(job()) == 1.5
+    assert seen == ["thread starts", "thread computed", "callback", "thread after sleep at 1.5"]
+
+
+def test_over_a_wall_clock_loop_the_loop_runs_beside_the_thread():
+    ticks: list[int] = []
+
+    def program() -> int:
+        time.sleep(0.3)  # a blocked program thread: the loop keeps ticking meanwhile
+        return len(ticks)
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(1)
+            await asyncio.sleep(0.01)
+
+    async def job() -> int:
+        task = asyncio.ensure_future(ticker())
+        try:
+            return await ProgramThread(asyncio.get_running_loop(), "p").run(program)
+        finally:
+            task.cancel()
+
+    assert asyncio.run(job()) > 1
+
+
+@pytest.mark.parametrize("runner", ["virtual", "asyncio"])
+def test_a_cancelled_program_unwinds_its_thread(runner):
+    unwound = threading.Event()
+
+    def program() -> None:
+        try:
+            run_blocking(asyncio.sleep, 3600)
+        finally:
+            unwound.set()
+
+    async def job() -> None:
+        task = asyncio.ensure_future(ProgramThread(asyncio.get_running_loop(), "p").run(program))
+        await asyncio.sleep(1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    (run_virtual if runner == "virtual" else asyncio.run)(job())
+    assert unwound.wait(10)
+
+
+def test_a_failing_sync_program_fails_its_job_like_an_async_one_and_leaves_no_thread(tmp_path):
+    program = _write(tmp_path, "fails.py", """
+        def main(kv, ctx):
+            params = ctx.build_model().params
+            kv.init(list(range(len(params))), params)
+            kv.waitall()
+            if kv.is_master_worker:
+                return
+            for it in ctx.iterations():
+                ctx.compute()
+                if ctx.worker_index == 2 and it == 3:
+                    raise ValueError("bad batch")
+                kv.barrier()
+        """)
+    before = threading.active_count()
+    with pytest.raises(JobFailed) as info:
+        _run(tmp_path, QUICKSTART, program, "run.iterations=10")
+    message = str(info.value)
+    assert "raised on node w:party-b:0: ValueError: bad batch" in message
+    deadline = time.monotonic() + 10
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_await_in_a_plain_def_names_both_forms(tmp_path):
+    path = _write(tmp_path, "awaits.py", """
+        def main(kv, ctx):
+            await kv.waitall()
+        """)
+    with pytest.raises(ProgramError) as info:
+        load_program(str(path))
+    message = str(info.value)
+    assert "\n" not in message
+    assert "line 3" in message and "kv.waitall()" in message and "async def main" in message
+
+
+def test_a_generator_is_not_a_program(tmp_path):
+    path = _write(tmp_path, "gen.py", """
+        def main(kv, ctx):
+            yield 1
+        """)
+    with pytest.raises(ProgramError, match="must be a function, `def main"):
+        load_program(str(path))
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("ctx.finish_sync()", "ctx.finish_sync() is for `async def main`"),
+    ("ctx.worker_sync(kv, []).finish()", "sync.finish() is called by geomx"),
+    ("return kv.async_store.waitall()", "returned a coroutine; write `async def main"),
+    ("t = threading.Thread(target=lambda: errors.append(_try(kv.waitall))); t.start(); "
+     "t.join(); raise errors[0]", "kv.waitall() blocks, so only a synchronous program"),
+])
+def test_an_async_only_call_in_a_sync_program_names_the_call_to_use(tmp_path, body, expected):
+    program = _write(tmp_path, "misuse.py", f"""
+        import threading
+        errors = []
+
+        def _try(fn):
+            try:
+                fn()
+            except Exception as e:
+                return e
+
+        def main(kv, ctx):
+            {body}
+        """)
+    with pytest.raises(JobFailed) as info:
+        _run(tmp_path, QUICKSTART, program, "run.iterations=2")
+    message = str(info.value)
+    assert expected in message
+    assert message.count("\n") == 0 or expected in message.splitlines()[0]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("geomx.kv.SyncKVStore(kv).waitall()",
+     "kv.waitall() blocks, so only a synchronous program (`def main(kv, ctx)`) may call it, "
+     "from its own thread; in `async def main` write `await kv.waitall()`"),
+    ("geomx.kv.SyncKVStore(kv).push(0, 1.0)", "in `async def main` write `kv.push(...)`"),
+])
+def test_a_blocking_call_in_an_async_program_names_the_await_form(tmp_path, body, expected):
+    program = _write(tmp_path, "misuse_async.py", f"""
+        import geomx.kv
+
+        async def main(kv, ctx):
+            assert not geomx.kv.in_sync_program()
+            {body}
+        """)
+    with pytest.raises(JobFailed) as info:
+        _run(tmp_path, QUICKSTART, program, "run.iterations=2")
+    assert expected in str(info.value)
+
+
+def test_blocking_calls_outside_any_program_are_refused():
+    assert not geomx.kv.in_sync_program()
+    with pytest.raises(SyncCallError, match="only a synchronous program"):
+        run_blocking(asyncio.sleep, 0, call="sleep", async_form="await asyncio.sleep(0)")
+
+
+# ---------------------------------------------------------------- real sockets
+
+@pytest.mark.slow
+def test_a_sync_program_trains_over_real_sockets_as_in_the_emulator(tmp_path):
+    sets = ["run.iterations=20", "run.eval_every=5"]
+    emu = _run(tmp_path / "emu", EXAMPLES / "cnn.toml", "cnn_sync.py", *sets)
+    real = _run(tmp_path / "real", EXAMPLES / "cnn.toml", "cnn_sync.py", *sets,
+                runtime="real")
+    assert real.summary.iterations == 20
+    assert real.summary.final_accuracy == pytest.approx(emu.summary.final_accuracy, abs=1e-9)
+
+
+BLOCKED_FOREVER = """
+def main(kv, ctx):
+    params = ctx.build_model().params
+    kv.init(list(range(len(params))), params)
+    kv.waitall()
+    if kv.is_master_worker:
+        return
+    if ctx.worker_index == 0:
+        ctx.compute(3600)   # blocked in a call for an hour
+    kv.barrier()            # its DC's other worker waits for it
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_sync_program_blocks_exits_130_and_leaves_no_process(tmp_path):
+    program = _write(tmp_path, "blocked.py", BLOCKED_FOREVER)
+    out = tmp_path / "runs"
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "run", str(QUICKSTART),
+                          "--runtime", "real", "--quiet", "--out", str(out),
+                          "--program", str(program), "--set", "run.target_accuracy=0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         # as from a terminal (a background job has SIGINT ignored)
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not _blocked(out):
+            time.sleep(0.2)  # the job is starting
+        assert _blocked(out), "the programs never reached their blocking calls"
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, err
+    assert "geomx: interrupted" in err and "Traceback" not in err, err
+    left = subprocess.run(["pgrep", "-f", f"geomx node .*{out}"], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], left
+
+
+def _blocked(out) -> bool:
+    """party-b's workers are through their barrier, so party-a's have reached theirs:
+    w:party-a:0 sleeps in ``ctx.compute(3600)``, w:party-a:1 waits in ``kv.barrier()``."""
+    return len(list(out.glob("*/nodes/w_party-b_*.result.json"))) == 2
