@@ -50,13 +50,15 @@ def _log(result):
 
 # ---------------------------------------------------------------- the same event log
 
-def test_cnn_sync_example_writes_cnn_examples_event_log(tmp_path):
-    a = _run(tmp_path / "a", EXAMPLES / "cnn.toml", "cnn.py", "run.iterations=12",
-             "run.eval_every=4")
-    s = _run(tmp_path / "s", EXAMPLES / "cnn.toml", "cnn_sync.py", "run.iterations=12",
-             "run.eval_every=4")
+@pytest.mark.parametrize("args", [[], ["--mixed-sync"]], ids=["fsa", "mixed-sync"])
+def test_cnn_sync_example_writes_cnn_examples_event_log(tmp_path, args):
+    """``--mixed-sync`` makes the store with ``geomx.kv.create("dist_async")`` in the program."""
+    sets = ["run.iterations=8", "run.eval_every=4", f"training.program_args={args!r}"]
+    sets[-1] = sets[-1].replace("'", '"')
+    a = _run(tmp_path / "a", EXAMPLES / "cnn.toml", "cnn.py", *sets)
+    s = _run(tmp_path / "s", EXAMPLES / "cnn.toml", "cnn_sync.py", *sets)
     assert _log(a) == _log(s)
-    assert s.summary.iterations == 12 and s.summary.final_accuracy is not None
+    assert s.summary.iterations == 8 and s.summary.final_accuracy is not None
 
 
 ASYNC_CALLS = """
