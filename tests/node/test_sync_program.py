@@ -9,6 +9,7 @@ call to use; Ctrl-C while a call blocks leaves no process behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -391,3 +392,84 @@ def _blocked(out) -> bool:
     """party-b's workers are through their barrier, so party-a's have reached theirs:
     w:party-a:0 sleeps in ``ctx.compute(3600)``, w:party-a:1 waits in ``kv.barrier()``."""
     return len(list(out.glob("*/nodes/w_party-b_*.result.json"))) == 2
+
+
+NODES = ["gh", "lh:party-a", "lh:party-b", "gs:0", "ls:party-a", "ls:party-b", "mw",
+         "w:party-a:0", "w:party-a:1", "w:party-b:0", "w:party-b:1"]
+
+
+def _start_by_hand(tmp_path, program, *sets):
+    """Every node of the quickstart job as its own ``geomx node`` process, as on many hosts
+    (docs/real-runtime.md); SIGINT reaches each as from its terminal."""
+    from tests.helpers.ports import free_port_block
+
+    scenario = tmp_path / "job.toml"
+    scenario.write_text(QUICKSTART.read_text()
+                        + f"\n[real]\nport_base = {free_port_block(4)}\n")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "GEOMX_START_EPOCH": repr(time.time()),
+           "GEOMX_RUN_DIR": str(tmp_path / "run"), "GEOMX_SECRET": "by-hand",
+           "PYTHONPATH": str(ROOT)}
+    sets = [x for s in ("run.target_accuracy=0", "metrics.plot=false",
+                        f"training.program={program}", *sets) for x in ("--set", s)]
+    procs = {}
+    for name in NODES:
+        log = open(tmp_path / f"{name.replace(':', '_')}.log", "w")
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "geomx", "node", str(tmp_path / "job.toml"), "--name", name,
+             *sets], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return procs
+
+
+def _kill_all(procs):
+    for p in procs.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+@pytest.mark.slow
+def test_a_sync_program_in_a_job_started_node_by_node(tmp_path):
+    """``geomx node`` per node: each node runs the sync program the same way."""
+    program = _write(tmp_path, "by_hand.py", f"""
+        import sys
+        sys.path.insert(0, {str(EXAMPLES)!r})
+        import geomx.kv
+        import cnn_sync
+
+        def main(kv, ctx):
+            cnn_sync.main(kv, ctx)
+            return {{"on_program_thread": geomx.kv.in_sync_program()}}
+        """)
+    procs = _start_by_hand(tmp_path, program, "run.iterations=10")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs.values()):
+            time.sleep(0.2)
+        codes = {n: p.poll() for n, p in procs.items()}
+    finally:
+        _kill_all(procs)
+    logs = {n: (tmp_path / f"{n.replace(':', '_')}.log").read_text()[-1500:]
+            for n, c in codes.items() if c != 0}
+    assert all(c == 0 for c in codes.values()), (codes, logs)
+    evaluator = json.loads((tmp_path / "run" / "nodes" / "w_party-a_0.result.json").read_text())
+    assert evaluator["iterations"] == 10 and evaluator["result"]["accuracy"] > 0.3
+    assert evaluator["result"]["on_program_thread"] is True
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_node_started_by_hand_while_its_program_blocks_exits_130(tmp_path):
+    procs = _start_by_hand(tmp_path, _write(tmp_path, "blocked.py", BLOCKED_FOREVER))
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not _blocked(tmp_path):
+            time.sleep(0.2)
+        assert _blocked(tmp_path), "the programs never reached their calls"
+        time.sleep(1.0)
+        worker = procs["w:party-a:0"]  # in ctx.compute(3600)
+        worker.send_signal(signal.SIGINT)
+        code = worker.wait(30)
+    finally:
+        _kill_all(procs)
+    assert code == 130, (tmp_path / "w_party-a_0.log").read_text()[-1500:]
+    assert "Traceback" not in (tmp_path / "w_party-a_0.log").read_text()
