@@ -19,8 +19,8 @@ and on the real runtime's loop from a program thread.
 
     python bench/sync_program.py [--iterations 300] [--keys 8] [--repeat 3] [--no-real]
 
-Wall times depend on the machine and its load; the figures in docs/benchmarks.md say
-where they were taken.
+Wall times depend on the machine and its load (a handoff is two thread wake-ups, which
+a busy machine delays most); compare the two columns of one run, not runs of two days.
 """
 
 from __future__ import annotations
