@@ -493,3 +493,23 @@ def test_ctrl_c_to_a_node_started_by_hand_while_its_program_blocks_exits_130(tmp
         _kill_all(procs)
     assert code == 130, (tmp_path / "w_party-a_0.log").read_text()[-1500:]
     assert "Traceback" not in (tmp_path / "w_party-a_0.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_sync_program_with_state_resumes_bit_exact(tmp_path):
+    """Checkpoints are taken in ``ctx.iterations()`` on the node's loop, between two of the
+    program's calls: a stopped and resumed sync program ends with the uninterrupted model."""
+    import numpy as np
+
+    from tests.node.test_program_checkpoint import CNN, STATEFUL, _stop_and_resume
+
+    program = _write(tmp_path, "noisy_sync.py",
+                     STATEFUL.replace("async def main", "def main").replace("await ", ""))
+    scenario = tmp_path / "noisy.toml"
+    scenario.write_text(CNN.read_text().replace('program = "cnn.py"', f'program = "{program}"'))
+    clean, resumed, first, second = _stop_and_resume(
+        scenario, ["checkpoint.every=5"], stop=15, end=25, out=tmp_path / "runs")
+    for name in clean:
+        for a, b in zip(clean[name], resumed[name]):
+            assert np.array_equal(a, b)
+    assert second.summary.iterations == 25
