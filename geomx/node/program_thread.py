@@ -47,10 +47,6 @@ _CALL = 0
 _AWAIT = 1
 _END = 2
 
-#: How long a cancelled program's thread gets to unwind before the loop goes on without
-#: it (it can no longer reach the node: every call it makes raises at once).
-_UNWIND_S = 10.0
-
 #: The program and the thread ident it runs on, set in the program thread's context only.
 _program: contextvars.ContextVar[tuple["ProgramThread", int] | None] = contextvars.ContextVar(
     "geomx_sync_program", default=None)
@@ -162,9 +158,8 @@ class ProgramThread:
                     reply = (False, e)
                 blocked = False
                 request = await self._hand_back(reply)
-        except BaseException as e:
-            # (after Ctrl-C the loop goes no further: no need to wait for the thread)
-            self._cancel(blocked, join=not isinstance(e, KeyboardInterrupt))
+        except BaseException:
+            self._cancel(blocked)
             raise
 
     def _arm(self) -> None:
@@ -175,6 +170,8 @@ class ProgramThread:
         """The thread's next request: waited for in this callback when the loop runs
         threads in turn, awaited beside the loop's other work otherwise."""
         if self._in_turn:
+            # (Ctrl-C meanwhile raises KeyboardInterrupt here, in the loop's thread: it
+            # leaves the loop at once, before any other callback, and ends the run)
             self._loop_turn.acquire()
         else:
             assert self._waiter is not None
@@ -190,10 +187,10 @@ class ProgramThread:
         self._thread_turn.release()
         return await self._next()
 
-    def _cancel(self, blocked: bool, *, join: bool) -> None:
+    def _cancel(self, blocked: bool) -> None:
         """The task serving the program was cancelled (or failed): the thread's pending
-        call and every later one raise CancelledError. In turn-taking, ``join`` waits
-        for the thread to unwind so that it never runs beside the loop."""
+        call and every later one raise CancelledError, so the thread unwinds without
+        reaching the node again (nothing it does then can touch the loop or its log)."""
         with self._guard:
             self._cancelled = True
             waiting = blocked or self._request is not None
@@ -201,8 +198,6 @@ class ProgramThread:
         if waiting:
             self._reply = (False, asyncio.CancelledError())
             self._thread_turn.release()
-        if join and self._in_turn and self._thread is not None:
-            self._thread.join(_UNWIND_S)
 
     def _wake(self) -> None:
         waiter = self._waiter

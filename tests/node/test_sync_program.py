@@ -513,3 +513,38 @@ def test_a_sync_program_with_state_resumes_bit_exact(tmp_path):
         for a, b in zip(clean[name], resumed[name]):
             assert np.array_equal(a, b)
     assert second.summary.iterations == 25
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_emulator_while_a_sync_program_computes_exits_130(tmp_path):
+    """The loop waits for the program's thread, with the clock stopped: Ctrl-C there
+    still ends the run (at once, no other node's program started)."""
+    marker = tmp_path / "computing"
+    program = _write(tmp_path, "sleeps.py", f"""
+        import pathlib
+        import time
+
+        def main(kv, ctx):
+            if not kv.is_master_worker:
+                pathlib.Path({str(marker)!r}).touch()
+                time.sleep(3600)   # the program's own work, an hour of it
+        """)
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "run", str(QUICKSTART), "--quiet",
+                          "--out", str(tmp_path / "runs"), "--program", str(program)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not marker.exists():
+            time.sleep(0.1)
+        assert marker.exists(), "the program never started"
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, err
+    assert "geomx: interrupted" in err
