@@ -548,3 +548,21 @@ def test_ctrl_c_in_the_emulator_while_a_sync_program_computes_exits_130(tmp_path
             p.wait()
     assert p.returncode == 130, err
     assert "geomx: interrupted" in err
+
+
+def test_library_code_reaches_the_loop_from_a_sync_program(tmp_path):
+    """``geomx.kv.run_blocking`` awaits a coroutine of its own on the node's loop (here a
+    virtual half second); ``run_on_loop`` makes a plain call there."""
+    program = _write(tmp_path, "library.py", """
+        import asyncio
+        import geomx.kv
+
+        def main(kv, ctx):
+            t0 = ctx.now()
+            geomx.kv.run_blocking(asyncio.sleep, 0.5)
+            loop_time = geomx.kv.run_on_loop(lambda: asyncio.get_running_loop().time())
+            return {"slept_s": ctx.now() - t0, "same_clock": loop_time == ctx.now()}
+        """)
+    r = _run(tmp_path, QUICKSTART, program, "run.iterations=1")
+    final = r.summary.extra["final_eval"]
+    assert final["slept_s"] == 0.5 and final["same_clock"] is True
