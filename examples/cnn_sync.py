@@ -5,7 +5,7 @@ return, ``kv.waitall()`` and ``ctx.compute(...)`` block. geomx runs the program 
 thread of its own beside the node (docs/guide.md, "Synchronous programs"); in the
 emulator its event log is ``cnn.py``'s, byte for byte. Run it with ``cnn.py``'s scenario:
 
-    geomx run examples/cnn.toml --program cnn_sync.py [--runtime real]
+    geomx run examples/cnn.toml --program examples/cnn_sync.py [--runtime real]
 """
 
 from __future__ import annotations
