@@ -47,8 +47,8 @@ class SyncKVStore:
     ``async def main``, gets :class:`~geomx.node.program_thread.SyncCallError`).
     """
 
-    def __init__(self, store: kvstore.KVStore):
-        self._store = store
+    def __init__(self, store: "kvstore.KVStore | SyncKVStore"):
+        self._store = store.async_store if isinstance(store, SyncKVStore) else store
 
     @property
     def async_store(self) -> kvstore.KVStore:
