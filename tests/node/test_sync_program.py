@@ -147,11 +147,17 @@ def test_a_program_with_compute_barriers_and_value_pulls_logs_the_same_sync_or_a
     assert s.summary.extra["final_eval"]["now"] > 9 * (0.002 + 0.010)
 
 
-def test_worker_sync_steps_block_and_log_the_same_under_hfa(tmp_path):
+@pytest.mark.parametrize("sets", [
+    ["sync.algorithm=hfa", "sync.k1=2", "sync.k2=2", "training.optimizer=none"],
+    ["sync.algorithm=esync", "training.optimizer=none"],
+    ["sync.algorithm=mixed"],
+], ids=["hfa", "esync", "mixed"])
+def test_worker_sync_steps_block_and_log_the_same(tmp_path, sets):
+    """``ctx.worker_sync(...).step`` blocks; ESync's goodbye to the state server still
+    comes when ``main`` returns."""
     pair = (ROOT / "tools" / "pair_program.py").read_text()
     sync_pair = (pair.replace("async def main", "def main").replace("await ", ""))
-    sets = ["run.iterations=8", "sync.algorithm=hfa", "sync.k1=2", "sync.k2=2",
-            "training.optimizer=none", "training.worker_optimizer=adam"]
+    sets = ["run.iterations=8", "training.worker_optimizer=adam", *sets]
     a = _run(tmp_path / "a", QUICKSTART, ROOT / "tools" / "pair_program.py", *sets)
     s = _run(tmp_path / "s", QUICKSTART, _write(tmp_path, "pair_sync.py", sync_pair), *sets)
     assert _log(a) == _log(s)
