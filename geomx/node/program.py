@@ -85,7 +85,9 @@ def load_program(spec: str) -> Callable[..., Any]:
     if func is None:
         raise ProgramError(f"training program {spec!r} has no function {fn!r}; write "
                            f"`def {fn}(kv, ctx):` or `async def {fn}(kv, ctx):`")
-    if (not inspect.isfunction(func) or inspect.isgeneratorfunction(func)
+    if inspect.iscoroutinefunction(func):
+        return func
+    if (not callable(func) or inspect.isclass(func) or inspect.isgeneratorfunction(func)
             or inspect.isasyncgenfunction(func)):
         raise ProgramError(f"training program {spec!r}: {fn} must be a function, "
                            f"`def {fn}(kv, ctx):` or `async def {fn}(kv, ctx):`")
