@@ -84,6 +84,10 @@ class SyncKVStore:
         """The global tier told this worker that the job should stop."""
         return self._store.stop_requested
 
+    @stop_requested.setter
+    def stop_requested(self, value: bool) -> None:
+        run_on_loop(setattr, self._store, "stop_requested", value, call="kv.stop_requested = ...")
+
     # ------------------------------------------------------------------ calls
     def _enqueue(self, call: str, fn: Any, *args: Any, **kwargs: Any) -> None:
         run_on_loop(_dropped, fn, args, kwargs, call=f"kv.{call}()",
