@@ -572,3 +572,22 @@ def test_library_code_reaches_the_loop_from_a_sync_program(tmp_path):
     r = _run(tmp_path, QUICKSTART, program, "run.iterations=1")
     final = r.summary.extra["final_eval"]
     assert final["slept_s"] == 0.5 and final["same_clock"] is True
+
+
+def test_the_sync_store_and_context_offer_every_public_call_of_the_async_ones():
+    """The contract library code (geomx.torch) relies on: a sync program's ``kv`` and
+    ``ctx`` have the async ones' public names, and none of their calls is a coroutine."""
+    from geomx.node.kvstore import KVStore
+    from geomx.node.program import ProgramContext
+    from geomx.node.sync_program import SyncKVStore, SyncProgramContext
+
+    node_internal = {"declare_keys"}  # the node calls it on the async store it registered
+    public = {n for n in dir(KVStore) if not n.startswith("_")} - node_internal
+    assert public <= set(dir(SyncKVStore))
+    assert not [n for n in public if asyncio.iscoroutinefunction(getattr(SyncKVStore, n))]
+    overridden = {n for n in vars(SyncProgramContext) if not n.startswith("_")}
+    async_calls = {n for n in dir(ProgramContext) if not n.startswith("_")
+                   and asyncio.iscoroutinefunction(getattr(ProgramContext, n))}
+    assert async_calls <= overridden  # compute blocks, finish_sync is refused by name
+    assert not [n for n in overridden
+                if asyncio.iscoroutinefunction(getattr(SyncProgramContext, n))]
