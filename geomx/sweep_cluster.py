@@ -279,8 +279,10 @@ class ClusterPool:
         for worker, reply in sorted(replies.items()):
             if isinstance(reply, BaseException):
                 text = f"{type(reply).__name__}: {reply}"
-                if isinstance(reply, ImportError) and "geomx" in str(reply):
-                    raise ClusterError(f"worker {worker} cannot import geomx ({text}); install "
+                # the probe is geomx code: a worker without geomx cannot even unpickle it
+                if "No module named 'geomx" in text:
+                    raise ClusterError(f"worker {worker} cannot import geomx (No module named "
+                                       f"'geomx'); install "
                                        f"this geomx there (pip install 'geomx[cluster]' from "
                                        f"the same checkout or wheel)")
                 raise ClusterError(f"worker {worker} failed its check: {text}")
