@@ -295,8 +295,10 @@ def _run_point(scenario_path: str, overrides: list[str], tmp_parent: str,
 
 
 def _raise_failed(outcome: dict[str, Any]) -> dict[str, Any]:
+    from geomx.sweep_cluster import TaskError
+
     if outcome["status"] != "done":
-        raise RuntimeError(outcome["error"])
+        raise TaskError(outcome["error"])
     return outcome
 
 
@@ -418,7 +420,7 @@ def run_sweep(
     folder at the same path (None: find out by having them read a file written here).
     A cluster that cannot run the sweep raises geomx.sweep_cluster.ClusterError.
     """
-    scenario_path = os.fspath(scenario_path)
+    scenario_path = given_path = os.fspath(scenario_path)
     points = plan_sweep(scenario_path, axes, seeds, base_overrides)
     jobs = jobs or os.cpu_count() or 1
     if jobs < 1:
@@ -434,10 +436,13 @@ def run_sweep(
 
         address = cluster_address(cluster)
     if address is not None:
+        # workers run in folders of their own: every path they are given is absolute
+        scenario_path = os.path.abspath(scenario_path)
+        sweep_dir = Path(os.path.abspath(sweep_dir))
         pool, shared_fs = _open_cluster(address, scenario_path, pending, base_overrides,
                                         sweep_dir, shared_fs)
     try:
-        return _run_sweep(scenario_path, axes, points, pending, sweep_dir, jobs,
+        return _run_sweep(scenario_path, given_path, axes, points, pending, sweep_dir, jobs,
                           base_overrides, progress, plots, pool, bool(shared_fs))
     finally:
         if pool is not None:
@@ -455,9 +460,10 @@ def _open_cluster(address: str, scenario_path: str, pending: Sequence[SweepPoint
                   shared_fs: bool | None) -> tuple[Any, bool]:
     """Connect to the cluster and check its workers (geomx, files, file system) before
     anything runs; returns the pool and whether the workers share the sweep folder."""
-    from geomx.sweep_cluster import ClusterPool
+    from geomx.sweep_cluster import ClusterPool, ScenarioFile
 
     files = {f for p in pending for f in _point_files(scenario_path, p, base_overrides)}
+    files.add(ScenarioFile("the scenario file", scenario_path, True))
     pool = ClusterPool(address)
     try:
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -493,7 +499,8 @@ def _cluster_task(scenario_path: str, p: SweepPoint, base_overrides: Sequence[st
                         [*overrides, *pinned], shipped))
 
 
-def _run_sweep(scenario_path: str, axes: Sequence[GridAxis], points: list[SweepPoint],
+def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
+               points: list[SweepPoint],
                pending: list[SweepPoint], sweep_dir: Path, jobs: int,
                base_overrides: Sequence[str], progress: bool, plots: bool, pool: Any,
                shared: bool) -> SweepResult:
@@ -502,7 +509,7 @@ def _run_sweep(scenario_path: str, axes: Sequence[GridAxis], points: list[SweepP
     runs_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp_dir, ignore_errors=True)  # leftovers of an interrupted sweep
     tmp_dir.mkdir()
-    manifest = {"scenario": scenario_path, "grid": {a.key: list(a.values) for a in axes},
+    manifest = {"scenario": given_path, "grid": {a.key: list(a.values) for a in axes},
                 "seeds": sorted({p.seed for p in points}), "set": list(base_overrides),
                 "points": len(points)}
     (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -46,6 +46,10 @@ class ClusterError(RuntimeError):
     """A cluster that cannot run the tasks: one line saying which part and what to do."""
 
 
+class TaskError(Exception):
+    """Raised by a task body whose message is already the whole one-line reason."""
+
+
 class TaskFailed(Exception):
     """A task that raised on a worker: the worker's address and the error, one line."""
 
@@ -189,6 +193,8 @@ def run_checked(digest: str, kernel_threads: dict[str, int], fn: Callable[..., A
         limit_kernel_threads(kernel_threads.get(_host(worker.address)) or
                              max(1, (os.cpu_count() or 1) // max(1, worker.state.nthreads)))
         return fn(*args)
+    except TaskError as exc:
+        raise TaskFailed(worker.address, str(exc)) from None
     except Exception as exc:
         raise TaskFailed(worker.address, f"{type(exc).__name__}: {exc}") from None
 

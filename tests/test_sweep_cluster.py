@@ -148,28 +148,36 @@ def test_a_cluster_sweep_equals_the_local_one_and_resumes(cluster, local_sweep, 
     assert "8 runs: 0 ran, 8 resumed, 0 failed" in capsys.readouterr().out
 
 
-def test_geomx_cluster_env_and_files_that_travel(cluster, tmp_path, monkeypatch, capsys):
-    """A trace named relative to the client's folder travels with the task to workers
-    that run elsewhere; GEOMX_CLUSTER stands for --cluster."""
+def test_relative_paths_and_files_that_travel(cluster, tmp_path, monkeypatch, capsys):
+    """Paths given relative to the client's folder, for workers that run in another one:
+    the scenario and a trace next to it travel with the tasks, or are read in place
+    through absolute paths; a trace that is only relative to the client's folder is
+    refused in place. GEOMX_CLUSTER stands for --cluster."""
     client_cwd = tmp_path / "client"
     (client_cwd / "traces").mkdir(parents=True)
     (client_cwd / "traces" / "bw.csv").write_text("time_s,bandwidth\n0,50Mbps\n0.2,100Mbps\n")
+    (client_cwd / "quickstart.toml").write_text(QUICKSTART.read_text())
     monkeypatch.chdir(client_cwd)
     monkeypatch.setenv("GEOMX_CLUSTER", cluster.address)
-    argv = ["sweep", str(QUICKSTART), "--grid", "wan.1.bandwidth=20Mbps,1Gbps", "--quiet",
+    argv = ["sweep", "quickstart.toml", "--grid", "wan.1.bandwidth=20Mbps,1Gbps", "--quiet",
             "--no-plots", "--set", "wan.0.trace=traces/bw.csv",
             *[a for s in BASE for a in ("--set", s)]]
-    assert main([*argv, "--out", str(tmp_path / "sent"), "--no-shared-fs"]) == 0
-    table = read_sweep(tmp_path / "sent")
-    assert list(table["status"]) == ["done", "done"]
-    assert table["emulated_seconds"][0] > table["emulated_seconds"][1]
+    assert main([*argv, "--out", "sent", "--no-shared-fs"]) == 0
+    assert main([*argv, "--out", "in-place"]) == 0
+    sent, in_place = read_sweep("sent"), read_sweep("in-place")
+    assert list(sent["status"]) == list(in_place["status"]) == ["done", "done"]
+    assert sent["emulated_seconds"][0] > sent["emulated_seconds"][1]
+    for col in sent.keys():
+        if col not in WALL_COLUMNS:
+            assert list(sent[col]) == list(in_place[col]), col
     capsys.readouterr()
-    # read in place, the same relative path is not there for workers in another folder
-    assert main([*argv, "--out", str(tmp_path / "in-place"), "--shared-fs"]) == 2
+    # the scenario elsewhere: the trace is found only relative to this folder
+    argv[1] = str(QUICKSTART)
+    assert main([*argv, "--out", "refused", "--shared-fs"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "wan.0.trace 'traces/bw.csv' is not there" in err and "worker tcp://" in err
-    assert not (tmp_path / "in-place" / "runs").exists()
+    assert not (client_cwd / "refused" / "runs").exists()
 
 
 def test_a_worker_without_geomx_is_refused_before_anything_runs(cluster, tmp_path, capsys):
