@@ -542,8 +542,34 @@ def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
         return (scenario_path, p.overrides(base_overrides), str(tmp_dir / f"p{p.index}"),
                 str(runs_dir / p.folder), None if workers == 1 else max(1, cores // workers))
 
+    try:
+        _run_points(scenario_path, pending, base_overrides, tmp_dir, runs_dir, pool, shared,
+                    workers, args, finish, bar.set_running)
+    except BaseException:  # Ctrl-C: the table lists every point that finished
+        for p in pending:
+            summary_path = runs_dir / p.folder / SUMMARY_FILE
+            if p.index not in outcomes and summary_path.exists():
+                outcomes[p.index] = {"status": "done",
+                                     "summary": json.loads(summary_path.read_text())}
+        _write_csv(csv_path, points, axes, outcomes)
+        raise
+    table = _write_csv(csv_path, points, axes, outcomes)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    result = SweepResult(sweep_dir, table,
+                         ran=len(pending),
+                         resumed=len(points) - len(pending),
+                         failed=sum(o["status"] != "done" for o in outcomes.values()))
+    if plots:
+        for name in plot_sweep(table, sweep_dir):
+            result.plots.append(sweep_dir / name)
+    return result
+
+
+def _run_points(scenario_path: str, pending: list[SweepPoint], base_overrides: Sequence[str],
+                tmp_dir: Path, runs_dir: Path, pool: Any, shared: bool, workers: int,
+                args: Any, finish: Any, on_running: Any) -> None:
+    """Run the pending points on the cluster, in `workers` local processes, or here."""
     if pool is not None:
-        bar.running = 0
         by_name = {f"point-{p.index}": p for p in pending}
 
         def done(task: Any, result: Any, error: str | None) -> None:
@@ -557,7 +583,7 @@ def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
             finish(p, result)
 
         pool.run([_cluster_task(scenario_path, p, base_overrides, tmp_dir, runs_dir, shared)
-                  for p in pending], done, on_tick=bar.set_running)
+                  for p in pending], done, on_tick=on_running)
     elif workers == 1:
         for p in pending:
             finish(p, _run_point(*args(p)))
@@ -574,13 +600,3 @@ def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
             except BaseException:
                 pool_.shutdown(wait=False, cancel_futures=True)
                 raise
-    table = _write_csv(csv_path, points, axes, outcomes)
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    result = SweepResult(sweep_dir, table,
-                         ran=len(pending),
-                         resumed=len(points) - len(pending),
-                         failed=sum(o["status"] != "done" for o in outcomes.values()))
-    if plots:
-        for name in plot_sweep(table, sweep_dir):
-            result.plots.append(sweep_dir / name)
-    return result

@@ -240,6 +240,37 @@ def test_a_local_sweep_does_not_import_dask(tmp_path):
     assert len(list((tmp_path / "s" / "runs").glob("*/summary.json"))) == 2
 
 
+def test_ctrl_c_cancels_the_tasks_and_keeps_the_finished_points(cluster, tmp_path):
+    from geomx.cli import EXIT_INTERRUPTED
+
+    out = tmp_path / "sweep"
+    argv = _sweep_argv(out, "--cluster", cluster.address)
+    argv[argv.index("run.iterations=12")] = "run.iterations=40"  # points long enough to stop
+    proc = subprocess.Popen([sys.executable, "-m", "geomx", *argv], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any((out / "runs").glob("*/summary.json")):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_INTERRUPTED, err
+    assert "interrupted" in err
+    with distributed.Client(cluster.address, timeout=30) as client:
+        deadline = time.monotonic() + 60  # a point already running finishes; none starts
+        while any(client.processing().values()):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finished = list((out / "runs").glob("*/summary.json"))
+    assert 1 <= len(finished) < 8
+    assert set(read_sweep(out)["status"]) == {"done"}
+
+
 def test_a_worker_killed_mid_sweep_does_not_stop_it(cluster, local_sweep, tmp_path):
     """Runs in place (the workers see the sweep folder); one worker is killed as soon as
     the first point is done, and the other finishes the sweep."""
