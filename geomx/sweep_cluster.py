@@ -208,7 +208,7 @@ class ClusterTask:
     fn: Callable[..., Any]
     args: tuple[Any, ...]
     tries: int = 0
-    failed_on: tuple[str, ...] = ()
+    failed_on: tuple[str, ...] = ()  # the worker of each failed try
 
 
 class ClusterPool:
@@ -276,7 +276,7 @@ class ClusterPool:
         files = list(files)
         try:
             replies = self.client.run(probe_worker, str(marker) if marker else None,
-                                      marker_text, [(f.field, f.path) for f in files],
+                                      marker_text, [(f.field, f.location) for f in files],
                                       on_error="return")
         finally:
             if marker is not None:
@@ -310,7 +310,7 @@ class ClusterPool:
             raise ClusterError(f"--shared-fs: worker {blind} does not see {marker.parent if marker else 'the output folder'}; "
                                f"mount it at the same path on every worker, or drop --shared-fs "
                                f"to have the files sent back")
-        must_exist = {(f.field, f.path) for f in files if shared or not f.travels}
+        must_exist = {(f.field, f.location) for f in files if shared or not f.travels}
         for worker, reply in sorted(replies.items()):
             for field, path in reply["missing"]:
                 if (field, path) in must_exist:
@@ -321,7 +321,7 @@ class ClusterPool:
         return shared
 
     def _submit(self, task: ClusterTask) -> None:
-        others = [w for w in self.workers() if w not in task.failed_on]
+        others = [w for w in self.workers() if w not in task.failed_on]  # none: any worker
         task.tries += 1
         key = f"geomx-{task.name}-{task.tries}-{uuid.uuid4().hex[:8]}"
         fut = self.client.submit(run_checked, package_digest(), self.kernel_threads, task.fn,
@@ -374,11 +374,11 @@ class ClusterPool:
                         on_done(task, fut.result(), None)
                         continue
                     worker, text = error
+                    task.failed_on = (*task.failed_on, worker or "a worker that died")
                     if task.tries < 2:
-                        task.failed_on = (*task.failed_on, worker) if worker else task.failed_on
                         self._submit(task)
                     else:
-                        on_done(task, None, text)
+                        on_done(task, None, f"{text} (tried on {' and then '.join(task.failed_on)})")
                 if on_tick is not None:
                     n = self.running()
                     if n != last_running:
@@ -397,7 +397,7 @@ class ClusterPool:
             return "", "cancelled by the scheduler (it restarted or lost the task)"
         exc = fut.exception()
         if isinstance(exc, TaskFailed):
-            return exc.worker, str(exc)
+            return exc.worker, exc.error
         if isinstance(exc, self._distributed.KilledWorker):
             return "", f"its worker died while running it ({exc})"
         return "", f"{type(exc).__name__}: {exc}"

@@ -180,6 +180,38 @@ def test_relative_paths_and_files_that_travel(cluster, tmp_path, monkeypatch, ca
     assert not (client_cwd / "refused" / "runs").exists()
 
 
+def test_a_failing_point_is_retried_on_the_other_worker_then_reported_by_name(
+        cluster, tmp_path, capsys):
+    """A training program that raises on one grid value: that point fails on both
+    workers in turn and is named with both; the other point is done. The program is
+    read in place, then sent with the tasks."""
+    (tmp_path / "flaky.py").write_text(
+        "async def main(kv, ctx):\n"
+        "    if ctx.args == ['--boom']:\n"
+        "        raise RuntimeError('boom')\n")
+    scenario = tmp_path / "job.toml"
+    scenario.write_text(QUICKSTART.read_text().replace(
+        "[training]\n", "[training]\nprogram = \"flaky.py:main\"\n"))
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(scenario), "--grid", "training.program_args=[],[\"--boom\"]",
+            "--out", str(out), "--quiet", "--no-plots", "--cluster", cluster.address,
+            *[a for s in BASE for a in ("--set", s)]]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "2 runs: 2 ran, 0 resumed, 1 failed" in captured.out
+    failed = [line for line in captured.err.splitlines() if line.startswith("failed: ")]
+    assert len(failed) == 1 and "program_args=" in failed[0] and "boom" in failed[0], failed
+    tried = failed[0].split("(tried on ")[1]
+    workers = [w.strip(" )") for w in tried.split(" and then ")]
+    assert len(workers) == 2 and workers[0] != workers[1], failed[0]
+    assert list(read_sweep(out)["status"]) == ["done", "failed"]
+    # the same with the program sent along with the tasks
+    argv[argv.index(str(out))] = str(tmp_path / "sent")
+    assert main([*argv, "--no-shared-fs"]) == 1
+    assert list(read_sweep(tmp_path / "sent")["status"]) == ["done", "failed"]
+    assert "(tried on tcp://" in capsys.readouterr().err
+
+
 def test_a_worker_without_geomx_is_refused_before_anything_runs(cluster, tmp_path, capsys):
     """A worker whose Python has this one's packages except geomx: its site-packages,
     without geomx, as the only path (-S: no site-packages, so no editable-install hook)."""
