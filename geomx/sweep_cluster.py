@@ -1,8 +1,8 @@
-"""Independent tasks on a Dask distributed cluster: the executor seam of `geomx sweep
---cluster` and `geomx fidelity --cluster`.
+"""Independent tasks on a Dask distributed cluster: the executor seam behind `geomx sweep
+--cluster` (and any other runner of independent emulations; docs/sweeps.md says why
+`geomx fidelity` is not one).
 
-Why Dask and not a runner of our own: sweep points and fidelity cases are independent
-single-process jobs, and Dask distributed already schedules such jobs over machines
+Why Dask and not a runner of our own: sweep points are independent single-process jobs, and Dask distributed already schedules such jobs over machines
 (`dask scheduler` / `dask worker`, under Slurm with dask-jobqueue or on Kubernetes; see
 docs/sweeps.md). It is imported only when a cluster address is given, so local sweeps
 never load it, and it is an optional extra (`pip install 'geomx[cluster]'`).

@@ -237,6 +237,29 @@ def test_a_worker_without_geomx_is_refused_before_anything_runs(cluster, tmp_pat
         cluster.wait_for(2)
 
 
+def test_a_worker_with_another_geomx_is_refused_before_anything_runs(cluster, tmp_path,
+                                                                      capsys):
+    """The same version string, one source file changed: the source hashes differ."""
+    import shutil
+
+    alt = tmp_path / "alt"
+    shutil.copytree(ROOT / "geomx", alt / "geomx", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(alt / "geomx" / "sweep.py", "a") as f:
+        f.write("\n# a local edit on one worker\n")
+    cluster.start_worker("other", env={**os.environ, "PYTHONPATH": str(alt)})
+    try:
+        cluster.wait_for(3)
+        out = tmp_path / "sweep"
+        assert main(_sweep_argv(out, "--cluster", cluster.address)) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert "runs a different geomx (source hash" in err, err
+        assert not (out / "runs").exists()
+    finally:
+        cluster.kill("other")
+        cluster.wait_for(2)
+
+
 def test_unreachable_scheduler_and_missing_dask_are_one_line(tmp_path, monkeypatch, capsys):
     import socket
 
