@@ -178,6 +178,15 @@ def test_relative_paths_and_files_that_travel(cluster, tmp_path, monkeypatch, ca
     assert len(err.splitlines()) == 1
     assert "wan.0.trace 'traces/bw.csv' is not there" in err and "worker tcp://" in err
     assert not (client_cwd / "refused" / "runs").exists()
+    # a data set never travels, shared file system or not
+    (client_cwd / "train.svm").write_bytes(
+        (ROOT / "scenarios" / "data" / "libsvm_example.svm").read_bytes())
+    libsvm = ["sweep", str(ROOT / "scenarios" / "libsvm_example.toml"), "--seeds", "2",
+              "--set", "training.data_path=train.svm", "--out", "data", "--no-shared-fs"]
+    assert main(libsvm) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "training.data_path 'train.svm' is not there (data paths do not travel" in err, err
 
 
 def test_a_failing_point_is_retried_on_the_other_worker_then_reported_by_name(
