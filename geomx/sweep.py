@@ -43,12 +43,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from geomx.metrics.summary import SUMMARY_FILE
 from geomx.metrics.sweep_results import (
@@ -60,6 +60,9 @@ from geomx.metrics.sweep_results import (
 )
 from geomx.metrics.table import Table
 from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
+
+if TYPE_CHECKING:
+    from geomx.sweep_cluster import ClusterPool, ClusterTask, ScenarioFile
 
 RUNS_DIR = "runs"
 TMP_DIR = ".tmp"
@@ -449,7 +452,8 @@ def run_sweep(
             pool.close()
 
 
-def _point_files(scenario_path: str, p: SweepPoint, base_overrides: Sequence[str]) -> list:
+def _point_files(scenario_path: str, p: SweepPoint,
+                 base_overrides: Sequence[str]) -> list[ScenarioFile]:
     from geomx.sweep_cluster import scenario_files
 
     return scenario_files(load_scenario(scenario_path, p.overrides(base_overrides)))
@@ -457,7 +461,7 @@ def _point_files(scenario_path: str, p: SweepPoint, base_overrides: Sequence[str
 
 def _open_cluster(address: str, scenario_path: str, pending: Sequence[SweepPoint],
                   base_overrides: Sequence[str], sweep_dir: Path,
-                  shared_fs: bool | None) -> tuple[Any, bool]:
+                  shared_fs: bool | None) -> tuple[ClusterPool, bool]:
     """Connect to the cluster and check its workers (geomx, files, file system) before
     anything runs; returns the pool and whether the workers share the sweep folder."""
     from geomx.sweep_cluster import ClusterPool, ScenarioFile
@@ -477,7 +481,7 @@ def _open_cluster(address: str, scenario_path: str, pending: Sequence[SweepPoint
 
 
 def _cluster_task(scenario_path: str, p: SweepPoint, base_overrides: Sequence[str],
-                  tmp_dir: Path, runs_dir: Path, shared: bool) -> Any:
+                  tmp_dir: Path, runs_dir: Path, shared: bool) -> ClusterTask:
     """The task of point `p`: run in place on a shared file system, or shipped."""
     from geomx.sweep_cluster import ClusterTask
 
@@ -502,8 +506,8 @@ def _cluster_task(scenario_path: str, p: SweepPoint, base_overrides: Sequence[st
 def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
                points: list[SweepPoint],
                pending: list[SweepPoint], sweep_dir: Path, jobs: int,
-               base_overrides: Sequence[str], progress: bool, plots: bool, pool: Any,
-               shared: bool) -> SweepResult:
+               base_overrides: Sequence[str], progress: bool, plots: bool,
+               pool: ClusterPool | None, shared: bool) -> SweepResult:
     runs_dir = sweep_dir / RUNS_DIR
     tmp_dir = sweep_dir / TMP_DIR
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -566,13 +570,15 @@ def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
 
 
 def _run_points(scenario_path: str, pending: list[SweepPoint], base_overrides: Sequence[str],
-                tmp_dir: Path, runs_dir: Path, pool: Any, shared: bool, workers: int,
-                args: Any, finish: Any, on_running: Any) -> None:
+                tmp_dir: Path, runs_dir: Path, pool: ClusterPool | None, shared: bool,
+                workers: int, args: Callable[[SweepPoint], tuple],
+                finish: Callable[[SweepPoint, dict[str, Any]], None],
+                on_running: Callable[[int], None]) -> None:
     """Run the pending points on the cluster, in `workers` local processes, or here."""
     if pool is not None:
         by_name = {f"point-{p.index}": p for p in pending}
 
-        def done(task: Any, result: Any, error: str | None) -> None:
+        def done(task: ClusterTask, result: Any, error: str | None) -> None:
             p = by_name[task.name]
             if error is not None:
                 finish(p, {"status": "failed", "error": error})
@@ -589,8 +595,8 @@ def _run_points(scenario_path: str, pending: list[SweepPoint], base_overrides: S
             finish(p, _run_point(*args(p)))
     else:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool_:
-            futures = {pool_.submit(_run_point, *args(p)): p for p in pending}
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as processes:
+            futures = {processes.submit(_run_point, *args(p)): p for p in pending}
             try:
                 remaining = set(futures)
                 while remaining:
@@ -598,5 +604,5 @@ def _run_points(scenario_path: str, pending: list[SweepPoint], base_overrides: S
                     for fut in finished:
                         finish(futures[fut], fut.result())
             except BaseException:
-                pool_.shutdown(wait=False, cancel_futures=True)
+                processes.shutdown(wait=False, cancel_futures=True)
                 raise

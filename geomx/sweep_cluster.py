@@ -2,10 +2,11 @@
 --cluster` (and any other runner of independent emulations; docs/sweeps.md says why
 `geomx fidelity` is not one).
 
-Why Dask and not a runner of our own: sweep points are independent single-process jobs, and Dask distributed already schedules such jobs over machines
-(`dask scheduler` / `dask worker`, under Slurm with dask-jobqueue or on Kubernetes; see
-docs/sweeps.md). It is imported only when a cluster address is given, so local sweeps
-never load it, and it is an optional extra (`pip install 'geomx[cluster]'`).
+Why Dask and not a runner of our own: sweep points are independent single-process jobs,
+and Dask distributed already schedules such jobs over machines (`dask scheduler` /
+`dask worker`, under Slurm with dask-jobqueue or on Kubernetes; see docs/sweeps.md).
+It is imported only when a cluster address is given, so local sweeps never load it, and
+it is an optional extra (`pip install 'geomx[cluster]'`).
 
 What this module adds to a bare `Client.submit`:
 
@@ -307,9 +308,10 @@ class ClusterPool:
             shared = bool(replies) and all(r["sees_folder"] for r in replies.values())
         elif shared and not all(r["sees_folder"] for r in replies.values()):
             blind = next(w for w, r in sorted(replies.items()) if not r["sees_folder"])
-            raise ClusterError(f"--shared-fs: worker {blind} does not see {marker.parent if marker else 'the output folder'}; "
-                               f"mount it at the same path on every worker, or drop --shared-fs "
-                               f"to have the files sent back")
+            folder = marker.parent if marker is not None else "the output folder"
+            raise ClusterError(f"--shared-fs: worker {blind} does not see {folder}; mount it "
+                               f"at the same path on every worker, or give --no-shared-fs to "
+                               f"have the files sent back")
         must_exist = {(f.field, f.location) for f in files if shared or not f.travels}
         for worker, reply in sorted(replies.items()):
             for field, path in reply["missing"]:
@@ -321,12 +323,12 @@ class ClusterPool:
         return shared
 
     def _submit(self, task: ClusterTask) -> None:
-        others = [w for w in self.workers() if w not in task.failed_on]  # none: any worker
+        # a retry goes to another worker when there is one
+        others = [w for w in self.workers() if w not in task.failed_on] if task.failed_on else []
         task.tries += 1
         key = f"geomx-{task.name}-{task.tries}-{uuid.uuid4().hex[:8]}"
         fut = self.client.submit(run_checked, package_digest(), self.kernel_threads, task.fn,
-                                 *task.args, key=key,
-                                 pure=False, workers=others if task.failed_on and others else None)
+                                 *task.args, key=key, pure=False, workers=others or None)
         self._futures[fut] = task
 
     def running(self) -> int:
@@ -354,7 +356,8 @@ class ClusterPool:
             self._submit(task)
         last_running = -1
         if on_tick is not None:  # what the workers' threads will take first
-            last_running = min(len(tasks), sum(i["nthreads"] for i in self._workers_info().values()))
+            threads = sum(i["nthreads"] for i in self._workers_info().values())
+            last_running = min(len(tasks), threads)
             on_tick(last_running)
         try:
             while self._futures:
@@ -378,7 +381,8 @@ class ClusterPool:
                     if task.tries < 2:
                         self._submit(task)
                     else:
-                        on_done(task, None, f"{text} (tried on {' and then '.join(task.failed_on)})")
+                        tried = " and then ".join(task.failed_on)
+                        on_done(task, None, f"{text} (tried on {tried})")
                 if on_tick is not None:
                     n = self.running()
                     if n != last_running:
