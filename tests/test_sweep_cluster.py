@@ -89,8 +89,9 @@ class Cluster:
         with distributed.Client(self.address, timeout=30) as client:
             deadline = time.monotonic() + 60
             while len(client.scheduler_info(n_workers=-1)["workers"]) != n_workers:
-                logs = {n: (self.root / f"{n}.log").read_text()[-2000:] for n in self.procs}
-                assert time.monotonic() < deadline, f"{n_workers} workers never joined: {logs}"
+                if time.monotonic() > deadline:
+                    logs = {n: (self.root / f"{n}.log").read_text()[-2000:] for n in self.procs}
+                    raise AssertionError(f"{n_workers} workers never joined: {logs}")
                 time.sleep(0.1)
 
     def kill(self, name: str) -> None:
