@@ -19,8 +19,11 @@ What this module adds to a bare `Client.submit`:
 * a check that the files a scenario names (traces, training programs, user policy
   files, data paths; :func:`scenario_files`) are on the workers when they must be, and
   which worker lacks which;
-* a retry of a failed task once on another worker (a worker that dies is the
-  scheduler's to retry; a task it gives up on, `KilledWorker`, is retried once here);
+* a retry of a failed task once on another worker. A worker that dies is the
+  scheduler's to handle: it moves the task to another worker, up to its
+  `distributed.scheduler.allowed-failures` deaths (1 gives "retried once"), and then
+  the task is reported, not tried again here, so that a point that kills its worker
+  does not take more workers with it;
 * the count of running tasks for a progress bar, and cancelling every task on Ctrl-C.
 """
 
@@ -377,11 +380,13 @@ class ClusterPool:
                         on_done(task, fut.result(), None)
                         continue
                     worker, text = error
-                    task.failed_on = (*task.failed_on, worker or "a worker that died")
-                    if task.tries < 2:
+                    if not worker:  # the scheduler has retried it already, or lost it
+                        on_done(task, None, text)
+                    elif task.tries < 2:
+                        task.failed_on = (*task.failed_on, worker)
                         self._submit(task)
                     else:
-                        tried = " and then ".join(task.failed_on)
+                        tried = " and then ".join((*task.failed_on, worker))
                         on_done(task, None, f"{text} (tried on {tried})")
                 if on_tick is not None:
                     n = self.running()
@@ -394,7 +399,8 @@ class ClusterPool:
             raise
 
     def _error(self, fut: Any) -> tuple[str, str] | None:
-        """(worker, one line) for a failed future, None for a finished one."""
+        """(worker, one line) for a failed future, None for a finished one; a task whose
+        workers died has no worker to name ("")."""
         if fut.status == "finished":
             return None
         if fut.status == "cancelled":
@@ -403,5 +409,6 @@ class ClusterPool:
         if isinstance(exc, TaskFailed):
             return exc.worker, exc.error
         if isinstance(exc, self._distributed.KilledWorker):
-            return "", f"its worker died while running it ({exc})"
+            return "", (f"the worker running it died, {exc.allowed_failures + 1} times (the "
+                        f"last one {exc.last_worker.address}); see that worker's log")
         return "", f"{type(exc).__name__}: {exc}"

@@ -64,7 +64,9 @@ class Cluster:
 
     def start_scheduler(self) -> None:
         sched_file = self.root / "scheduler.json"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # a task whose worker dies is moved to another worker once, then reported
+        env = {**os.environ, "PYTHONPATH": str(ROOT),
+               "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "1"}
         self._start("scheduler", [sys.executable, "-m", "distributed.cli.dask_scheduler",
                                   "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
                                   "--scheduler-file", str(sched_file)], env)
@@ -371,3 +373,30 @@ def test_a_worker_killed_mid_sweep_does_not_stop_it(cluster, local_sweep, tmp_pa
 def test_a_pool_refuses_a_bad_address_in_one_line():
     with pytest.raises(ClusterError, match="allowed: a scheduler address"):
         ClusterPool("nonsense://x", timeout_s=1)
+
+
+def test_a_point_that_kills_its_workers_is_reported_by_name(cluster, tmp_path, capsys):
+    """After the killed-worker test one worker is left; a second joins. A program that
+    ends its process on one grid value takes one worker, is moved to the other
+    (allowed-failures = 1), takes it too, and is reported; the other point is done."""
+    cluster.start_worker("w3")
+    cluster.wait_for(2)
+    (tmp_path / "deadly.py").write_text(
+        "import os\n\n"
+        "async def main(kv, ctx):\n"
+        "    if ctx.args == ['--die']:\n"
+        "        os._exit(1)\n")
+    scenario = tmp_path / "job.toml"
+    scenario.write_text(QUICKSTART.read_text().replace(
+        "[training]\n", "[training]\nprogram = \"deadly.py:main\"\n"))
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(scenario), "--grid", "training.program_args=[],[\"--die\"]",
+            "--out", str(out), "--quiet", "--no-plots", "--cluster", cluster.address,
+            *[a for s in BASE for a in ("--set", s)]]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert "2 runs: 2 ran, 0 resumed, 1 failed" in captured.out
+    failed = [line for line in captured.err.splitlines() if line.startswith("failed: ")]
+    assert len(failed) == 1 and "program_args=" in failed[0], failed
+    assert "the worker running it died, 2 times" in failed[0], failed[0]
+    assert list(read_sweep(out)["status"]) == ["done", "failed"]
