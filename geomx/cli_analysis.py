@@ -79,7 +79,7 @@ def add_parsers(sub, add_scenario_args) -> None:
 def sweep_main(args: argparse.Namespace) -> int:
     from geomx.scenario import ScenarioError
     from geomx.sweep import SweepError, parse_grids, run_sweep
-    from geomx.sweep_cluster import ClusterError
+    from geomx.sweep_cluster import ClusterError, cluster_address
 
     if not args.grid and args.seeds == 1:
         print("geomx sweep: nothing to sweep: give --grid KEY=V1,V2,... and/or --seeds N",
@@ -89,7 +89,8 @@ def sweep_main(args: argparse.Namespace) -> int:
         axes = parse_grids(args.grid)
         result = run_sweep(args.scenario, axes, args.seeds, jobs=args.jobs, out=args.out,
                            base_overrides=args.overrides, progress=not args.quiet,
-                           plots=args.plots, cluster=args.cluster, shared_fs=args.shared_fs)
+                           plots=args.plots, cluster=cluster_address(args.cluster),
+                           shared_fs=args.shared_fs)
     except (ScenarioError, SweepError, ClusterError) as e:
         print(f"geomx: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ error names the `--grid` entry, the field, the value and what is allowed, before
 anything runs. Processes are started with "spawn": sweeps are also started from
 Jupyter kernels, whose threads make `fork` unsafe.
 
-With a cluster address (`cluster=`, `geomx sweep --cluster tcp://HOST:8786`, or
+With a cluster address (`cluster=`; `geomx sweep --cluster tcp://HOST:8786` or
 `$GEOMX_CLUSTER`) the points run as tasks on a Dask distributed cluster instead
 (geomx/sweep_cluster.py; recipes in docs/sweeps.md). When the workers share the sweep
 folder's file system they write their runs in place as local processes do; otherwise the
@@ -418,8 +418,8 @@ def run_sweep(
     """Plan, run (skipping finished points) and tabulate a sweep; see the module
     docstring. `jobs` processes (default: the core count; 1 runs here, in order).
 
-    `cluster` (else `$GEOMX_CLUSTER`) is a Dask scheduler address: the points run on its
-    workers and `jobs` is not used. `shared_fs` says whether the workers see the sweep
+    `cluster` is a Dask scheduler address (`geomx sweep` takes it from `--cluster` or
+    `$GEOMX_CLUSTER`): the points run on its workers and `jobs` is not used. `shared_fs` says whether the workers see the sweep
     folder at the same path (None: find out by having them read a file written here).
     A cluster that cannot run the sweep raises geomx.sweep_cluster.ClusterError.
     """
@@ -433,12 +433,8 @@ def run_sweep(
     tmp_dir = sweep_dir / TMP_DIR
     pending = [p for p in points if not (runs_dir / p.folder / SUMMARY_FILE).exists()]
     pool = None
-    address = None
-    if pending:
-        from geomx.sweep_cluster import cluster_address
-
-        address = cluster_address(cluster)
-    if address is not None:
+    address = cluster.strip() if cluster and pending else None
+    if address:
         # workers run in folders of their own: every path they are given is absolute
         scenario_path = os.path.abspath(scenario_path)
         sweep_dir = Path(os.path.abspath(sweep_dir))
