@@ -16,6 +16,9 @@ examples:
       --grid codec.type=none,fp16,bsc --seeds 2 --jobs 2
   geomx sweep scenarios/quickstart.toml --grid training.hidden=[32],[64,32] --out runs/hidden
 
+  geomx sweep scenarios/quickstart.toml --grid codec.type=none,fp16 --seeds 4 \\
+      --cluster tcp://10.0.0.5:8786          # on a Dask cluster (docs/sweeps.md)
+
 A rerun with the same --out (default <run.out_dir>/sweep-<run.name>) skips the points
 that finished. Results: <out>/sweep.csv, <out>/sweep_<key>.png, <out>/runs/<point>/.
 """
@@ -51,6 +54,14 @@ def add_parsers(sub, add_scenario_args) -> None:
                        help="parallel processes (default: the number of cores)")
     sweep.add_argument("--out", default=None,
                        help="sweep folder (default: <run.out_dir>/sweep-<run.name>)")
+    sweep.add_argument("--cluster", default=None, metavar="tcp://HOST:PORT",
+                       help="run the points on this Dask scheduler's workers instead of local "
+                            "processes (default: $GEOMX_CLUSTER; needs pip install "
+                            "'geomx[cluster]'; --jobs is then not used)")
+    sweep.add_argument("--shared-fs", action=argparse.BooleanOptionalAction, default=None,
+                       help="with --cluster: the workers see the sweep folder at the same path "
+                            "and write runs in place (default: found out by a probe file); "
+                            "--no-shared-fs sends files with the tasks and runs back as bytes")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
     sweep.add_argument("--no-plots", dest="plots", action="store_false",
                        help="do not draw sweep_<key>.png")
@@ -87,6 +98,7 @@ def add_parsers(sub, add_scenario_args) -> None:
 def sweep_main(args: argparse.Namespace) -> int:
     from geomx.scenario import ScenarioError
     from geomx.sweep import SweepError, parse_grids, run_sweep
+    from geomx.sweep_cluster import ClusterError, cluster_address
 
     if not args.grid and args.seeds == 1:
         print("geomx sweep: nothing to sweep: give --grid KEY=V1,V2,... and/or --seeds N",
@@ -96,8 +108,9 @@ def sweep_main(args: argparse.Namespace) -> int:
         axes = parse_grids(args.grid)
         result = run_sweep(args.scenario, axes, args.seeds, jobs=args.jobs, out=args.out,
                            base_overrides=args.overrides, progress=not args.quiet,
-                           plots=args.plots)
-    except (ScenarioError, SweepError) as e:
+                           plots=args.plots, cluster=cluster_address(args.cluster),
+                           shared_fs=args.shared_fs)
+    except (ScenarioError, SweepError, ClusterError) as e:
         print(f"geomx: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:
