@@ -13,7 +13,7 @@ What this module adds to a bare `Client.submit`:
 * a connection that fails fast, in one line, when the scheduler does not answer or no
   worker joins it (:data:`CONNECT_TIMEOUT_S`);
 * a check, before anything runs, that every worker imports the same geomx as this
-  process: a hash of the package's source files (:func:`package_digest`), since the
+  process: a hash of the package's source files (geomx.provenance.package_digest), since the
   version string does not change between commits; each task checks it again, for
   workers that join later;
 * a check that the files a scenario names (traces, training programs, user policy
@@ -29,7 +29,6 @@ What this module adds to a bare `Client.submit`:
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import uuid
@@ -37,6 +36,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from geomx.provenance import package_digest
 
 #: Environment variable naming the scheduler when `--cluster` is not given.
 CLUSTER_ENV = "GEOMX_CLUSTER"
@@ -79,24 +80,6 @@ def import_distributed() -> Any:
         raise ClusterError(f"--cluster needs Dask distributed, which is not installed here: "
                            f"{INSTALL_HINT}") from None
     return distributed
-
-
-@functools.cache
-def package_digest() -> str:
-    """A hash of the source files of the geomx this process imports (paths and bytes).
-
-    Two installs with the same digest run the same code, whatever their version string.
-    """
-    import geomx
-
-    root = Path(geomx.__file__).parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        if "__pycache__" in path.parts:
-            continue
-        h.update(path.relative_to(root).as_posix().encode() + b"\0")
-        h.update(path.read_bytes() + b"\0")
-    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
