@@ -317,7 +317,7 @@ class GlobalServer(Node):
         progress, which every DC finishes before it stops: a DC still a round behind
         (a longer WAN latency) must not learn of the stop from the previous round's
         replies, or it leaves while the others wait in the next round for its push
-        (docs/geomx-behaviour.md §1.4)."""
+        (an FSA round, docs/geomx-behaviour.md §3.2; the shutdown, §1.4)."""
         if self.stop_requested:
             return
         self.stop_requested = True
