@@ -102,6 +102,9 @@ class GlobalServer(Node):
         self.policy: GlobalSide = job.sync_algorithm.global_side(job)
         self.sync_ctx = GlobalSyncContext(self)
         self.stop_requested = False
+        #: (key, part) -> the first version of that slot whose replies carry the stop:
+        #: the round in progress when the stop was first requested (see _request_stop)
+        self._stop_from: dict[tuple[int, int], int] = {}
         self._stopped_by: set[str] = set()
         self._done = asyncio.Event()
         if job.mode == "flat_ps":
@@ -269,7 +272,7 @@ class GlobalServer(Node):
             self.reply_error(msg, str(e))
             return
         if msg.meta.get("stop"):
-            self.stop_requested = True
+            self._request_stop()
         if self._dedupe_rounds and self._duplicate_round(msg, slot):
             return
         self.applied[msg.src] = self.applied.get(msg.src, 0) + 1
@@ -303,9 +306,24 @@ class GlobalServer(Node):
             raise ValueError(f"merged push of key {msg.key} part {msg.part} has "
                              f"{getattr(value, 'size', '?')} elements, not {slot.store.size}")
         if msg.meta.get("stop"):
-            self.stop_requested = True
+            self._request_stop()
         self.policy.on_push(self.sync_ctx, msg, slot, value.reshape(slot.store.shape)
                             if not is_phantom(value) else value)
+
+    def _request_stop(self) -> None:
+        """A pusher carries the job's stop request (a worker reached its target): from
+        which version of each (key, part) on the replies say so is the sync side's call
+        (``GlobalSide.stop_version``). For a synchronous side it is the round in
+        progress, which every DC finishes before it stops: a DC still a round behind
+        (a longer WAN latency) must not learn of the stop from the previous round's
+        replies, or it leaves while the others wait in the next round for its push
+        (an FSA round, docs/geomx-behaviour.md §3.2; the shutdown, §1.4)."""
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        for where, slot in self.slots.items():
+            if slot.store is not None:
+                self._stop_from[where] = self.policy.stop_version(self.sync_ctx, slot)
 
     def contributors_of(self, msg: Message) -> list[str]:
         """Whose pushes ``msg`` carries: its sender, or a merged push's senders."""
@@ -352,7 +370,8 @@ class GlobalServer(Node):
                 payloads, meta = self._pull_payloads(msg, slot)
                 self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
                 return
-        self.post(msg.answer(_PUSH_ACK, slot.version, self.reply_meta(slot.version)))
+        self.post(msg.answer(_PUSH_ACK, slot.version,
+                             self.reply_meta(slot.version, msg.key, msg.part)))
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -388,15 +407,17 @@ class GlobalServer(Node):
         # the resend window keep the value they were given
         payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
                                                 weights=dense)
-        meta.update(self.reply_meta(slot.version))
+        meta.update(self.reply_meta(slot.version, msg.key, msg.part))
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints
-    def reply_meta(self, version: int) -> dict[str, Any]:
-        """What every reply of round ``version`` carries besides the value, however it
-        travels: the stop request, and the checkpoint round that tells the tiers below to
-        snapshot after it (geomx/node/checkpoint.py)."""
-        meta: dict[str, Any] = {"stop": True} if self.stop_requested else {}
+    def reply_meta(self, version: int, key: int, part: int) -> dict[str, Any]:
+        """What every reply of round ``version`` of (``key``, ``part``) carries besides the
+        value, however it travels: the stop request (from the version
+        :meth:`_request_stop` set for the slot on), and the checkpoint round that tells
+        the tiers below to snapshot after it (geomx/node/checkpoint.py)."""
+        stop = self.stop_requested and version >= self._stop_from.get((key, part), 0)
+        meta: dict[str, Any] = {"stop": True} if stop else {}
         if self._ckpt_due.get(version):
             meta["ckpt"] = version
         return meta

@@ -196,6 +196,18 @@ class GlobalSide(abc.ABC):
         """``pusher`` has finished or was lost: release whoever waits for it."""
         return None
 
+    def stop_version(self, ctx: GlobalContext, slot: ServerSlot) -> int:
+        """A stop was first requested while ``slot`` was at ``slot.version``: the first
+        version of it whose replies tell the pushers to stop.
+
+        Default: the round in progress (``slot.version + 1``). A round every pusher must
+        push to is finished by all of them, and only its replies carry the stop: a
+        pusher still a round behind (a longer WAN latency) then stops after the same
+        round as the others instead of leaving them waiting for a push that never
+        comes. A side whose pushers never wait for one another may stop them at once
+        (``slot.version``)."""
+        return slot.version + 1
+
     def state_dict(self) -> Any:
         return None
 

@@ -87,6 +87,10 @@ class AsyncAcrossDCs(GlobalSide):
             gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
                       lead=self.lead(gs, where, msg.src))
 
+    def stop_version(self, gs: GlobalContext, slot: ServerSlot) -> int:
+        # no round to finish together: every reply from now on carries the stop
+        return slot.version
+
     def on_pusher_left(self, gs: GlobalContext, pusher: str) -> None:
         # a finished DC no longer holds the others back
         for where in list(self._held):
