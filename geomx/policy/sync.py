@@ -242,6 +242,19 @@ class WorkerSide(abc.ABC):
         """The training loop is over."""
         return None
 
+    def state_dict(self) -> Any:
+        """What a worker's checkpoint keeps of this side besides the model and
+        :attr:`states` (geomx/node/checkpoint.py), or None. Called right after the
+        :meth:`step` that finished a checkpoint round; arrays, numbers, strings, lists,
+        dicts and dataclasses only (nothing is pickled)."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resuming: ``state`` from :meth:`state_dict`. The model is already back in the
+        worker's parameters and :attr:`states` restored; the next :meth:`step` is the
+        first of the round after the checkpoint."""
+        return None
+
 
 class StateService(abc.ABC):
     """A coordinator the worker sides of an algorithm query (ESync's step budgets).

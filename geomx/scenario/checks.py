@@ -439,7 +439,7 @@ def _check_real(s: Scenario) -> None:
 
 #: Sync algorithms whose state at a global round boundary is the same on every node
 #: (geomx/node/checkpoint.py); MixedSync's global servers have no common round.
-CHECKPOINT_ALGORITHMS = ("fsa", "hfa")
+CHECKPOINT_ALGORITHMS = ("fsa", "hfa", "esync")
 
 
 @scenario_check

@@ -209,6 +209,23 @@ class ESyncWorker(WorkerSide):
         self.round += 1
         self.steps = 0
 
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint is taken after the step that ended a round: the next round's
+        number and step budget, and the model the next delta is taken against (the step
+        time is measured again by the next step). The state server keeps nothing a
+        checkpoint needs: every record it computes budgets from is replaced by the next
+        round's queries before it answers them (docs/reliability.md)."""
+        return {"round": self.round, "budget": self.budget,
+                "prev": list(self.prev) if self.real else []}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self.budget = int(state["budget"])
+        for k, saved in enumerate(state["prev"]):
+            np.copyto(self.prev[k], saved)
+        self.steps = 0
+        self._mark = self.ctx.now()  # the next step's time counts from here, as after a sync
+
     async def finish(self) -> None:
         """Tell the state server this worker is done (it stops when all are)."""
         self.ctx.post(Message(Kind.SHUTDOWN, self.ctx.node_name, self.server))

@@ -104,6 +104,34 @@ def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
     assert ckpt.complete_rounds(first / "checkpoints") == [4, 5]
 
 
+#: ESync on the quickstart with party-b's workers 3.5x slower: party-a's workers take
+#: several local steps per round (budgets from the state server), so a resumed run must
+#: bring back each worker's budget and the model its next delta is taken against
+ESYNC = ["sync.algorithm=esync", "training.worker_optimizer=adam", "checkpoint.every=3",
+         "dc.party-b.compute_per_iter=35ms"]
+
+
+def test_esync_resume_is_bit_exact(tmp_path: Path, monkeypatch) -> None:
+    """ESync: its delta average is a synchronous round, so a checkpoint round is a cut;
+    the worker side saves its round, step budget and previous model (``state_dict``), and
+    the state server needs nothing (the next round's queries replace every record before
+    it computes budgets). Without the worker side's state the resumed model differs."""
+    from geomx.sync.esync import ESyncWorker
+
+    clean, resumed, first = _stop_and_resume(tmp_path, ESYNC, stop=40, end=80)
+    assert _bitwise_equal(clean, resumed)
+    last = ckpt.complete_rounds(first / "checkpoints")[-1]
+    meta, arrays = ckpt.read_node_file(first / "checkpoints" / str(last)
+                                       / ckpt.file_name("w:party-a:0"))
+    side = ckpt.unpack(meta["state"], arrays)["sync_side"]
+    assert side["round"] == last + 1 and side["budget"] > 1  # local steps were taken
+    monkeypatch.setattr(ESyncWorker, "load_state_dict", lambda self, state: None)
+    forgetful: dict[str, list[np.ndarray]] = {}
+    run_scenario(resume_scenario(first, ["run.iterations=80"]), out_dir=tmp_path / "runs",
+                 inspect=_final_state(forgetful))
+    assert _max_difference(clean, forgetful) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sched", [["sched.p3=true", "sched.p3_slice_elements=200"],
                                    ["sched.tsengine_intra=true"], ["sched.tsengine_inter=true"],
