@@ -122,6 +122,7 @@ class GlobalServer(Node):
         self._ckpt_reached: dict[int, int] = {}
         self._restored_opt: dict[str, Any] = {}
         self._restored_sched: Any = None  # the scheduler side's, handed back in main()
+        self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
         #: its predecessor may have pushed already; pushes taken per pusher, and those
@@ -176,6 +177,8 @@ class GlobalServer(Node):
                 self.reply_error(msg, problem)
                 return
             self.policy = self.job.sync_algorithm.global_side(self.job)
+            if self._restored_sync is not None:
+                self.policy.load_state_dict(self._restored_sync)
             self.record("command", cmd=cmd, algorithm=self.job.sync_algorithm.name)
             if self.rank == 0 and self.job.mode == "hips":
                 self.spawn(self._forward_command(msg))
@@ -276,17 +279,11 @@ class GlobalServer(Node):
         self.policy.on_push(self.sync_ctx, msg, slot, value)
 
     def _duplicate_round(self, msg: Message, slot: Slot) -> bool:
-        """FSA, ``on_server_loss = "wait"``: a local server's push of round ``version``
-        that this server already has. Applied already (the round is done): answered now.
-        Parked (its dead predecessor's push waits for the other DCs): the new request
-        takes the old one's place, so the answer reaches the process that waits for it."""
-        if msg.version <= slot.version:
-            why = "applied"
-            self.reply_push(msg, slot)
-        elif msg.src in slot.contributors:
-            why = "parked"
-            slot.waiting_pushes = [msg if m.src == msg.src else m for m in slot.waiting_pushes]
-        else:
+        """``on_server_loss = "wait"``: a local server's push that this server already has
+        (its predecessor pushed the round before dying). The sync side tells, and answers
+        it or puts it in the old push's place (``GlobalSide.resent_push``)."""
+        why = self.policy.resent_push(self.sync_ctx, msg, slot)
+        if why is None:
             return False
         self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
         self.record("dedupe", src=msg.src, key=msg.key, part=msg.part, round=msg.version,
@@ -328,8 +325,10 @@ class GlobalServer(Node):
             add_into(slot.merged, value)
         slot.count += count
 
-    def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None) -> None:
-        """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``."""
+    def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None,
+                     completes: int | None = None) -> None:
+        """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``;
+        ``completes``: the global round it completes, when not ``slot.version`` (0: none)."""
         assert slot.store is not None
         if self.optimizer is None:
             slot.store = grad
@@ -340,7 +339,9 @@ class GlobalServer(Node):
             self.optimizer.update(key, slot.store, grad, slot.opt_state, sender=sender)
         slot.version += 1
         if self.ckpt.enabled:
-            self._round_done(slot.version)
+            round_ = slot.version if completes is None else completes
+            if round_ > 0:
+                self._round_done(round_)
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
         sched = self.sched
@@ -352,7 +353,8 @@ class GlobalServer(Node):
                 payloads, meta = self._pull_payloads(msg, slot)
                 self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
                 return
-        self.post(msg.answer(_PUSH_ACK, slot.version, self.reply_meta(slot.version)))
+        self.post(msg.answer(_PUSH_ACK, slot.version,
+                             self.reply_meta(self.policy.reply_round(msg, slot))))
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -388,7 +390,7 @@ class GlobalServer(Node):
         # the resend window keep the value they were given
         payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
                                                 weights=dense)
-        meta.update(self.reply_meta(slot.version))
+        meta.update(self.reply_meta(self.policy.reply_round(msg, slot)))
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints
@@ -401,12 +403,22 @@ class GlobalServer(Node):
             meta["ckpt"] = version
         return meta
 
+    def is_checkpoint_round(self, round_: int) -> bool:
+        """Is global round ``round_`` a checkpoint round? Decided the first time it is
+        asked (by the sync side, or when a key first completes it), then kept."""
+        if not self.ckpt.enabled or round_ <= 0:
+            return False
+        due = self._ckpt_due.get(round_)
+        if due is None:
+            due = self._ckpt_due[round_] = self.ckpt.due(round_, self.now())
+        return due
+
     def _round_done(self, round_: int) -> None:
         """A key finished global round ``round_``: decide (first key) whether it is a
         checkpoint round; snapshot once every key has finished it (nothing of the next
         round can have arrived yet, see geomx/node/checkpoint.py)."""
         if round_ not in self._ckpt_due:
-            self._ckpt_due[round_] = self.ckpt.due(round_, self.now())
+            self.is_checkpoint_round(round_)
             for old in [r for r in self._ckpt_due if r < round_ - 2]:
                 del self._ckpt_due[old]
         done = self._ckpt_reached[round_] = self._ckpt_reached.get(round_, 0) + 1
@@ -423,7 +435,7 @@ class GlobalServer(Node):
                  "optimizer_config": (self.optimizer.to_config()
                                       if self.optimizer is not None else None),
                  "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t,
-                 "sched": ckpt.sched_state(self.sched)}
+                 "sched": ckpt.sched_state(self.sched), "sync": self.policy.state_dict()}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
 
@@ -441,6 +453,9 @@ class GlobalServer(Node):
         self._restored_opt = dict(state["optimizer"])
         ckpt.restore_codec_states(self.codec, state["codec"])
         self._restored_sched = state.get("sched")
+        self._restored_sync = state.get("sync")
+        if self._restored_sync is not None:
+            self.policy.load_state_dict(self._restored_sync)
         self.record("restore", round=meta["round"], keys=len(self.slots))
 
     def _restore_optimizer(self) -> None:

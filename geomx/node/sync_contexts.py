@@ -87,6 +87,9 @@ class GlobalSyncContext(_NodeOps):
     def slot(self, key: int, part: int) -> Any:
         return self._node.slots[(key, part)]
 
+    def is_checkpoint_round(self, round_: int) -> bool:
+        return self._node.is_checkpoint_round(round_)
+
 
 class LocalSyncContext(_NodeOps):
     """A local server (geomx/node/local_server.py) as its sync side sees it."""

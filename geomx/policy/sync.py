@@ -111,8 +111,20 @@ class GlobalContext(NodeContext, Protocol):
         """Add ``value`` (``count`` pushes' worth) into ``slot.merged``."""
         ...
 
-    def apply_update(self, key: int, slot: ServerSlot, value: Value, *, sender: str) -> None:
-        """Run the global optimizer (or plain sum) on ``value``; ``slot.version`` += 1."""
+    def apply_update(self, key: int, slot: ServerSlot, value: Value, *, sender: str,
+                     completes: int | None = None) -> None:
+        """Run the global optimizer (or plain sum) on ``value``; ``slot.version`` += 1.
+
+        ``completes``: the global round this update completes, for an algorithm that does
+        not count one round per update (0: it completes none); by default the update is
+        round ``slot.version``. Checkpoints are taken at completed rounds."""
+        ...
+
+    def is_checkpoint_round(self, round_: int) -> bool:
+        """Is global round ``round_`` a checkpoint round (``[checkpoint] every``; decided
+        once, the first time it is asked; always False without checkpoints)? A side whose
+        pushers are not in step holds the answers of such a round until every pusher has
+        reached it, so that the servers' and workers' files form a cut of the job."""
         ...
 
     def reply_push(self, push: Message, slot: ServerSlot) -> None:
@@ -196,10 +208,39 @@ class GlobalSide(abc.ABC):
         """``pusher`` has finished or was lost: release whoever waits for it."""
         return None
 
+    def resent_push(self, ctx: GlobalContext, push: Message, slot: ServerSlot) -> str | None:
+        """``[membership] on_server_loss = "wait"``: ``push`` may repeat one this side
+        already has (a local server's successor pushes the round its dead predecessor may
+        have pushed; ``push.version`` is the pusher's round). If so, answer it or put it
+        in the old push's place and return why (``"applied"``, ``"parked"``); None: a
+        new push, taken as usual.
+
+        Default, for a side that completes a round per update once every pusher pushed
+        (FSA's): rounds up to ``slot.version`` are applied (answered now); a pusher
+        already among this round's contributors is parked (the new request replaces the
+        old one, so the answer reaches the process that waits for it)."""
+        if push.version <= slot.version:
+            ctx.reply_push(push, slot)
+            return "applied"
+        if push.src in slot.contributors:
+            slot.waiting_pushes = [push if m.src == push.src else m for m in slot.waiting_pushes]
+            return "parked"
+        return None
+
+    def reply_round(self, msg: Message, slot: ServerSlot) -> int:
+        """The global round that a reply to ``msg`` (a push's acknowledgement or a pull's
+        reply, from ``msg.src``) belongs to: a checkpoint round's notice travels with the
+        replies of that round only (geomx/node/checkpoint.py). Default: ``slot.version``,
+        one round per update."""
+        return slot.version
+
     def state_dict(self) -> Any:
+        """What a checkpoint keeps of this side (taken when every key has completed a
+        checkpoint round; a takeover's successor does not read it), or None."""
         return None
 
     def load_state_dict(self, state: Any) -> None:
+        """Resuming from a checkpoint: ``state`` from :meth:`state_dict`."""
         return None
 
 

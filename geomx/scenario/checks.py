@@ -437,9 +437,10 @@ def _check_real(s: Scenario) -> None:
         seen[key] = i
 
 
-#: Sync algorithms whose state at a global round boundary is the same on every node
-#: (geomx/node/checkpoint.py); MixedSync's global servers have no common round.
-CHECKPOINT_ALGORITHMS = ("fsa", "hfa", "esync")
+#: Sync algorithms whose checkpoint rounds are cuts of the job (geomx/node/checkpoint.py):
+#: FSA's, HFA's and ESync's rounds are synchronous; MixedSync holds a checkpoint round's
+#: answers until every DC has pushed it (geomx/sync/mixed.py).
+CHECKPOINT_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
 
 
 @scenario_check
@@ -453,7 +454,8 @@ def _check_checkpoint(s: Scenario) -> None:
         if c.enabled else c.resume_from
     problems = [
         (algorithm not in CHECKPOINT_ALGORITHMS, "sync.algorithm", algorithm,
-         f"sync.algorithm = {algorithm!r} has no global round every node agrees on",
+         f"sync.algorithm = {algorithm!r} is a user policy, whose checkpoint rounds are "
+         "not known to be cuts of the job",
          quote_list(CHECKPOINT_ALGORITHMS)),
         (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
          f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",

@@ -53,7 +53,15 @@ class MixedOptions(PolicyOptions):
 
 
 class AsyncAcrossDCs(GlobalSide):
-    """Global server: apply each push on arrival; answer within the staleness bound."""
+    """Global server: apply each push on arrival; answer within the staleness bound.
+
+    Rounds: a DC's ``n``-th push of a (key, part) is its round ``n``, and the server has
+    completed round ``n`` of it once every DC still training has pushed ``n`` times. A
+    checkpoint round is a barrier: the acknowledgement of a DC's push of that round waits
+    until every DC has pushed it, so that when the last key completes the round no DC has
+    started the next one and the files of the round are a cut of the job (what the global
+    store holds then is each DC's first ``n`` pushes applied, in their arrival order).
+    """
 
     name = "mixed"
     uses_optimizer = True
@@ -62,9 +70,10 @@ class AsyncAcrossDCs(GlobalSide):
         if staleness < 0:
             raise ValueError(f"sync.staleness = {staleness}; allowed: an integer >= 0")
         self.staleness = staleness
-        # (key, part) -> pusher -> pushes applied; (key, part) -> acks held back
+        # (key, part) -> pusher -> pushes applied; (key, part) -> acks held back, with
+        # the pusher's round each answers
         self._applied: dict[tuple[int, int], dict[str, int]] = {}
-        self._held: dict[tuple[int, int], list[Message]] = {}
+        self._held: dict[tuple[int, int], list[tuple[Message, int]]] = {}
 
     def start_problem(self, gs: GlobalContext) -> str | None:
         return None if gs.has_optimizer else NO_OPTIMIZER
@@ -73,45 +82,72 @@ class AsyncAcrossDCs(GlobalSide):
         if not gs.has_optimizer:
             gs.reply_error(msg, NO_OPTIMIZER)
             return
-        gs.apply_update(msg.key, slot, value, sender=msg.src)
         where = (msg.key, msg.part)
         applied = self._applied.setdefault(where, {})
-        applied[msg.src] = applied.get(msg.src, 0) + 1
-        self._held.setdefault(where, []).append(msg)
+        before = self.completed(gs, where)
+        round_ = applied[msg.src] = applied.get(msg.src, 0) + 1
+        after = self.completed(gs, where)
+        gs.apply_update(msg.key, slot, value, sender=msg.src,
+                        completes=after if after > before else 0)
+        self._held.setdefault(where, []).append((msg, round_))
         if gs.stop_requested:
             for w in list(self._held):
                 self._release(gs, w)
         else:
             self._release(gs, where)
-        if any(m is msg for m in self._held.get(where, ())):
-            gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
-                      lead=self.lead(gs, where, msg.src))
+        if any(m is msg for m, _ in self._held.get(where, ())):
+            lead = self.lead(gs, where, msg.src)
+            if self.staleness and lead > self.staleness:
+                gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
+                          lead=lead)
+            else:
+                gs.record("checkpoint_wait", key=msg.key, part=msg.part, pusher=msg.src,
+                          round=round_)
 
     def on_pusher_left(self, gs: GlobalContext, pusher: str) -> None:
         # a finished DC no longer holds the others back
         for where in list(self._held):
             self._release(gs, where)
 
-    def lead(self, gs: GlobalContext, where: tuple[int, int], pusher: str) -> int:
-        """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
+    def completed(self, gs: GlobalContext, where: tuple[int, int]) -> int:
+        """The round every pusher still training has pushed of ``where``."""
         applied = self._applied.get(where, {})
         active = [p for p in gs.pushers if p not in gs.departed]
-        slowest = min((applied.get(p, 0) for p in active), default=0)
-        return applied.get(pusher, 0) - slowest
+        return min((applied.get(p, 0) for p in active), default=0)
+
+    def lead(self, gs: GlobalContext, where: tuple[int, int], pusher: str) -> int:
+        """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
+        return self._applied.get(where, {}).get(pusher, 0) - self.completed(gs, where)
+
+    def reply_round(self, msg: Message, slot: ServerSlot) -> int:
+        """A reply to a DC belongs to that DC's round: its pushes applied so far."""
+        return self._applied.get((msg.key, msg.part), {}).get(msg.src, 0)
 
     def _release(self, gs: GlobalContext, where: tuple[int, int]) -> None:
         held = self._held.get(where)
         if not held:
             return
         slot = gs.slot(*where)
+        completed = self.completed(gs, where)
         keep = []
-        for msg in held:
-            if (self.staleness == 0 or gs.stop_requested
-                    or self.lead(gs, where, msg.src) <= self.staleness):
+        for msg, round_ in held:
+            if gs.stop_requested or (
+                    (round_ <= completed or not gs.is_checkpoint_round(round_))
+                    and (self.staleness == 0 or self.lead(gs, where, msg.src) <= self.staleness)):
                 gs.reply_push(msg, slot)
             else:
-                keep.append(msg)
+                keep.append((msg, round_))
         self._held[where] = keep
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each DC's pushes applied per (key, part): the rounds the next pushes are.
+        Nothing is held at a checkpoint (its round's barrier has just released)."""
+        return {"applied": {where: dict(counts) for where, counts in self._applied.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._applied = {tuple(where): {str(p): int(n) for p, n in counts.items()}
+                         for where, counts in state["applied"].items()}
+        self._held = {}
 
 
 class MixedSync(SyncAlgorithm):
