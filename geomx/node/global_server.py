@@ -75,9 +75,6 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     problem = sync_problem_of(node.job.transfer_schedulers, algorithm)
     if problem:
         return problem
-    if getattr(node.job, "on_server_loss", "fail") == "wait":
-        return (f"set_sync: a dist_async store runs {allowed}, but membership.on_server_loss "
-                "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
                 f"{node.job.sync.get('algorithm')!r} explicitly")
@@ -390,7 +387,11 @@ class GlobalServer(Node):
         # the resend window keep the value they were given
         payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
                                                 weights=dense)
-        meta.update(self.reply_meta(self.policy.reply_round(msg, slot)))
+        round_ = self.policy.reply_round(msg, slot)
+        meta.update(self.reply_meta(round_))
+        if self._dedupe_rounds and round_ != slot.version:
+            # the puller's own round, which a local server's successor starts from
+            meta["round"] = round_
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints

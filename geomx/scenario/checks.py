@@ -524,6 +524,15 @@ def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]])
                                 value=got, allowed=allowed)
 
 
+#: Sync algorithms whose global side tells a resent push from a new one and whose local
+#: servers' state comes back from the global tier (``GlobalSide.resent_push``).
+TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync")
+TAKEOVER_REFUSALS = {
+    "hfa": "HFA's local server holds its DC's model between global syncs (the local "
+           "average and the milestone), which no other node has",
+}
+
+
 @scenario_check
 def _check_server_loss(s: Scenario) -> None:
     """``on_server_loss = "wait"``: a restarted local server re-pulls the model and drops
@@ -534,8 +543,16 @@ def _check_server_loss(s: Scenario) -> None:
     problems = [
         (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
          "a lost server is found by missed heartbeats", "a duration > 0"),
-        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
-         "only FSA has a round every tier agrees on (the dedupe key)", "'fsa'"),
+        (s.sync.resolved_algorithm not in TAKEOVER_ALGORITHMS, "sync.algorithm",
+         s.sync.resolved_algorithm, TAKEOVER_REFUSALS.get(
+             s.sync.resolved_algorithm, "a user sync policy's resent pushes are not known "
+             "to be told apart"), quote_list(TAKEOVER_ALGORITHMS)),
+        (s.sync.resolved_algorithm == "mixed"
+         and any(f.kind == "crash" and f.node.startswith("gs:") and f.duration_s > 0
+                 for f in s.faults), "sync.algorithm", "mixed",
+         "a global server's successor rebuilds the model from the newest value a local "
+         "server pulled, and under MixedSync a DC's push applied after it would be lost",
+         "'fsa', 'esync' (or restart a local server only)"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
         *_every_member_schedulers(s),

@@ -120,24 +120,44 @@ class AsyncAcrossDCs(GlobalSide):
         return self._applied.get(where, {}).get(pusher, 0) - self.completed(gs, where)
 
     def reply_round(self, msg: Message, slot: ServerSlot) -> int:
-        """A reply to a DC belongs to that DC's round: its pushes applied so far."""
-        return self._applied.get((msg.key, msg.part), {}).get(msg.src, 0)
+        """A reply to a DC belongs to that DC's round: its pushes applied and answered so
+        far (a successor of its local server starts after it, and pushes a held round
+        again, which :meth:`resent_push` puts in the held one's place)."""
+        where = (msg.key, msg.part)
+        held = sum(1 for m, _ in self._held.get(where, ()) if m.src == msg.src)
+        return self._applied.get(where, {}).get(msg.src, 0) - held
+
+    def resent_push(self, gs: GlobalContext, push: Message, slot: ServerSlot) -> str | None:
+        """A DC's round counts its own pushes: one up to its count was applied; if its
+        acknowledgement is still held, the new request takes the old one's place."""
+        where = (push.key, push.part)
+        if push.version > self._applied.get(where, {}).get(push.src, 0):
+            return None
+        held = self._held.get(where, [])
+        for i, (m, round_) in enumerate(held):
+            if m.src == push.src and round_ == push.version:
+                held[i] = (push, round_)
+                return "parked"
+        gs.reply_push(push, slot)
+        return "applied"
 
     def _release(self, gs: GlobalContext, where: tuple[int, int]) -> None:
         held = self._held.get(where)
         if not held:
             return
-        slot = gs.slot(*where)
         completed = self.completed(gs, where)
-        keep = []
+        release, keep = [], []
         for msg, round_ in held:
             if gs.stop_requested or (
                     (round_ <= completed or not gs.is_checkpoint_round(round_))
                     and (self.staleness == 0 or self.lead(gs, where, msg.src) <= self.staleness)):
-                gs.reply_push(msg, slot)
+                release.append(msg)
             else:
                 keep.append((msg, round_))
         self._held[where] = keep
+        slot = gs.slot(*where)
+        for msg in release:
+            gs.reply_push(msg, slot)
 
     def state_dict(self) -> dict[str, Any]:
         """Each DC's pushes applied per (key, part): the rounds the next pushes are.
