@@ -313,6 +313,16 @@ class StateService(abc.ABC):
         """``worker``'s query for ``round_``. None: keep it waiting; otherwise the reply
         ``meta`` of every worker waiting on ``round_`` (raise ValueError to refuse)."""
 
+    def on_worker_lost(self, ctx: NodeContext, worker: str) -> dict[int, dict[str, dict[str, Any]]]:
+        """``worker`` was lost and the job goes on without it (``[membership]
+        on_worker_loss = "continue"``; the global scheduler tells the state server): it
+        will query no more, and its pending queries are dropped.
+        Returns, for each round that no longer waits for anybody, the reply ``meta`` of
+        every worker waiting on it (as :meth:`on_query` would). Default: refuse, as a
+        service that needs every worker cannot go on."""
+        raise ValueError(f"{type(self).__name__} needs every worker; it cannot go on "
+                         f"without {worker}")
+
 
 class SyncAlgorithm(Policy):
     """A sync algorithm: its three sides and what it needs from the job."""
@@ -325,6 +335,9 @@ class SyncAlgorithm(Policy):
     needs_local_tier: ClassVar[bool] = False
     #: Asks the planner for a state server (ESync's).
     needs_state_server: ClassVar[bool] = False
+    #: A global server's successor may rebuild the model from the newest value a local
+    #: server pulled (``on_server_loss = "wait"``): no update is newer than every pull.
+    global_takeover: ClassVar[bool] = True
     #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
     kvstore_type: ClassVar[str] = "dist_sync"
 

@@ -117,6 +117,21 @@ class StateBoard:
         del self._asked[round_]
         return self.budgets()
 
+    def drop(self, worker: str) -> dict[int, dict[str, int]]:
+        """``worker`` was lost: budgets are sized for the others from now on. Returns the
+        budgets of each round whose queries are now all in."""
+        if worker not in self.workers:
+            return {}
+        self.workers = [w for w in self.workers if w != worker]
+        self.records.pop(worker, None)
+        out = {}
+        for round_, asked in sorted(self._asked.items()):
+            asked.discard(worker)
+            if asked and len(asked) >= len(self.workers):
+                del self._asked[round_]
+                out[round_] = self.budgets()
+        return out
+
     def budgets(self) -> dict[str, int]:
         known = {w: r.step_s for w, r in self.records.items() if r.step_s is not None}
         if len(known) < len(self.workers):
@@ -142,6 +157,13 @@ class StateBoardService(StateService):
             return None
         ctx.record("esync_round", round=round_, budgets=budgets)
         return {w: {"steps": n} for w, n in budgets.items()}
+
+    def on_worker_lost(self, ctx: NodeContext, worker: str) -> dict[int, dict[str, dict[str, Any]]]:
+        out = {}
+        for round_, budgets in self.board.drop(worker).items():
+            ctx.record("esync_round", round=round_, budgets=budgets)
+            out[round_] = {w: {"steps": n} for w, n in budgets.items()}
+        return out
 
 
 class ESyncWorker(WorkerSide):

@@ -177,6 +177,8 @@ class MixedSync(SyncAlgorithm):
     name = "mixed"
     Options = MixedOptions
     kvstore_type = "dist_async"
+    #: a DC's push applied after the last pull of every local server would be lost
+    global_takeover = False
     options: MixedOptions
 
     @classmethod
