@@ -113,6 +113,29 @@ def test_global_server_restart_from_its_snapshot(tmp_path: Path) -> None:
           f"{r.summary.emulated_seconds:.2f} s, accuracy {r.summary.final_accuracy:.4f}")
 
 
+@pytest.mark.slow
+def test_global_server_restart_under_esync(tmp_path: Path) -> None:
+    """ESync's global tier only sums the round's deltas: a successor takes the newest sum a
+    local server pulled (no optimizer to restore), every round is applied once per DC, and
+    the model is the clean run's."""
+    sets = ["run.iterations=20", "checkpoint.every=1", "sync.algorithm=esync",
+            "training.worker_optimizer=adam"]
+    clean, _, _ = _run(tmp_path / "clean", sets)
+    r, nodes, events = _run(tmp_path / "crash", [*sets, "membership.on_server_loss=wait",
+                                                 "fault.0.node=gs:0", "fault.0.at=1.63s",
+                                                 "fault.0.duration=1s"])
+    gs = nodes["gs:0"]
+    keys = len(gs.slots)
+    (restore,) = [e for e in events if e["ev"] == "takeover_restore"]
+    assert gs.taking_over and 0 < restore["snapshot"] < 20 and restore["optimizer"] is None
+    after = 20 - restore["snapshot"]
+    assert gs.applied == {"ls:party-a": keys * after, "ls:party-b": keys * after}
+    assert all(s.version == 20 for s in gs.slots.values())
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+    print(f"clean {clean.summary.emulated_seconds:.2f} s, restarted "
+          f"{r.summary.emulated_seconds:.2f} s, accuracy {r.summary.final_accuracy:.4f}")
+
+
 @pytest.mark.parametrize("node,schedulers", [("ls:party-a", {"gh", "lh:party-a"}),
                                              ("gs:0", {"gh"})])
 def test_server_that_never_returns_fails_by_name(tmp_path: Path, node, schedulers) -> None:
