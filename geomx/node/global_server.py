@@ -563,7 +563,7 @@ class GlobalServer(Node):
             self._awaiting = set(self.pushers)
         ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
-        if self.taking_over and not hasattr(self, "members_left"):
+        if self.taking_over and self.members_left is None:
             # its predecessor died before the job began: an ordinary start
             self._taking_over = False
             self._awaiting = set()
@@ -580,7 +580,7 @@ class GlobalServer(Node):
                 self.sched.on_key_ready(key, part)
         if self.taking_over:
             # local servers that finished before this process started hand nothing in
-            done = set(getattr(self, "members_left", ())) & set(self.pushers)
+            done = set(self.members_left or ()) & set(self.pushers)
             self._stopped_by |= done
             self._awaiting -= done
             if not self._awaiting:

@@ -625,7 +625,7 @@ class LocalServer(Node):
         ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
-        done = set(getattr(self, "members_left", ())) & set(self.workers)
+        done = set(self.members_left or ()) & set(self.workers)
         if self.taking_over and done:
             # the predecessor died after the DC finished: the workers that said so (the
             # rank-0 worker, or every live one) have left; nothing is left to serve
