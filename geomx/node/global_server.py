@@ -80,8 +80,13 @@ def switch_sync(node: Any, algorithm: Any) -> str:
                 f"{node.job.sync.get('algorithm')!r} explicitly")
     if node.slots:
         return "set_sync: keys are already initialised; create the kvstore before kv.init"
-    node.job = dataclasses.replace(node.job, sync={**node.job.sync, "algorithm": algorithm,
-                                                   "auto": False})
+    job = dataclasses.replace(node.job, sync={**node.job.sync, "algorithm": algorithm,
+                                              "auto": False})
+    if not job.sync_algorithm.global_takeover and node.name in job.replaceable_servers():
+        return (f"set_sync: a dist_async store runs {allowed}, whose global server a "
+                "successor cannot rebuild, and this job restarts a lost global server "
+                "(membership.on_server_loss = 'wait' with checkpoint.every); use dist_sync")
+    node.job = job
     return ""
 
 

@@ -386,3 +386,25 @@ def test_mixed_push_held_at_the_global_server_is_taken_over(tmp_path: Path) -> N
     assert gs.applied == {"ls:party-a": keys * 12, "ls:party-b": keys * 12}
     assert all(s.version == 24 for s in gs.slots.values())
     assert r.summary.iterations == 12
+
+
+def test_a_dist_async_store_under_wait_is_refused_only_where_a_global_server_restarts() -> None:
+    """``kv.create("dist_async")`` under ``algorithm = "auto"`` switches the job to
+    MixedSync: with ``wait`` its local servers' successors compose, but a global server's
+    cannot rebuild MixedSync's model, so the switch is refused where one may restart."""
+    from types import SimpleNamespace
+
+    from geomx.cluster import plan_job
+    from geomx.node.global_server import switch_sync
+
+    def node(sets):
+        job = plan_job(load_scenario(QUICKSTART, ["membership.on_server_loss=wait", *sets]),
+                       "emu").job
+        return SimpleNamespace(job=job, slots={}, name="gs:0")
+
+    n = node([])
+    assert switch_sync(n, "mixed") == "" and n.job.sync_algorithm.name == "mixed"
+    n = node(["checkpoint.every=5"])
+    problem = switch_sync(n, "mixed")
+    assert "cannot rebuild" in problem and "use dist_sync" in problem
+    assert n.job.sync_algorithm.name == "fsa"
