@@ -74,6 +74,9 @@ class AsyncAcrossDCs(GlobalSide):
         # the pusher's round each answers
         self._applied: dict[tuple[int, int], dict[str, int]] = {}
         self._held: dict[tuple[int, int], list[tuple[Message, int]]] = {}
+        # (key, part) -> the round every active pusher has pushed, and how many active
+        # pushers are at it (kept as pushes come, so a push costs O(1), not O(pushers))
+        self._floor: dict[tuple[int, int], tuple[int, int]] = {}
 
     def start_problem(self, gs: GlobalContext) -> str | None:
         return None if gs.has_optimizer else NO_OPTIMIZER
@@ -84,11 +87,16 @@ class AsyncAcrossDCs(GlobalSide):
             return
         where = (msg.key, msg.part)
         applied = self._applied.setdefault(where, {})
-        before = self.completed(gs, where)
-        round_ = applied[msg.src] = applied.get(msg.src, 0) + 1
-        after = self.completed(gs, where)
-        gs.apply_update(msg.key, slot, value, sender=msg.src,
-                        completes=after if after > before else 0)
+        floor, behind = self._floor.get(where) or self._recount(gs, where)
+        old = applied.get(msg.src, 0)
+        round_ = applied[msg.src] = old + 1
+        completes = 0
+        if old == floor and msg.src not in gs.departed:
+            if behind > 1:
+                self._floor[where] = (floor, behind - 1)
+            else:  # the last one at the floor: a round is complete
+                completes = self._recount(gs, where)[0]
+        gs.apply_update(msg.key, slot, value, sender=msg.src, completes=completes)
         self._held.setdefault(where, []).append((msg, round_))
         if gs.stop_requested:
             for w in list(self._held):
@@ -106,14 +114,21 @@ class AsyncAcrossDCs(GlobalSide):
 
     def on_pusher_left(self, gs: GlobalContext, pusher: str) -> None:
         # a finished DC no longer holds the others back
+        for where in list(self._floor):
+            self._recount(gs, where)
         for where in list(self._held):
             self._release(gs, where)
 
+    def _recount(self, gs: GlobalContext, where: tuple[int, int]) -> tuple[int, int]:
+        applied = self._applied.get(where, {})
+        counts = [applied.get(p, 0) for p in gs.pushers if p not in gs.departed]
+        floor = min(counts, default=0)
+        self._floor[where] = (floor, counts.count(floor))
+        return self._floor[where]
+
     def completed(self, gs: GlobalContext, where: tuple[int, int]) -> int:
         """The round every pusher still training has pushed of ``where``."""
-        applied = self._applied.get(where, {})
-        active = [p for p in gs.pushers if p not in gs.departed]
-        return min((applied.get(p, 0) for p in active), default=0)
+        return (self._floor.get(where) or self._recount(gs, where))[0]
 
     def lead(self, gs: GlobalContext, where: tuple[int, int], pusher: str) -> int:
         """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
@@ -168,6 +183,7 @@ class AsyncAcrossDCs(GlobalSide):
         self._applied = {tuple(where): {str(p): int(n) for p, n in counts.items()}
                          for where, counts in state["applied"].items()}
         self._held = {}
+        self._floor = {}
 
 
 class MixedSync(SyncAlgorithm):
