@@ -122,6 +122,7 @@ class GlobalServer(Node):
         self.ckpt = ckpt.NodeCheckpoints(job, name)
         self._ckpt_due: dict[int, bool] = {}
         self._ckpt_reached: dict[int, int] = {}
+        self._ckpt_newest = 0  # the newest round a key finished
         self._restored_opt: dict[str, Any] = {}
         self._restored_sched: Any = None  # the scheduler side's, handed back in main()
         self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
@@ -423,15 +424,18 @@ class GlobalServer(Node):
         """A key finished global round ``round_``: decide (first key) whether it is a
         checkpoint round; snapshot once every key has finished it (nothing of the next
         round can have arrived yet, see geomx/node/checkpoint.py)."""
-        if round_ not in self._ckpt_due:
-            self.is_checkpoint_round(round_)
+        due = self.is_checkpoint_round(round_)
+        if round_ > self._ckpt_newest:
+            # rounds two behind the newest one a key finished are not asked about again
+            # (a sync side may have asked ahead, about rounds not finished yet: they stay)
+            self._ckpt_newest = round_
             for old in [r for r in self._ckpt_due if r < round_ - 2]:
                 del self._ckpt_due[old]
         done = self._ckpt_reached[round_] = self._ckpt_reached.get(round_, 0) + 1
         if done < sum(1 for s in self.slots.values() if s.store is not None):
             return
         del self._ckpt_reached[round_]
-        if self._ckpt_due[round_]:
+        if due:
             self._save_checkpoint(round_)
 
     def _save_checkpoint(self, round_: int) -> None:
