@@ -97,6 +97,10 @@ class AsyncAcrossDCs(GlobalSide):
             else:  # the last one at the floor: a round is complete
                 completes = self._recount(gs, where)[0]
         gs.apply_update(msg.key, slot, value, sender=msg.src, completes=completes)
+        if not self._held.get(where) and not gs.stop_requested and not self._holds(
+                gs, where, msg.src, round_):
+            gs.reply_push(msg, slot)  # nothing waits here and this push need not
+            return
         self._held.setdefault(where, []).append((msg, round_))
         if gs.stop_requested:
             for w in list(self._held):
@@ -156,16 +160,21 @@ class AsyncAcrossDCs(GlobalSide):
         gs.reply_push(push, slot)
         return "applied"
 
+    def _holds(self, gs: GlobalContext, where: tuple[int, int], pusher: str,
+               round_: int) -> bool:
+        """Whether ``pusher``'s push of ``round_`` waits for the others: a checkpoint
+        round not every DC has pushed yet, or a lead beyond the staleness bound."""
+        if round_ > self.completed(gs, where) and gs.is_checkpoint_round(round_):
+            return True
+        return bool(self.staleness) and self.lead(gs, where, pusher) > self.staleness
+
     def _release(self, gs: GlobalContext, where: tuple[int, int]) -> None:
         held = self._held.get(where)
         if not held:
             return
-        completed = self.completed(gs, where)
         release, keep = [], []
         for msg, round_ in held:
-            if gs.stop_requested or (
-                    (round_ <= completed or not gs.is_checkpoint_round(round_))
-                    and (self.staleness == 0 or self.lead(gs, where, msg.src) <= self.staleness)):
+            if gs.stop_requested or not self._holds(gs, where, msg.src, round_):
                 release.append(msg)
             else:
                 keep.append((msg, round_))
