@@ -3,7 +3,9 @@
 The attacks, and what each costs a transport that holds whatever a peer announces
 (measured against a running ``gs:0`` with no bounds): 2,500 13-byte UDP datagrams
 claiming chunk 0 of 65,535 grow it by 300-730 MB; 8 connections announcing 128 MiB
-frames by ~1 GB (which stays after they close); 2,000 connections that never finish the
+frames by ~1 GB (which stays after they close) -- and the same with streams, the form a
+message too long for one frame takes (geomx/runtime/framing.py), announced at 128 MiB and
+at the largest message the victim accepts; 2,000 connections that never finish the
 handshake (secret set) by 264 MB. This bench repeats each against a victim process -- a node's transport with the defaults ``geomx
 node`` uses (UDP on, as with DGT's "udp" bands; a node without them binds none) -- and
 prints the growth of its resident set (VmRSS before, the peak VmHWM during, VmRSS after;
@@ -33,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from geomx.runtime import eventloop  # noqa: E402
-from geomx.runtime.framing import FrameType, control_frame, pack_preamble  # noqa: E402
+from geomx.runtime.framing import (STREAM_HEAD, STREAM_PIECE, FrameType,  # noqa: E402
+                                   control_frame, pack_preamble)
 from geomx.runtime.tcp import parse_address  # noqa: E402
 from geomx.runtime.udp import CHUNK_HEADER, CHUNK_MAGIC, CHUNK_VERSION  # noqa: E402
 
@@ -119,6 +122,39 @@ async def _large_frames(host: str, port: int, conns: int, frame: int) -> None:
     await asyncio.sleep(1.0)
 
 
+async def _large_streams(host: str, port: int, conns: int, total: int) -> None:
+    """Streams (a message too long for one frame, sent as pieces) announced on ``conns``
+    connections and sent but for their last MiB: never finished."""
+    writers = []
+    for i in range(conns):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(_hello(f"evil{i}"))
+        await asyncio.wait_for(r.read(4096), 10)  # WELCOME
+        w.write(pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + 1)
+                + STREAM_HEAD.pack(1, FrameType.MESSAGE, 0, 0, total) + b"G")
+        writers.append(w)
+    await asyncio.sleep(0.2)
+    piece = pack_preamble(FrameType.STREAM_PIECE, STREAM_PIECE.size + MIB) + STREAM_PIECE.pack(1)
+    chunk = piece + b"\0" * MIB
+    deadline = time.monotonic() + 15
+    for _ in range(total // MIB - 1):
+        writers = [w for w in writers if not w.is_closing()]
+        if not writers:
+            break  # the victim refused every stream and hung up
+        for w in writers:
+            w.write(chunk)
+        try:
+            await asyncio.wait_for(asyncio.gather(*(w.drain() for w in writers),
+                                                  return_exceptions=True), 1.0)
+        except asyncio.TimeoutError:
+            if time.monotonic() > deadline:
+                break  # the victim stopped reading: what it holds is what we measure
+    await asyncio.sleep(1.0)
+    for w in writers:
+        w.close()
+    await asyncio.sleep(1.0)
+
+
 async def _pending_handshakes(host: str, port: int, n: int) -> None:
     conns = []
     for _ in range(n):
@@ -170,6 +206,18 @@ async def _honest(host: str, port: int, nbytes: int) -> None:
     await t.close()
 
 
+def _largest_message(args: argparse.Namespace) -> int:
+    """The largest message the victim accepts (its transport's ``max_message_bytes``)."""
+    from geomx.cluster import plan_job
+    from geomx.runtime.node_main import transport_limits
+    from geomx.scenario import load_scenario
+
+    s = load_scenario(args.scenario, args.overrides)
+    limits = transport_limits(s, plan_job(s, "real"))
+    # (a transport without streams: its frame cap, less the preamble)
+    return limits.get("max_message_bytes", limits["max_frame_bytes"] - 8)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller counts")
@@ -184,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
          lambda h, pt: _udp_chunk_claims(h, pt, 500 if q else 2500)),
         ("TCP: 8 conns announcing 128 MiB frames", False,
          lambda h, pt: _large_frames(h, pt, 8, (16 if q else 128) * MIB)),
+        ("TCP: 8 conns announcing frames of the largest message", False,
+         lambda h, pt: _large_frames(h, pt, 8, _largest_message(args) & ~(MIB - 1))),
+        ("TCP: 8 conns announcing 128 MiB streams", False,
+         lambda h, pt: _large_streams(h, pt, 8, (16 if q else 128) * MIB)),
+        ("TCP: 8 conns announcing streams of the largest message", False,
+         lambda h, pt: _large_streams(h, pt, 8, _largest_message(args) & ~(MIB - 1))),
         ("TCP: 2,000 conns never finishing the handshake (secret set)", True,
          lambda h, pt: _pending_handshakes(h, pt, 400 if q else 2000)),
         ("TCP: 7,000 malformed frames after HELLO", False,

@@ -19,6 +19,7 @@ import logging
 import sys
 from typing import Sequence
 
+from geomx.expect import EXIT_EXPECTATION
 from geomx.runtime.node_args import LOG_FORMAT, add_node_arguments, run_node_command
 
 DESCRIPTION = """\
@@ -33,8 +34,10 @@ examples:
   geomx run scenarios/quickstart.toml
   geomx run scenarios/quickstart.toml --set training.lr=0.005 --set wan.0.bandwidth=20Mbps
   geomx run scenarios/quickstart.toml --runtime real
+  geomx run scenarios/quickstart.toml --expect 'final_accuracy >= 0.93' --expect 'bytes_wan <= 4MB'
   geomx sweep scenarios/quickstart.toml --grid codec.type=none,fp16 --seeds 2
   geomx compare runs/quickstart-20261125-101010 runs/vanilla_ps-20261125-101515
+  geomx compare runs/new-run --baseline runs/stored-run --max-regression 5%
   geomx validate scenarios/vanilla_ps.toml
   geomx launch scenarios/quickstart.toml --hostfile hosts.txt
   geomx node scenarios/quickstart.toml --name w:party-a:0 --global-scheduler 10.0.0.1:9092
@@ -67,6 +70,14 @@ def _add_scenario_args(p: argparse.ArgumentParser, *, resumable: bool = False) -
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field, e.g. training.lr=0.05, dc.1.workers=4, "
                         "wan.0.bandwidth=20Mbps (repeatable)")
+
+
+def _add_expect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect", action="append", default=[], metavar="'FIGURE OP VALUE'",
+                   help="a condition on a summary.json figure checked when the job ends, "
+                        "e.g. 'final_accuracy >= 0.93', 'time_to_target_s <= 6s', "
+                        "'bytes_wan <= 2MB' (repeatable; adds to the scenario's [expect]); "
+                        f"exit {EXIT_EXPECTATION} when one fails (docs/ci.md)")
 
 
 def _add_program_args(p: argparse.ArgumentParser) -> None:
@@ -129,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="parent folder of the run folder "
                                                  "(default: the scenario's run.out_dir)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_expect_args(run)
     _add_program_args(run)
     run.set_defaults(handler=_cmd_run)
 
@@ -150,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ssh command for --hostfile (default: ssh), e.g. 'ssh -p 2222'")
     launch.add_argument("--out", default=None, help="parent folder of the run folder")
     launch.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_expect_args(launch)
     _add_program_args(launch)
     launch.set_defaults(handler=_cmd_run)
 
@@ -307,8 +320,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """``geomx run`` and ``geomx launch``: run the job, then print where its run folder is
-    and its headline figures."""
+    and its headline figures, and check the expectations (``[expect]`` and ``--expect``,
+    read before the job starts so a misspelt figure costs no run)."""
     scenario = _scenario_of(args)
+    expectations = _expectations_of(scenario, args)
     from geomx.experiment import JobFailed, run_scenario
     from geomx.runtime.netns import NetnsUnavailable
 
@@ -324,6 +339,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError, NetnsUnavailable) as e:  # ConfigError: a ValueError
         raise UsageError(str(e)) from None
     _print_result(scenario, result)
+    return _check_expectations(expectations, result.summary)
+
+
+def _expectations_of(scenario, args: argparse.Namespace) -> list:
+    """The scenario's ``[expect]`` conditions, then ``--expect``'s (one line naming the
+    figure and the allowed ones for a bad one)."""
+    from geomx.expect import ExpectationError, parse_expectation
+
+    out = scenario.expect.expectations()
+    for text in args.expect:
+        try:
+            out.append(parse_expectation(text))
+        except ExpectationError as e:
+            raise UsageError(f"--expect {text!r}: {e}", args.command) from None
+    return out
+
+
+def _check_expectations(expectations: list, summary) -> int:
+    """One line per expectation (failures on stderr, with the measured value); 0 when
+    all hold, :data:`EXIT_EXPECTATION` when one does not."""
+    from geomx.expect import check_expectations, format_outcome
+
+    outcomes = check_expectations(expectations, summary.to_dict())
+    for o in outcomes:
+        sys.stdout.flush()  # the lines keep their order in a CI log that merges both streams
+        print(f"expect: {format_outcome(o)}", file=sys.stdout if o.held else sys.stderr)
+    failed = sum(not o.held for o in outcomes)
+    if failed:
+        print(f"geomx: {failed} of {len(outcomes)} expectation(s) failed", file=sys.stderr)
+        return EXIT_EXPECTATION
     return 0
 
 

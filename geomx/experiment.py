@@ -23,6 +23,7 @@ from geomx.errors import JobFailed  # re-exported: users catch geomx.experiment.
 from geomx.metrics.chrome_trace import convert_events_file
 from geomx.metrics.summary import Summary, write_summary
 from geomx.node.checkpoint import injected_crashes
+from geomx.provenance import provenance
 from geomx.scenario import Scenario, scenario_to_toml
 from geomx.topology import aggregates_over_trees
 from geomx.traces import wan_traces
@@ -126,6 +127,7 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
         stats = ts_stats(iter_events(run_dir / "events.jsonl"), _edge_bandwidth(s))
         if stats is not None:
             summary.extra["tsengine"] = stats
+    summary.provenance = provenance()
     write_summary(run_dir / "summary.json", summary)
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")

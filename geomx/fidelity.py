@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from geomx.provenance import provenance, provenance_line
+
 
 @dataclass
 class IterationTimes:
@@ -152,7 +154,8 @@ def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",)
                out_dir: str | os.PathLike = "runs/fidelity",
                progress: Callable[[str], None] | None = print) -> list[dict]:
     """Every case in the emulator and over sockets with each shaper; writes
-    ``fidelity.md`` (the table), ``fidelity.json`` and ``fidelity.png`` into ``out_dir``."""
+    ``fidelity.md`` (the table), ``fidelity.json`` (``{"provenance": ..., "cases": rows}``,
+    geomx/provenance.py) and ``fidelity.png`` into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -173,8 +176,11 @@ def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",)
         rows.append(row)
         if progress is not None:
             progress(_row_text(row, shapers) + f"   ({time.perf_counter() - t0:.0f} s)")
-    (out / "fidelity.json").write_text(json.dumps(rows, indent=1))
-    (out / "fidelity.md").write_text(report_table(rows, shapers))
+    made_by = provenance()
+    (out / "fidelity.json").write_text(json.dumps({"provenance": made_by, "cases": rows},
+                                                  indent=1))
+    (out / "fidelity.md").write_text(report_table(rows, shapers) + "\n" + provenance_line(made_by)
+                                     + "\n")
     plot_report(rows, shapers, out / "fidelity.png")
     return rows
 

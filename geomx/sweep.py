@@ -24,6 +24,14 @@ Grid values are checked exactly like `--set` (the same parser and validation); a
 error names the `--grid` entry, the field, the value and what is allowed, before
 anything runs. Processes are started with "spawn": sweeps are also started from
 Jupyter kernels, whose threads make `fork` unsafe.
+
+With a cluster address (`cluster=`; `geomx sweep --cluster tcp://HOST:8786` or
+`$GEOMX_CLUSTER`) the points run as tasks on a Dask distributed cluster instead
+(geomx/sweep_cluster.py; recipes in docs/sweeps.md). When the workers share the sweep
+folder's file system they write their runs in place as local processes do; otherwise the
+scenario file and the small files it names travel with each task and the run folder's
+files come back as bytes, which are written here. Either way the sweep folder is the one
+a local sweep leaves.
 """
 
 from __future__ import annotations
@@ -35,12 +43,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from geomx.metrics.summary import SUMMARY_FILE
 from geomx.metrics.sweep_results import (
@@ -52,6 +60,9 @@ from geomx.metrics.sweep_results import (
 )
 from geomx.metrics.table import Table
 from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
+
+if TYPE_CHECKING:
+    from geomx.sweep_cluster import ClusterPool, ClusterTask, ScenarioFile
 
 RUNS_DIR = "runs"
 TMP_DIR = ".tmp"
@@ -201,7 +212,8 @@ def plan_sweep(
 
 
 class RunsBar:
-    """A progress bar over runs on stderr (a line per run when not a terminal)."""
+    """A progress bar over runs on stderr (a line per run when not a terminal): runs
+    done, resumed and failed, and running when the runner says (`set_running`)."""
 
     def __init__(self, total: int, enabled: bool = True, stream: IO[str] | None = None) -> None:
         self.total = total
@@ -210,7 +222,15 @@ class RunsBar:
         self.is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.start = time.monotonic()
         self.done = self.failed = self.resumed = 0
+        self.running: int | None = None
         self._ran = 0
+        self._label = ""
+
+    def set_running(self, running: int) -> None:
+        """How many runs are in progress now; redrawn at once on a terminal."""
+        self.running = running
+        if self.enabled and self.is_tty and self.done < self.total:
+            self._draw(self._label, failed=False)
 
     def advance(self, label: str, failed: bool = False, resumed: bool = False) -> None:
         self.done += 1
@@ -219,13 +239,19 @@ class RunsBar:
         self._ran += not resumed
         if not self.enabled or (resumed and self.done < self.total):
             return  # resumed points are summed up in the next line drawn
+        self._draw(label, failed)
+
+    def _draw(self, label: str, failed: bool) -> None:
+        self._label = label
         elapsed = time.monotonic() - self.start
         left = self.total - self.done
         eta = f", ~{elapsed / self._ran * left:.0f} s left" if self._ran and left else ""
         width = 24
         filled = int(width * self.done / max(self.total, 1))
         line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} runs "
-                f"({self.resumed} resumed, {self.failed} failed) {elapsed:.1f} s{eta} | "
+                f"({self.resumed} resumed, {self.failed} failed"
+                f"{'' if self.running is None else f', {self.running} running'}) "
+                f"{elapsed:.1f} s{eta} | "
                 f"{'FAILED ' if failed else ''}{label}")
         if self.is_tty:
             self.stream.write("\r\x1b[2K" + line)
@@ -269,6 +295,64 @@ def _run_point(scenario_path: str, overrides: list[str], tmp_parent: str,
             return {"status": "done", "summary": json.load(fh)}
     except Exception as exc:  # a failed point is reported in its row, the sweep goes on
         return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _raise_failed(outcome: dict[str, Any]) -> dict[str, Any]:
+    from geomx.sweep_cluster import TaskError
+
+    if outcome["status"] != "done":
+        raise TaskError(outcome["error"])
+    return outcome
+
+
+def _run_point_in_place(scenario_path: str, overrides: list[str], tmp_parent: str,
+                        final_dir: str) -> dict[str, Any]:
+    """A cluster task on a worker that shares the sweep folder: `_run_point` as a local
+    process runs it (geomx.sweep_cluster.run_checked has set its kernel threads); a
+    failure raises, so that the point is retried elsewhere."""
+    return _raise_failed(_run_point(scenario_path, overrides, tmp_parent, final_dir))
+
+
+def _run_point_shipped(scenario_name: str, scenario_text: bytes, overrides: list[str],
+                       shipped: list[tuple[str, str, str, bytes]]) -> dict[str, Any]:
+    """A cluster task on a worker that does not see the sweep folder.
+
+    The scenario file and the files it names that travel (`shipped`: field, value as
+    resolved on the client, the file part of it, bytes) are written to a folder of this
+    worker, each field is pointed at its copy, the point runs there, and the run
+    folder's files come back as {relative path: bytes}.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="geomx-point-") as tmp:
+        root = Path(tmp)
+        scenario = root / scenario_name
+        scenario.write_bytes(scenario_text)
+        moved = []
+        for i, (field_name, value, location, data) in enumerate(shipped):
+            copy = root / "files" / f"{i}-{Path(location).name}"
+            copy.parent.mkdir(exist_ok=True)
+            copy.write_bytes(data)
+            moved.append(f"{field_name}={str(copy) + value[len(location):]}")
+        final = root / "run"
+        outcome = _raise_failed(_run_point(str(scenario), [*overrides, *moved],
+                                           str(root / "tmp"), str(final)))
+        outcome["files"] = {f.relative_to(final).as_posix(): f.read_bytes()
+                            for f in sorted(final.rglob("*")) if f.is_file()}
+        return outcome
+
+
+def _write_run_files(files: dict[str, bytes], tmp_parent: Path, final_dir: Path) -> None:
+    """A shipped point's run folder, written beside the sweep and moved into place."""
+    staging = tmp_parent / "run"
+    shutil.rmtree(tmp_parent, ignore_errors=True)
+    for rel, data in files.items():
+        target = staging / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    os.replace(staging, final_dir)
 
 
 @dataclass
@@ -328,10 +412,18 @@ def run_sweep(
     base_overrides: Sequence[str] = (),
     progress: bool = True,
     plots: bool = True,
+    cluster: str | None = None,
+    shared_fs: bool | None = None,
 ) -> SweepResult:
     """Plan, run (skipping finished points) and tabulate a sweep; see the module
-    docstring. `jobs` processes (default: the core count; 1 runs here, in order)."""
-    scenario_path = os.fspath(scenario_path)
+    docstring. `jobs` processes (default: the core count; 1 runs here, in order).
+
+    `cluster` is a Dask scheduler address (`geomx sweep` takes it from `--cluster` or
+    `$GEOMX_CLUSTER`): the points run on its workers and `jobs` is not used. `shared_fs` says whether the workers see the sweep
+    folder at the same path (None: find out by having them read a file written here).
+    A cluster that cannot run the sweep raises geomx.sweep_cluster.ClusterError.
+    """
+    scenario_path = given_path = os.fspath(scenario_path)
     points = plan_sweep(scenario_path, axes, seeds, base_overrides)
     jobs = jobs or os.cpu_count() or 1
     if jobs < 1:
@@ -339,55 +431,128 @@ def run_sweep(
     sweep_dir = Path(out) if out is not None else default_sweep_dir(scenario_path, base_overrides)
     runs_dir = sweep_dir / RUNS_DIR
     tmp_dir = sweep_dir / TMP_DIR
+    pending = [p for p in points if not (runs_dir / p.folder / SUMMARY_FILE).exists()]
+    pool = None
+    address = cluster.strip() if cluster and pending else None
+    if address:
+        # workers run in folders of their own: every path they are given is absolute
+        scenario_path = os.path.abspath(scenario_path)
+        sweep_dir = Path(os.path.abspath(sweep_dir))
+        pool, shared_fs = _open_cluster(address, scenario_path, pending, base_overrides,
+                                        sweep_dir, shared_fs)
+    try:
+        return _run_sweep(scenario_path, given_path, axes, points, pending, sweep_dir, jobs,
+                          base_overrides, progress, plots, pool, bool(shared_fs))
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _point_files(scenario_path: str, p: SweepPoint,
+                 base_overrides: Sequence[str]) -> list[ScenarioFile]:
+    from geomx.sweep_cluster import scenario_files
+
+    return scenario_files(load_scenario(scenario_path, p.overrides(base_overrides)))
+
+
+def _open_cluster(address: str, scenario_path: str, pending: Sequence[SweepPoint],
+                  base_overrides: Sequence[str], sweep_dir: Path,
+                  shared_fs: bool | None) -> tuple[ClusterPool, bool]:
+    """Connect to the cluster and check its workers (geomx, files, file system) before
+    anything runs; returns the pool and whether the workers share the sweep folder."""
+    from geomx.sweep_cluster import ClusterPool, ScenarioFile
+
+    files = {f for p in pending for f in _point_files(scenario_path, p, base_overrides)}
+    files.add(ScenarioFile("the scenario file", scenario_path, True))
+    pool = ClusterPool(address)
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        marker = sweep_dir / f".cluster-probe-{os.getpid()}"
+        shared = pool.check_workers(sorted(files, key=lambda f: (f.field, f.path)),
+                                    marker=marker, shared=shared_fs)
+    except BaseException:
+        pool.close()
+        raise
+    return pool, shared
+
+
+def _cluster_task(scenario_path: str, p: SweepPoint, base_overrides: Sequence[str],
+                  tmp_dir: Path, runs_dir: Path, shared: bool) -> ClusterTask:
+    """The task of point `p`: run in place on a shared file system, or shipped."""
+    from geomx.sweep_cluster import ClusterTask
+
+    overrides = p.overrides(base_overrides)
+    name = f"point-{p.index}"
+    if shared:
+        return ClusterTask(name, _run_point_in_place,
+                           (scenario_path, overrides, str(tmp_dir / f"p{p.index}"),
+                            str(runs_dir / p.folder)))
+    shipped = []
+    pinned = []
+    for f in _point_files(scenario_path, p, base_overrides):
+        if f.travels and os.path.isfile(f.location):
+            shipped.append((f.field, f.path, f.location, Path(f.location).read_bytes()))
+        else:  # it must be on the worker at the path it has here
+            pinned.append(f"{f.field}={f.path}")
+    return ClusterTask(name, _run_point_shipped,
+                       (Path(scenario_path).name, Path(scenario_path).read_bytes(),
+                        [*overrides, *pinned], shipped))
+
+
+def _run_sweep(scenario_path: str, given_path: str, axes: Sequence[GridAxis],
+               points: list[SweepPoint],
+               pending: list[SweepPoint], sweep_dir: Path, jobs: int,
+               base_overrides: Sequence[str], progress: bool, plots: bool,
+               pool: ClusterPool | None, shared: bool) -> SweepResult:
+    runs_dir = sweep_dir / RUNS_DIR
+    tmp_dir = sweep_dir / TMP_DIR
     runs_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp_dir, ignore_errors=True)  # leftovers of an interrupted sweep
     tmp_dir.mkdir()
-    manifest = {"scenario": scenario_path, "grid": {a.key: list(a.values) for a in axes},
+    manifest = {"scenario": given_path, "grid": {a.key: list(a.values) for a in axes},
                 "seeds": sorted({p.seed for p in points}), "set": list(base_overrides),
                 "points": len(points)}
     (sweep_dir / SWEEP_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
     bar = RunsBar(len(points), enabled=progress)
     outcomes: dict[int, dict[str, Any]] = {}
-    pending: list[SweepPoint] = []
     for p in points:
-        summary_path = runs_dir / p.folder / SUMMARY_FILE
-        if summary_path.exists():
+        if p not in pending:
+            summary_path = runs_dir / p.folder / SUMMARY_FILE
             outcomes[p.index] = {"status": "done", "resumed": True,
                                  "summary": json.loads(summary_path.read_text())}
             bar.advance(p.label, resumed=True)
-        else:
-            pending.append(p)
     csv_path = sweep_dir / SWEEP_CSV
+    left = len(pending)
 
     def finish(p: SweepPoint, outcome: dict[str, Any]) -> None:
+        nonlocal left
+        left -= 1
         outcomes[p.index] = outcome
+        if pool is None:
+            bar.running = min(workers, left)
         bar.advance(p.label, failed=outcome["status"] != "done")
         _write_csv(csv_path, points, axes, outcomes)
 
     cores = os.cpu_count() or 1
     workers = min(jobs, len(pending)) or 1
+    bar.running = min(workers, left)
 
     def args(p: SweepPoint) -> tuple:
         return (scenario_path, p.overrides(base_overrides), str(tmp_dir / f"p{p.index}"),
                 str(runs_dir / p.folder), None if workers == 1 else max(1, cores // workers))
 
-    if workers == 1:
+    try:
+        _run_points(scenario_path, pending, base_overrides, tmp_dir, runs_dir, pool, shared,
+                    workers, args, finish, bar.set_running)
+    except BaseException:  # Ctrl-C: the table lists every point that finished
         for p in pending:
-            finish(p, _run_point(*args(p)))
-    else:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            futures = {pool.submit(_run_point, *args(p)): p for p in pending}
-            try:
-                remaining = set(futures)
-                while remaining:
-                    finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
-                    for fut in finished:
-                        finish(futures[fut], fut.result())
-            except BaseException:
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+            summary_path = runs_dir / p.folder / SUMMARY_FILE
+            if p.index not in outcomes and summary_path.exists():
+                outcomes[p.index] = {"status": "done",
+                                     "summary": json.loads(summary_path.read_text())}
+        _write_csv(csv_path, points, axes, outcomes)
+        raise
     table = _write_csv(csv_path, points, axes, outcomes)
     shutil.rmtree(tmp_dir, ignore_errors=True)
     result = SweepResult(sweep_dir, table,
@@ -398,3 +563,42 @@ def run_sweep(
         for name in plot_sweep(table, sweep_dir):
             result.plots.append(sweep_dir / name)
     return result
+
+
+def _run_points(scenario_path: str, pending: list[SweepPoint], base_overrides: Sequence[str],
+                tmp_dir: Path, runs_dir: Path, pool: ClusterPool | None, shared: bool,
+                workers: int, args: Callable[[SweepPoint], tuple],
+                finish: Callable[[SweepPoint, dict[str, Any]], None],
+                on_running: Callable[[int], None]) -> None:
+    """Run the pending points on the cluster, in `workers` local processes, or here."""
+    if pool is not None:
+        by_name = {f"point-{p.index}": p for p in pending}
+
+        def done(task: ClusterTask, result: Any, error: str | None) -> None:
+            p = by_name[task.name]
+            if error is not None:
+                finish(p, {"status": "failed", "error": error})
+                return
+            files = result.pop("files", None)
+            if files is not None:
+                _write_run_files(files, tmp_dir / f"p{p.index}", runs_dir / p.folder)
+            finish(p, result)
+
+        pool.run([_cluster_task(scenario_path, p, base_overrides, tmp_dir, runs_dir, shared)
+                  for p in pending], done, on_tick=on_running)
+    elif workers == 1:
+        for p in pending:
+            finish(p, _run_point(*args(p)))
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as processes:
+            futures = {processes.submit(_run_point, *args(p)): p for p in pending}
+            try:
+                remaining = set(futures)
+                while remaining:
+                    finished, remaining = wait(remaining, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        finish(futures[fut], fut.result())
+            except BaseException:
+                processes.shutdown(wait=False, cancel_futures=True)
+                raise

@@ -25,7 +25,10 @@ class Transport(Protocol):
     """Moves messages between named nodes.
 
     Guarantees: per (src, dst, channel) order on reliable channels (channel < 8) and
-    exactly-once delivery while both ends live. Unreliable channels may drop.
+    exactly-once delivery while both ends live. Unreliable channels may drop. A message
+    may be of any size: the real transport carries one longer than a frame as a stream
+    of bounded pieces (geomx/runtime/framing.py, "Large messages"); node code only ever
+    sends and receives whole messages.
 
     Besides ``send`` and ``recv``, the contract has three features a transport may
     decline, each with an answer that says so: ``send_nowait`` (False: use ``send``),

@@ -55,10 +55,9 @@ STILL_REFUSED = {
         # not yet (docs/scenario.md, "Combinations"): no common round to checkpoint or
         # dedupe by, state not saved, overlays that need every member
         "mixed + tsengine", "esync + tsengine",
-        "mixed + checkpoint", "esync + checkpoint", "layer + checkpoint",
-        "mixed + server_loss", "hfa + server_loss", "esync + server_loss",
+        "layer + checkpoint", "hfa + server_loss",
         "tsengine + server_loss", "layer + server_loss",
-        "esync + worker_loss", "tsengine + worker_loss", "layer + worker_loss",
+        "tsengine + worker_loss", "layer + worker_loss",
     )
 }
 

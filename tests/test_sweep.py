@@ -173,3 +173,16 @@ def test_progress_bar_counts_runs_and_sums_up_resumed_ones():
     assert len(lines) == 2
     assert "3/4 runs (2 resumed, 0 failed)" in lines[0] and lines[0].endswith("| c")
     assert "4/4 runs (2 resumed, 1 failed)" in lines[1] and lines[1].endswith("| FAILED d")
+
+
+def test_progress_bar_shows_running_runs_when_told():
+    out = io.StringIO()
+    bar = RunsBar(3, stream=out)
+    bar.running = 2
+    bar.advance("a")
+    bar.set_running(1)  # not a terminal: no line of its own
+    bar.advance("b")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2
+    assert "1/3 runs (0 resumed, 0 failed, 2 running)" in lines[0]
+    assert "2/3 runs (0 resumed, 0 failed, 1 running)" in lines[1]

@@ -40,6 +40,7 @@ def numpy_nan_modes() -> tuple[bool, bool]:
 class HalfWidthCodec(Codec):
     """Shared logic of the 16-bit elementwise codecs (fp16, bf16)."""
 
+    elementwise = True
     #: dtype string of the travelling array.
     wire_dtype: str = "<u2"
 

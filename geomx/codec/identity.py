@@ -18,6 +18,7 @@ from geomx.policy.codec import ArraySpec, Codec, CodecError, CodecState, Encoded
 class DenseCodec(Codec):
     name = base.DENSE
     params = ()
+    elementwise = True
 
     def encode(self, key: int, x: Any, state: CodecState | None = None) -> Encoded:
         return base.encode_dense(x)

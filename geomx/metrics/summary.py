@@ -51,6 +51,9 @@ class Summary:
     time_to_target_s: float | None = None
     target_accuracy: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what produced the run: geomx's version, commit and source digest, its build, the
+    #: library versions and the machine (geomx/provenance.py)
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import math
 from types import CoroutineType
+from collections.abc import Iterable
 from typing import Any, Awaitable, Callable
 
 from geomx.node.restart import RESTART_MODES, RestartMode
@@ -126,6 +127,9 @@ class Node:
         #: how this process joined the job: None with the job, or in place of one the job
         #: lost (geomx/node/restart.py); set once, before it runs, by :meth:`restart_as`
         self._restarted_as: RestartMode | None = None
+        #: a process that took over a server: the members that had finished when it
+        #: registered (None: its registration came back without that list)
+        self._members_left: frozenset[str] | None = None
         self.on(Kind.NODE_FAILED, self._on_node_failed)
         self.on(Kind.NODE_REJOINED, self._on_node_rejoined)
 
@@ -144,6 +148,17 @@ class Node:
         if self._running:
             raise RuntimeError(f"{self.name}: restart_as() after the node started")
         self._restarted_as = mode
+
+    @property
+    def members_left(self) -> frozenset[str] | None:
+        """The members that had finished when this process registered to take over a
+        server (geomx/node/scheduler.py), or None when the scheduler sent no such list
+        (the process's predecessor died before the job began)."""
+        return self._members_left
+
+    def note_members_left(self, members: Iterable[str]) -> None:
+        """The scheduler's registration reply lists the members already done (a takeover)."""
+        self._members_left = frozenset(str(m) for m in members)
 
     # ---------------------------------------------------------------- plumbing
     def on(self, kind: Kind, handler: Handler) -> None:

@@ -75,16 +75,18 @@ def switch_sync(node: Any, algorithm: Any) -> str:
     problem = sync_problem_of(node.job.transfer_schedulers, algorithm)
     if problem:
         return problem
-    if getattr(node.job, "on_server_loss", "fail") == "wait":
-        return (f"set_sync: a dist_async store runs {allowed}, but membership.on_server_loss "
-                "= 'wait' needs FSA (a round every tier agrees on); use dist_sync")
     if not node.job.sync.get("auto"):
         return (f"set_sync: the scenario chose [sync] algorithm = "
                 f"{node.job.sync.get('algorithm')!r} explicitly")
     if node.slots:
         return "set_sync: keys are already initialised; create the kvstore before kv.init"
-    node.job = dataclasses.replace(node.job, sync={**node.job.sync, "algorithm": algorithm,
-                                                   "auto": False})
+    job = dataclasses.replace(node.job, sync={**node.job.sync, "algorithm": algorithm,
+                                              "auto": False})
+    if not job.sync_algorithm.global_takeover and node.name in job.replaceable_servers():
+        return (f"set_sync: a dist_async store runs {allowed}, whose global server a "
+                "successor cannot rebuild, and this job restarts a lost global server "
+                "(membership.on_server_loss = 'wait' with checkpoint.every); use dist_sync")
+    node.job = job
     return ""
 
 
@@ -102,6 +104,9 @@ class GlobalServer(Node):
         self.policy: GlobalSide = job.sync_algorithm.global_side(job)
         self.sync_ctx = GlobalSyncContext(self)
         self.stop_requested = False
+        #: (key, part) -> the first version of that slot whose replies carry the stop:
+        #: the round in progress when the stop was first requested (see _request_stop)
+        self._stop_from: dict[tuple[int, int], int] = {}
         self._stopped_by: set[str] = set()
         self._done = asyncio.Event()
         if job.mode == "flat_ps":
@@ -120,8 +125,10 @@ class GlobalServer(Node):
         self.ckpt = ckpt.NodeCheckpoints(job, name)
         self._ckpt_due: dict[int, bool] = {}
         self._ckpt_reached: dict[int, int] = {}
+        self._ckpt_newest = 0  # the newest round a key finished
         self._restored_opt: dict[str, Any] = {}
         self._restored_sched: Any = None  # the scheduler side's, handed back in main()
+        self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
         #: its predecessor may have pushed already; pushes taken per pusher, and those
@@ -176,6 +183,8 @@ class GlobalServer(Node):
                 self.reply_error(msg, problem)
                 return
             self.policy = self.job.sync_algorithm.global_side(self.job)
+            if self._restored_sync is not None:
+                self.policy.load_state_dict(self._restored_sync)
             self.record("command", cmd=cmd, algorithm=self.job.sync_algorithm.name)
             if self.rank == 0 and self.job.mode == "hips":
                 self.spawn(self._forward_command(msg))
@@ -269,24 +278,18 @@ class GlobalServer(Node):
             self.reply_error(msg, str(e))
             return
         if msg.meta.get("stop"):
-            self.stop_requested = True
+            self._request_stop()
         if self._dedupe_rounds and self._duplicate_round(msg, slot):
             return
         self.applied[msg.src] = self.applied.get(msg.src, 0) + 1
         self.policy.on_push(self.sync_ctx, msg, slot, value)
 
     def _duplicate_round(self, msg: Message, slot: Slot) -> bool:
-        """FSA, ``on_server_loss = "wait"``: a local server's push of round ``version``
-        that this server already has. Applied already (the round is done): answered now.
-        Parked (its dead predecessor's push waits for the other DCs): the new request
-        takes the old one's place, so the answer reaches the process that waits for it."""
-        if msg.version <= slot.version:
-            why = "applied"
-            self.reply_push(msg, slot)
-        elif msg.src in slot.contributors:
-            why = "parked"
-            slot.waiting_pushes = [msg if m.src == msg.src else m for m in slot.waiting_pushes]
-        else:
+        """``on_server_loss = "wait"``: a local server's push that this server already has
+        (its predecessor pushed the round before dying). The sync side tells, and answers
+        it or puts it in the old push's place (``GlobalSide.resent_push``)."""
+        why = self.policy.resent_push(self.sync_ctx, msg, slot)
+        if why is None:
             return False
         self.deduped[msg.src] = self.deduped.get(msg.src, 0) + 1
         self.record("dedupe", src=msg.src, key=msg.key, part=msg.part, round=msg.version,
@@ -303,9 +306,24 @@ class GlobalServer(Node):
             raise ValueError(f"merged push of key {msg.key} part {msg.part} has "
                              f"{getattr(value, 'size', '?')} elements, not {slot.store.size}")
         if msg.meta.get("stop"):
-            self.stop_requested = True
+            self._request_stop()
         self.policy.on_push(self.sync_ctx, msg, slot, value.reshape(slot.store.shape)
                             if not is_phantom(value) else value)
+
+    def _request_stop(self) -> None:
+        """A pusher carries the job's stop request (a worker reached its target): from
+        which version of each (key, part) on the replies say so is the sync side's call
+        (``GlobalSide.stop_version``). For a synchronous side it is the round in
+        progress, which every DC finishes before it stops: a DC still a round behind
+        (a longer WAN latency) must not learn of the stop from the previous round's
+        replies, or it leaves while the others wait in the next round for its push
+        (an FSA round, docs/geomx-behaviour.md §3.2; the shutdown, §1.4)."""
+        if self.stop_requested:
+            return
+        self.stop_requested = True
+        for where, slot in self.slots.items():
+            if slot.store is not None:
+                self._stop_from[where] = self.policy.stop_version(self.sync_ctx, slot)
 
     def contributors_of(self, msg: Message) -> list[str]:
         """Whose pushes ``msg`` carries: its sender, or a merged push's senders."""
@@ -328,8 +346,10 @@ class GlobalServer(Node):
             add_into(slot.merged, value)
         slot.count += count
 
-    def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None) -> None:
-        """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``."""
+    def apply_update(self, key: int, slot: Slot, grad: Value, *, sender: str | None = None,
+                     completes: int | None = None) -> None:
+        """The global step: optimizer update of ``store`` by ``grad``, or ``store <- grad``;
+        ``completes``: the global round it completes, when not ``slot.version`` (0: none)."""
         assert slot.store is not None
         if self.optimizer is None:
             slot.store = grad
@@ -340,7 +360,9 @@ class GlobalServer(Node):
             self.optimizer.update(key, slot.store, grad, slot.opt_state, sender=sender)
         slot.version += 1
         if self.ckpt.enabled:
-            self._round_done(slot.version)
+            round_ = slot.version if completes is None else completes
+            if round_ > 0:
+                self._round_done(round_)
 
     def reply_push(self, msg: Message, slot: Slot) -> None:
         sched = self.sched
@@ -352,7 +374,9 @@ class GlobalServer(Node):
                 payloads, meta = self._pull_payloads(msg, slot)
                 self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
                 return
-        self.post(msg.answer(_PUSH_ACK, slot.version, self.reply_meta(slot.version)))
+        self.post(msg.answer(_PUSH_ACK, slot.version,
+                             self.reply_meta(slot.version, msg.key, msg.part,
+                                             round_=self.policy.reply_round(msg, slot))))
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -388,32 +412,55 @@ class GlobalServer(Node):
         # the resend window keep the value they were given
         payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
                                                 weights=dense)
-        meta.update(self.reply_meta(slot.version))
+        round_ = self.policy.reply_round(msg, slot)
+        meta.update(self.reply_meta(slot.version, msg.key, msg.part, round_=round_))
+        if self._dedupe_rounds and round_ != slot.version:
+            # the puller's own round, which a local server's successor starts from
+            meta["round"] = round_
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints
-    def reply_meta(self, version: int) -> dict[str, Any]:
-        """What every reply of round ``version`` carries besides the value, however it
-        travels: the stop request, and the checkpoint round that tells the tiers below to
-        snapshot after it (geomx/node/checkpoint.py)."""
-        meta: dict[str, Any] = {"stop": True} if self.stop_requested else {}
-        if self._ckpt_due.get(version):
-            meta["ckpt"] = version
+    def reply_meta(self, version: int, key: int, part: int, *,
+                   round_: int | None = None) -> dict[str, Any]:
+        """What every reply of (``key``, ``part``) at slot version ``version`` carries
+        besides the value, however it travels: the stop request (from the version
+        :meth:`_request_stop` set for the slot on), and the checkpoint round that tells
+        the tiers below to snapshot after it (geomx/node/checkpoint.py). ``round_``: the
+        global round the reply belongs to (``GlobalSide.reply_round``; the slot's version
+        when the side completes a round per update)."""
+        stop = self.stop_requested and version >= self._stop_from.get((key, part), 0)
+        meta: dict[str, Any] = {"stop": True} if stop else {}
+        round_ = version if round_ is None else round_
+        if self._ckpt_due.get(round_):
+            meta["ckpt"] = round_
         return meta
+
+    def is_checkpoint_round(self, round_: int) -> bool:
+        """Is global round ``round_`` a checkpoint round? Decided the first time it is
+        asked (by the sync side, or when a key first completes it), then kept."""
+        if not self.ckpt.enabled or round_ <= 0:
+            return False
+        due = self._ckpt_due.get(round_)
+        if due is None:
+            due = self._ckpt_due[round_] = self.ckpt.due(round_, self.now())
+        return due
 
     def _round_done(self, round_: int) -> None:
         """A key finished global round ``round_``: decide (first key) whether it is a
         checkpoint round; snapshot once every key has finished it (nothing of the next
         round can have arrived yet, see geomx/node/checkpoint.py)."""
-        if round_ not in self._ckpt_due:
-            self._ckpt_due[round_] = self.ckpt.due(round_, self.now())
+        due = self.is_checkpoint_round(round_)
+        if round_ > self._ckpt_newest:
+            # rounds two behind the newest one a key finished are not asked about again
+            # (a sync side may have asked ahead, about rounds not finished yet: they stay)
+            self._ckpt_newest = round_
             for old in [r for r in self._ckpt_due if r < round_ - 2]:
                 del self._ckpt_due[old]
         done = self._ckpt_reached[round_] = self._ckpt_reached.get(round_, 0) + 1
         if done < sum(1 for s in self.slots.values() if s.store is not None):
             return
         del self._ckpt_reached[round_]
-        if self._ckpt_due[round_]:
+        if due:
             self._save_checkpoint(round_)
 
     def _save_checkpoint(self, round_: int) -> None:
@@ -423,7 +470,7 @@ class GlobalServer(Node):
                  "optimizer_config": (self.optimizer.to_config()
                                       if self.optimizer is not None else None),
                  "codec": ckpt.codec_states(self.codec), "last_t": self.ckpt.last_t,
-                 "sched": ckpt.sched_state(self.sched)}
+                 "sched": ckpt.sched_state(self.sched), "sync": self.policy.state_dict()}
         path = self.ckpt.save(round_, state, {"t": self.now()})
         self.record("checkpoint", round=round_, file=path.name)
 
@@ -441,6 +488,9 @@ class GlobalServer(Node):
         self._restored_opt = dict(state["optimizer"])
         ckpt.restore_codec_states(self.codec, state["codec"])
         self._restored_sched = state.get("sched")
+        self._restored_sync = state.get("sync")
+        if self._restored_sync is not None:
+            self.policy.load_state_dict(self._restored_sync)
         self.record("restore", round=meta["round"], keys=len(self.slots))
 
     def _restore_optimizer(self) -> None:
@@ -547,7 +597,7 @@ class GlobalServer(Node):
             self._awaiting = set(self.pushers)
         ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
-        if self.taking_over and not hasattr(self, "members_left"):
+        if self.taking_over and self.members_left is None:
             # its predecessor died before the job began: an ordinary start
             self._taking_over = False
             self._awaiting = set()
@@ -564,7 +614,7 @@ class GlobalServer(Node):
                 self.sched.on_key_ready(key, part)
         if self.taking_over:
             # local servers that finished before this process started hand nothing in
-            done = set(getattr(self, "members_left", ())) & set(self.pushers)
+            done = set(self.members_left or ()) & set(self.pushers)
             self._stopped_by |= done
             self._awaiting -= done
             if not self._awaiting:

@@ -49,8 +49,9 @@ class LinkCodec:
 
     @property
     def enabled(self) -> bool:
-        """True when some tensor may be sent sparse (placement must not split it)."""
-        return self._policy is not None and self.type in ("bsc", "mpq", "onebit")
+        """True when some tensor may be sent as a whole-tensor selection (a codec that is
+        not ``elementwise``: sparse, 1-bit), so placement must not split it."""
+        return self._policy is not None and not self._policy.elementwise
 
     def _codec(self, n: int, tier: str):
         if self._policy is None:
@@ -86,7 +87,7 @@ class LinkCodec:
             return [_dense(value)], {}
         n = _num_elements(value)
         codec = self._codec(n, tier)
-        if codec is None or (weights and codec.name in ("bsc", "onebit")):
+        if codec is None or (weights and not codec.elementwise):
             return [_dense(value)], {}
         if is_phantom(value):
             return _phantom(codec.pull_encoded_sizes(n, value.dtype, sources=self.num_dcs),

@@ -531,8 +531,12 @@ class LocalServer(Node):
 
         results = ([await pull_part(parts[0])] if len(parts) == 1
                    else await asyncio.gather(*(pull_part(p) for p in parts)))
-        slot.global_version = min(reply.version for _, reply in results)
-        slot.part_versions = {part.index: reply.version for part, reply in results}
+        # the global tier's rounds of this key; a side that counts rounds per pusher
+        # says this DC's own (``round``)
+        rounds = {part.index: int(reply.meta.get("round", reply.version))
+                  for part, reply in results}
+        slot.global_version = min(rounds.values())
+        slot.part_versions = rounds
         return self._assemble(slot, results)
 
     def _assemble(self, slot: LocalSlot, results: list[tuple[Any, Message]]) -> Value:
@@ -562,7 +566,7 @@ class LocalServer(Node):
         if self._restored:
             self._restore_slot(key, slot)
         if self.taking_over:
-            # FSA: the global tier has applied ``global_version`` rounds of this key (of
+            # the global tier has applied ``global_version`` rounds of this key (of
             # every part, at least); this DC's next round is the one after
             slot.round = slot.answered = slot.global_version
             slot.ckpt_round = 0
@@ -621,7 +625,7 @@ class LocalServer(Node):
         ckpt.restore_sched_state(self.sched, self._restored_sched)
         await register(self, self.job.global_scheduler)
         await register(self, self.job.local_scheduler_of[self.dc])
-        done = set(getattr(self, "members_left", ())) & set(self.workers)
+        done = set(self.members_left or ()) & set(self.workers)
         if self.taking_over and done:
             # the predecessor died after the DC finished: the workers that said so (the
             # rank-0 worker, or every live one) have left; nothing is left to serve

@@ -1,4 +1,5 @@
-"""The user's own training program: ``async def main(kv, ctx)`` run on every worker.
+"""The user's own training program: ``def main(kv, ctx)`` or ``async def main(kv, ctx)``
+run on every worker.
 
 GeoMX users bring a training script (``examples/cnn.py``) that every worker and the master
 worker run, told who they are on the command line (``--data-slice-idx``) and through
@@ -15,6 +16,11 @@ charged like the built-in trainer's (``await ctx.compute("per_iter")``: the scen
 runtime sleeps what the maths did not take), and ``ctx.report(...)`` whose rows become
 ``progress.csv``, the plots, the progress bar, ``target_accuracy`` stopping and
 ``summary.json``.
+
+A plain ``def main`` runs on a thread of its own and its calls block
+(geomx/node/program_thread.py: it takes turns with the node's loop, so its event log in
+the emulator is the ``async def`` program's); it gets the same store and context in
+their blocking forms (geomx/node/sync_program.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import time
 from typing import Any, Callable, Iterator
 
 from geomx.node import checkpoint, kvstore
+from geomx.node.program_thread import ProgramThread
+from geomx.node.sync_program import SyncKVStore, SyncProgramContext
 from geomx.node.trainer import (BatchStream, TrainSpec, build_model, load_data,
                                 worker_indices)
 from geomx.node.sync_contexts import WorkerSyncContext
@@ -48,13 +56,25 @@ def _split_spec(spec: str) -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=16)
 def load_program(spec: str) -> Callable[..., Any]:
-    """The coroutine function named by ``spec`` (a ``.py`` file or an importable module,
-    optionally ``:function``, default ``main``). Raises :class:`ProgramError`."""
+    """The function named by ``spec`` (a ``.py`` file or an importable module, optionally
+    ``:function``, default ``main``): an ``async def`` or a plain ``def`` (a synchronous
+    program, run on its own thread: geomx/node/program_thread.py). Raises
+    :class:`ProgramError`."""
     where, fn = _split_spec(spec)
     if where.endswith(".py") or os.sep in where:
-        module = import_file(where, prefix="geomx_user_program_",
-                             label=f"training program {spec!r}", error=ProgramError,
-                             reuse=False)
+        try:
+            module = import_file(where, prefix="geomx_user_program_",
+                                 label=f"training program {spec!r}", error=ProgramError,
+                                 reuse=False)
+        except ProgramError as e:
+            cause = e.__cause__
+            if isinstance(cause, SyntaxError) and "'await' outside" in str(cause.msg):
+                raise ProgramError(
+                    f"training program {spec!r} line {cause.lineno}: 'await' in a plain "
+                    "`def`: a synchronous `def main(kv, ctx)` calls kv.waitall(), "
+                    "ctx.compute(...) without await (they block); to await, write "
+                    "`async def main(kv, ctx)`") from cause
+            raise
     else:
         try:
             module = import_name(where)
@@ -64,11 +84,19 @@ def load_program(spec: str) -> Callable[..., Any]:
     func = getattr(module, fn, None)
     if func is None:
         raise ProgramError(f"training program {spec!r} has no function {fn!r}; write "
-                           f"`async def {fn}(kv, ctx):`")
-    if not inspect.iscoroutinefunction(func):
-        raise ProgramError(f"training program {spec!r}: {fn} must be an `async def` "
-                           f"(it awaits the kvstore)")
+                           f"`def {fn}(kv, ctx):` or `async def {fn}(kv, ctx):`")
+    if inspect.iscoroutinefunction(func):
+        return func
+    if (not callable(func) or inspect.isclass(func) or inspect.isgeneratorfunction(func)
+            or inspect.isasyncgenfunction(func)):
+        raise ProgramError(f"training program {spec!r}: {fn} must be a function, "
+                           f"`def {fn}(kv, ctx):` or `async def {fn}(kv, ctx):`")
     return func
+
+
+def is_sync_program(func: Callable[..., Any]) -> bool:
+    """A plain ``def main(kv, ctx)``: it runs on its own thread and its calls block."""
+    return not inspect.iscoroutinefunction(func)
 
 
 class ProgramContext:
@@ -439,11 +467,18 @@ async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: li
     ctx = ProgramContext(node, spec, args, compute_scale)
     params = inspect.signature(func).parameters
     try:
-        if len(params) >= 2:
-            kv = _program_kvstore(node, ctx.kvstore_type, spec.sync)
-            returned = await func(kv, ctx)
+        kv = _program_kvstore(node, ctx.kvstore_type, spec.sync) if len(params) >= 2 else None
+        if is_sync_program(func):
+            sync_ctx = SyncProgramContext(ctx)
+            returned = await ProgramThread(asyncio.get_running_loop(), node.name).run(
+                func, *([sync_ctx] if kv is None else [SyncKVStore(kv), sync_ctx]))
+            if inspect.iscoroutine(returned):
+                returned.close()  # (never awaited: no warning about it)
+                raise ProgramError(f"training program {program!r} on node {node.name}: its "
+                                   "plain `def main` returned a coroutine; write `async def "
+                                   "main(kv, ctx)` to await one")
         else:
-            returned = await func(ctx)
+            returned = await (func(ctx) if kv is None else func(kv, ctx))
         for store in node.state.kv_stores:
             await store.waitall()
         await ctx.finish_sync()

@@ -66,7 +66,17 @@ def restart_mode(job: JobSpec, name: str, role: str) -> RestartMode:
             raise RestartError(
                 f"restart of {name}: the job stops when it loses a worker "
                 f"(membership.on_worker_loss = {job.on_worker_loss!r}); allowed: 'continue'")
+        if job.sync_algorithm.needs_state_server:
+            raise RestartError(
+                f"restart of {name}: sync algorithm {job.sync_algorithm.name!r} sizes its "
+                "rounds on a state server that does not take a lost worker back; allowed: "
+                "a sync algorithm without a state server")
         return mode
+    if role == "global_server" and not job.sync_algorithm.global_takeover:
+        raise RestartError(
+            f"restart of {name}: under sync algorithm {job.sync_algorithm.name!r} a "
+            "successor cannot rebuild the global model from the local servers' values; "
+            "allowed: a local server's restart")
     if name not in job.replaceable_servers():
         needs = ("membership.on_server_loss = 'wait' with topology.kind = 'hips'"
                  if role == "local_server" else

@@ -76,8 +76,8 @@ class SchedNodeContext:
     def has_optimizer(self) -> bool:
         return self._node.optimizer is not None
 
-    def reply_meta(self, version: int) -> dict[str, Any]:
-        return dict(self._node.reply_meta(version))
+    def reply_meta(self, version: int, key: int, part: int) -> dict[str, Any]:
+        return dict(self._node.reply_meta(version, key, part))
 
     def encode_push(self, key: int, value: Value, *,
                     tier: str) -> tuple[list[Payload], dict[str, Any]]:

@@ -393,7 +393,7 @@ async def register(node: Node, scheduler: str) -> dict[str, str]:
     book = dict(reply.meta.get("book", {}))
     node.learn_addresses(book)
     if "left" in reply.meta:  # a takeover: members done before this process started
-        node.members_left = {str(m) for m in reply.meta["left"]}
+        node.note_members_left(reply.meta["left"])
     return book
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from geomx.node.base import Node
+from geomx.node.base import Node, NodeFailure
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.sync_contexts import StateServiceContext
@@ -61,6 +61,26 @@ class StateServer(Node):
             self._finished.add(msg.src)
             if len(self._finished) == len(self.workers):
                 self._done.set()
+
+    def on_member_lost(self, worker: str) -> None:
+        """The global scheduler says ``worker`` was lost and the job goes on
+        (``[membership] on_worker_loss = "continue"``): it will neither query nor finish;
+        rounds that waited only for it are answered now."""
+        if worker not in self.workers or worker in self._finished:
+            return
+        self._finished.add(worker)
+        self.record("state_worker_lost", worker=worker)
+        for waiting in self._queries.values():
+            waiting.pop(worker, None)
+        try:
+            answers = self.service.on_worker_lost(self.service_ctx, worker)
+        except ValueError as e:
+            raise NodeFailure(f"{self.name}: {e}") from None
+        for round_, replies in sorted(answers.items()):
+            for w, query in self._queries.pop(round_, {}).items():
+                self.post(query.reply(Kind.STATE_REPLY, meta=replies[w]))
+        if len(self._finished) == len(self.workers):
+            self._done.set()
 
     async def main(self) -> None:
         await register(self, self.job.global_scheduler)

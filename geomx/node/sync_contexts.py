@@ -58,7 +58,7 @@ class GlobalSyncContext(_NodeOps):
     """A global server (geomx/node/global_server.py) as its sync side sees it."""
 
     __slots__ = ("contributors_of", "accumulate", "apply_update", "reply_push",
-                 "reply_error")
+                 "reply_error", "is_checkpoint_round")
 
     def __init__(self, gs: Any):
         super().__init__(gs)
@@ -67,6 +67,7 @@ class GlobalSyncContext(_NodeOps):
         self.apply_update = gs.apply_update
         self.reply_push = gs.reply_push
         self.reply_error = gs.reply_error
+        self.is_checkpoint_round = gs.is_checkpoint_round
 
     @property
     def pushers(self) -> Sequence[str]:

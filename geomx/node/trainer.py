@@ -281,6 +281,7 @@ def save_worker(node: Any, saver: NodeCheckpoints, it: int, next_eval: int,
     state = {"iteration": it, "next_eval": next_eval, "losses": losses[-20:],
              "last_eval": last_eval, "params": list(params),
              "sync_states": list(getattr(sync, "states", [])),
+             "sync_side": sync.state_dict() if hasattr(sync, "state_dict") else None,
              "codec": checkpoint.codec_states(node.lan_codec),
              "stream": None if stream is None else {
                  "rng": checkpoint.rng_state(stream.rng), **stream.position()}}
@@ -300,6 +301,8 @@ def restore_worker(node: Any, loaded: Any, params: list[Any], sync: Any,
         np.copyto(p, saved)
     if getattr(sync, "states", None) is not None:
         sync.states = checkpoint.restore_into(state["sync_states"], list(sync.states))
+    if state.get("sync_side") is not None:
+        sync.load_state_dict(state["sync_side"])
     checkpoint.restore_codec_states(node.lan_codec, state["codec"])
     saved_stream = state["stream"]
     if stream is not None and saved_stream is not None:

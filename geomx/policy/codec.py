@@ -256,6 +256,13 @@ class CodecPolicy(abc.ABC):
     name: ClassVar[str]
     #: Constructor parameters accepted from a config dict (``codec_from_config``).
     params: ClassVar[tuple[str, ...]] = ()
+    #: Whether every element is encoded on its own, in place (a precision change such as
+    #: fp16): then a value may be cut into parts that travel encoded apart, and a weight
+    #: vector may travel encoded. False (the safe default) for sparse and 1-bit codecs:
+    #: their payload is the whole tensor's selection, so the servers keep it whole and
+    #: send weights dense (GeoMX truncates weights with Bi-Sparse: a bug we do not copy,
+    #: docs/geomx-behaviour.md §4).
+    elementwise: ClassVar[bool] = False
 
     @abc.abstractmethod
     def applies_to(self, num_elements: int) -> bool:

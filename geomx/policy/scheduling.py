@@ -169,9 +169,10 @@ class GlobalSchedContext(SchedContext, Protocol):
         """A pull returns weights (the server runs an optimizer), not a sum."""
         ...
 
-    def reply_meta(self, version: int) -> dict[str, Any]:
-        """What every reply of round ``version`` carries besides the value (the stop
-        request, the checkpoint round): a scheduler that answers another way adds it."""
+    def reply_meta(self, version: int, key: int, part: int) -> dict[str, Any]:
+        """What every reply of round ``version`` of (``key``, ``part``) carries besides
+        the value (the stop request, the checkpoint round): a scheduler that answers
+        another way adds it."""
         ...
 
     def accept_merged(self, msg: Message, value: Value, count: int,

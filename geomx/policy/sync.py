@@ -111,8 +111,20 @@ class GlobalContext(NodeContext, Protocol):
         """Add ``value`` (``count`` pushes' worth) into ``slot.merged``."""
         ...
 
-    def apply_update(self, key: int, slot: ServerSlot, value: Value, *, sender: str) -> None:
-        """Run the global optimizer (or plain sum) on ``value``; ``slot.version`` += 1."""
+    def apply_update(self, key: int, slot: ServerSlot, value: Value, *, sender: str,
+                     completes: int | None = None) -> None:
+        """Run the global optimizer (or plain sum) on ``value``; ``slot.version`` += 1.
+
+        ``completes``: the global round this update completes, for an algorithm that does
+        not count one round per update (0: it completes none); by default the update is
+        round ``slot.version``. Checkpoints are taken at completed rounds."""
+        ...
+
+    def is_checkpoint_round(self, round_: int) -> bool:
+        """Is global round ``round_`` a checkpoint round (``[checkpoint] every``; decided
+        once, the first time it is asked; always False without checkpoints)? A side whose
+        pushers are not in step holds the answers of such a round until every pusher has
+        reached it, so that the servers' and workers' files form a cut of the job."""
         ...
 
     def reply_push(self, push: Message, slot: ServerSlot) -> None:
@@ -196,10 +208,51 @@ class GlobalSide(abc.ABC):
         """``pusher`` has finished or was lost: release whoever waits for it."""
         return None
 
+    def stop_version(self, ctx: GlobalContext, slot: ServerSlot) -> int:
+        """A stop was first requested while ``slot`` was at ``slot.version``: the first
+        version of it whose replies tell the pushers to stop.
+
+        Default: the round in progress (``slot.version + 1``). A round every pusher must
+        push to is finished by all of them, and only its replies carry the stop: a
+        pusher still a round behind (a longer WAN latency) then stops after the same
+        round as the others instead of leaving them waiting for a push that never
+        comes. A side whose pushers never wait for one another may stop them at once
+        (``slot.version``)."""
+        return slot.version + 1
+
+    def resent_push(self, ctx: GlobalContext, push: Message, slot: ServerSlot) -> str | None:
+        """``[membership] on_server_loss = "wait"``: ``push`` may repeat one this side
+        already has (a local server's successor pushes the round its dead predecessor may
+        have pushed; ``push.version`` is the pusher's round). If so, answer it or put it
+        in the old push's place and return why (``"applied"``, ``"parked"``); None: a
+        new push, taken as usual.
+
+        Default, for a side that completes a round per update once every pusher pushed
+        (FSA's): rounds up to ``slot.version`` are applied (answered now); a pusher
+        already among this round's contributors is parked (the new request replaces the
+        old one, so the answer reaches the process that waits for it)."""
+        if push.version <= slot.version:
+            ctx.reply_push(push, slot)
+            return "applied"
+        if push.src in slot.contributors:
+            slot.waiting_pushes = [push if m.src == push.src else m for m in slot.waiting_pushes]
+            return "parked"
+        return None
+
+    def reply_round(self, msg: Message, slot: ServerSlot) -> int:
+        """The global round that a reply to ``msg`` (a push's acknowledgement or a pull's
+        reply, from ``msg.src``) belongs to: a checkpoint round's notice travels with the
+        replies of that round only (geomx/node/checkpoint.py). Default: ``slot.version``,
+        one round per update."""
+        return slot.version
+
     def state_dict(self) -> Any:
+        """What a checkpoint keeps of this side (taken when every key has completed a
+        checkpoint round; a takeover's successor does not read it), or None."""
         return None
 
     def load_state_dict(self, state: Any) -> None:
+        """Resuming from a checkpoint: ``state`` from :meth:`state_dict`."""
         return None
 
 
@@ -242,6 +295,19 @@ class WorkerSide(abc.ABC):
         """The training loop is over."""
         return None
 
+    def state_dict(self) -> Any:
+        """What a worker's checkpoint keeps of this side besides the model and
+        :attr:`states` (geomx/node/checkpoint.py), or None. Called right after the
+        :meth:`step` that finished a checkpoint round; arrays, numbers, strings, lists,
+        dicts and dataclasses only (nothing is pickled)."""
+        return None
+
+    def load_state_dict(self, state: Any) -> None:
+        """Resuming: ``state`` from :meth:`state_dict`. The model is already back in the
+        worker's parameters and :attr:`states` restored; the next :meth:`step` is the
+        first of the round after the checkpoint."""
+        return None
+
 
 class StateService(abc.ABC):
     """A coordinator the worker sides of an algorithm query (ESync's step budgets).
@@ -259,6 +325,16 @@ class StateService(abc.ABC):
         """``worker``'s query for ``round_``. None: keep it waiting; otherwise the reply
         ``meta`` of every worker waiting on ``round_`` (raise ValueError to refuse)."""
 
+    def on_worker_lost(self, ctx: NodeContext, worker: str) -> dict[int, dict[str, dict[str, Any]]]:
+        """``worker`` was lost and the job goes on without it (``[membership]
+        on_worker_loss = "continue"``; the global scheduler tells the state server): it
+        will query no more, and its pending queries are dropped.
+        Returns, for each round that no longer waits for anybody, the reply ``meta`` of
+        every worker waiting on it (as :meth:`on_query` would). Default: refuse, as a
+        service that needs every worker cannot go on."""
+        raise ValueError(f"{type(self).__name__} needs every worker; it cannot go on "
+                         f"without {worker}")
+
 
 class SyncAlgorithm(Policy):
     """A sync algorithm: its three sides and what it needs from the job."""
@@ -271,6 +347,9 @@ class SyncAlgorithm(Policy):
     needs_local_tier: ClassVar[bool] = False
     #: Asks the planner for a state server (ESync's).
     needs_state_server: ClassVar[bool] = False
+    #: A global server's successor may rebuild the model from the newest value a local
+    #: server pulled (``on_server_loss = "wait"``): no update is newer than every pull.
+    global_takeover: ClassVar[bool] = True
     #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
     kvstore_type: ClassVar[str] = "dist_sync"
 

@@ -30,12 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from geomx.cluster import scenario_topology
+from geomx.policy.layout import DCShape
+from geomx.policy.registry import policy_class
 from geomx.runtime.dmlc_env import (CENTRAL_ROLES, GEOMX_DEFAULT_PORT_BASE, ROLE_ALIASES, ROLES,
                                     ConfigError, bool_env, check_dmlc_totals, dc_from_root,
                                     dmlc_scheduler_addresses, env_overrides, env_value, int_env,
                                     interface_ipv4, role_from_dmlc)
 from geomx.scenario import (Scenario, ScenarioError, apply_override, parse_scenario,
                             scenario_to_dict)
+from geomx.topology import plan_nodes
 
 # ConfigError, GEOMX_DEFAULT_PORT_BASE, the role names and interface_ipv4 live in dmlc_env
 # and are imported from here by the rest of geomx and by the tests.
@@ -134,11 +138,16 @@ def safe_name(node: str) -> str:
 # ------------------------------------------------------------------ rendezvous addresses
 
 def scheduler_names(s: Scenario) -> dict[str, str]:
-    """scheduler node name -> DC name, for the schedulers this scenario has."""
-    out = {"gh": s.central_dc.name}
-    if s.topology.kind == "hips":
-        for d in s.party_dcs:
-            out[f"lh:{d.name}"] = d.name
+    """scheduler node name -> DC name, for the schedulers this scenario has: the global
+    one and the local tier's, as the job's topology lays them out (a user topology's
+    local schedulers get addresses the same way HiPS's do)."""
+    layout = plan_nodes(scenario_topology(s), s.central_dc.name,
+                        [DCShape(d.name, d.workers) for d in s.party_dcs],
+                        global_servers=s.central_dc.global_servers,
+                        state_server=policy_class("sync", s.sync.resolved_algorithm)
+                        .needs_state_server)
+    out = {layout.global_scheduler: s.central_dc.name}
+    out.update({lh: dc for dc, lh in layout.local_scheduler_of.items()})
     return out
 
 

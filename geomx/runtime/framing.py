@@ -13,6 +13,8 @@ Every frame on a geomx TCP stream is an 8-byte *preamble* followed by a body::
                          7 = SEQ_MESSAGE (body = u64 sequence number + one Message),
                          8 = ACK (body = u64: every sequence number up to it arrived)
                              (resumable streams only, see geomx.runtime.tcp_resume)
+                         9 = STREAM_HEAD, 10 = STREAM_PIECE (one large frame carried as
+                             bounded pieces, see "Large messages" below)
     3       1     flags  0, except SEQ_MESSAGE's bit 0 (``SPLIT_BATCH``): the message is a
                          BATCH the sending transport made of several small messages
                          (one frame for a burst); the receiver delivers them one by one
@@ -22,6 +24,41 @@ A u32 length caps one frame at 4 GiB - 1; ``max_frame_bytes`` (default 2 GiB, th
 as :data:`geomx.wire.DEFAULT_MAX_FRAME_BYTES`) caps it lower. The wire header carries
 its own magic ("GX") and version, so the preamble only has to delimit frames and tell
 handshake frames from messages.
+
+Large messages
+--------------
+A MESSAGE or SEQ_MESSAGE frame whose body is longer than the piece size
+(:func:`stream_piece_bytes`: :data:`STREAM_PIECE_BYTES`, or less when ``max_frame_bytes``
+is lower) travels as a *stream*: one STREAM_HEAD frame, then STREAM_PIECE frames, back to
+back on the connection (a connection's writer writes one message at a time)::
+
+    STREAM_HEAD   body = u32 stream id, u8 carried frame type, u8 carried flags,
+                         u16 reserved (0), u64 carried body length L,
+                         then the body's first bytes (its wire header; at most
+                         STREAM_HEAD_MAX_BYTES)
+    STREAM_PIECE  body = u32 stream id, then the next bytes of the body (1..piece size)
+
+The receiver makes the carried frame's buffer -- the receiver's own sink for an awaited
+reply (``route``), else one buffer of exactly L bytes -- when the head arrives, and reads
+every piece from the socket straight into its place there; when the L-th byte has
+arrived the carried frame is handed on as if it had come in one frame. So every frame
+on the wire stays within ``max_frame_bytes``, a value of any size can travel, and no
+piece is copied twice. The receiver holds a stream's bytes within the same budget as a
+large frame's (``reserve``, :class:`geomx.runtime.tcp_conn.FrameBudget`); a stream
+received into a sink takes none (its memory is the receiver's already). ps-lite sends a
+message as ZeroMQ multipart frames and leaves their transport to ZeroMQ
+(docs/geomx-behaviour.md §1.5); this is that layer, for geomx's own framing.
+
+The emulator (geomx/sim/transport.py) passes a message whole and charges its
+``nbytes``: a stream's headers (12 bytes per 4 MiB piece, 24 for the head) are not
+modelled, and nothing else about a value's travel differs.
+
+A stream that lies is a stream error (the connection is closed, the rejection counted by
+category, the half-received buffer freed): a head announcing more than
+``max_stream_bytes`` ("oversize"), a piece for a stream that is not the one open
+("stream_unknown"), a piece past the announced length ("stream_overrun"), and any other
+frame before the stream's last byte ("stream_unfinished": the sender abandoned it).
+A connection that closes mid-stream frees it as a connection closing mid-frame does.
 
 Reading
 -------
@@ -74,6 +111,21 @@ DEFAULT_MAX_FRAME_BYTES = wire.DEFAULT_MAX_FRAME_BYTES
 MAX_CONTROL_FRAME_BYTES = 4096
 #: Size of the decoder's scratch buffer; larger frames get a buffer of their own.
 SCRATCH_BYTES = 64 * 1024
+#: Largest piece of a streamed message (module docstring, "Large messages"): large enough
+#: that a piece costs one frame parse per 4 MiB, small enough that no frame comes near
+#: ``max_frame_bytes``.
+STREAM_PIECE_BYTES = 4 << 20
+#: Most bytes of the carried body a STREAM_HEAD frame holds (the message's wire header:
+#: what the receiver needs to choose the destination buffer).
+STREAM_HEAD_MAX_BYTES = 16 << 10
+#: STREAM_HEAD's fields: stream id, carried frame type and flags, reserved, body length.
+STREAM_HEAD = struct.Struct("<IBBHQ")
+#: STREAM_PIECE's field: stream id.
+STREAM_PIECE = struct.Struct("<I")
+#: The per-frame bound that lets a message of any size travel: a piece and its header.
+STREAM_FRAME_BYTES = STREAM_PIECE_BYTES + STREAM_HEAD.size
+#: The smallest ``max_frame_bytes`` a stream can be cut to (a head's fields and one byte).
+MIN_STREAM_FRAME_BYTES = STREAM_HEAD.size + 1
 
 
 class SplitBody:
@@ -106,6 +158,8 @@ class FrameType(enum.IntEnum):
     REFUSE = 6
     SEQ_MESSAGE = 7
     ACK = 8
+    STREAM_HEAD = 9
+    STREAM_PIECE = 10
 
 
 CONTROL_TYPES = frozenset({FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH,
@@ -166,6 +220,47 @@ def stamp_sequence(frames: list, seq: int) -> None:
     SEQ.pack_into(frames[0], PREAMBLE_BYTES, seq)
 
 
+def stream_piece_bytes(max_frame_bytes: int) -> int:
+    """The piece size of streams on a connection whose frames may be ``max_frame_bytes``
+    long: :data:`STREAM_PIECE_BYTES`, or less so that a head or a piece fits the limit.
+    A frame whose body is longer travels as a stream (:func:`stream_frames`)."""
+    return max(1, min(STREAM_PIECE_BYTES, max_frame_bytes - STREAM_HEAD.size))
+
+
+def stream_frames(frames: list, stream_id: int,
+                  piece_bytes: int) -> tuple[list[bytes | memoryview], int]:
+    """The frame ``frames`` (its preamble first, as :func:`sequenced_frames` makes it,
+    sequence number stamped) as a STREAM_HEAD and STREAM_PIECE frames of at most
+    ``piece_bytes`` body bytes each, and their size on the wire. The array data stays
+    zero-copy views; only the head's few header bytes are copied."""
+    _, ftype, flags, length = PREAMBLE.unpack_from(frames[0], 0)
+    views = [memoryview(frames[0])[PREAMBLE_BYTES:]]
+    views += [memoryview(f).cast("B") for f in frames[1:]]
+    head_n = min(views[0].nbytes, STREAM_HEAD_MAX_BYTES, piece_bytes, length - 1)
+    sid = stream_id & 0xFFFFFFFF
+    out: list[bytes | memoryview] = [
+        pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + head_n)
+        + STREAM_HEAD.pack(sid, ftype, flags, 0, length) + bytes(views[0][:head_n])]
+    views[0] = views[0][head_n:]
+    nbytes = len(out[0])
+    left = length - head_n
+    room = 0
+    for v in views:
+        off, n = 0, v.nbytes
+        while off < n:
+            if room == 0:
+                room = min(piece_bytes, left)
+                left -= room
+                out.append(pack_preamble(FrameType.STREAM_PIECE, STREAM_PIECE.size + room)
+                           + STREAM_PIECE.pack(sid))
+                nbytes += PREAMBLE_BYTES + STREAM_PIECE.size + room
+            take = min(room, n - off)
+            out.append(v[off:off + take] if take != n else v)
+            off += take
+            room -= take
+    return out, nbytes
+
+
 def ack_frame(seq: int) -> bytes:
     """An ACK frame: the receiver has every message of the stream up to ``seq``."""
     return pack_preamble(FrameType.ACK, SEQ_BYTES) + SEQ.pack(seq)
@@ -197,12 +292,18 @@ class FrameDecoder:
     :data:`Body` the callee owns. It may raise :class:`FramingError` to stop
     parsing (the caller then closes the connection). ``max_frame_bytes`` may be changed
     between frames (it is lowered until a connection is authenticated).
+
+    ``max_stream_bytes``: the longest frame body a stream may carry (module docstring,
+    "Large messages"); 0, the default, refuses streams (a connection allows them once
+    authenticated). A stream's pieces go straight into its destination buffer, and the
+    carried frame reaches ``on_frame`` like any other once complete.
     """
 
-    __slots__ = ("_on_frame", "max_frame_bytes", "_scratch", "_view", "_start", "_end",
-                 "_big", "_big_view", "_big_filled", "_big_type", "_big_flags",
-                 "frames", "bytes", "_reserve", "_release", "waiting", "_parsing",
-                 "_grow_to", "_alloc", "_route", "_big_len")
+    __slots__ = ("_on_frame", "max_frame_bytes", "max_stream_bytes", "_scratch", "_view",
+                 "_start", "_end", "_big", "_big_view", "_big_filled", "_big_type",
+                 "_big_flags", "frames", "bytes", "_reserve", "_release", "waiting",
+                 "_parsing", "_grow_to", "_alloc", "_route", "_big_len", "_stream",
+                 "_big_piece", "frame_wire_bytes")
 
     def __init__(self, on_frame: Callable[[int, int, Body], None], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -234,6 +335,11 @@ class FrameDecoder:
         self._parsing = False
         self._grow_to = 0
         self.max_frame_bytes = max_frame_bytes
+        self.max_stream_bytes = 0
+        #: the stream being received (between its head and its last piece), or None
+        self._stream: _InStream | None = None
+        #: the large body being read is a stream piece's (it goes to ``_stream``)
+        self._big_piece = False
         self._scratch = bytearray(scratch_bytes)
         self._view = memoryview(self._scratch)
         self._start = 0
@@ -245,6 +351,9 @@ class FrameDecoder:
         self._big_flags = 0
         self.frames = 0  # complete frames seen
         self.bytes = 0   # bytes of complete frames, preambles included
+        #: bytes on the wire of the frame ``on_frame`` is given (preamble included; a
+        #: stream's: every frame of it)
+        self.frame_wire_bytes = 0
 
     # -- BufferedProtocol plumbing -------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
@@ -257,6 +366,17 @@ class FrameDecoder:
     def buffer_updated(self, nbytes: int) -> None:
         if self._big_view is not None:
             self._big_filled += nbytes
+            if self._big_piece and self._big_filled == len(self._big_view):
+                st = self._stream
+                st.filled += self._big_filled  # type: ignore[union-attr]
+                self._big_view = None
+                self._big_piece = False
+                self.frames += 1
+                self.bytes += PREAMBLE_BYTES + self._big_len
+                st.wire_bytes += PREAMBLE_BYTES + self._big_len  # type: ignore[union-attr]
+                if st.filled == st.length:  # type: ignore[union-attr]
+                    self._finish_stream()
+                return
             if self._big_filled == len(self._big_view):
                 body, ftype, flags = self._big, self._big_type, self._big_flags
                 self._big = self._big_view = None
@@ -264,6 +384,7 @@ class FrameDecoder:
                 self.bytes += PREAMBLE_BYTES + self._big_len
                 if self._release is not None:
                     self._release(self._big_len)
+                self.frame_wire_bytes = PREAMBLE_BYTES + self._big_len
                 self._on_frame(ftype, flags, body)  # type: ignore[arg-type]
             return
         self._end += nbytes
@@ -275,12 +396,29 @@ class FrameDecoder:
             self._parse()
 
     def abandon(self) -> None:
-        """The connection is gone: give back the budget of a frame still arriving."""
+        """The connection is gone: give back the budget of a frame (or a stream) still
+        arriving, and its buffer."""
         if self._big_view is not None:
-            if self._release is not None:
+            if self._release is not None and not self._big_piece:
                 self._release(self._big_len)
             self._big = self._big_view = None
+            self._big_piece = False
+        self._drop_stream()
         self.waiting = False
+
+    def _drop_stream(self) -> None:
+        """Forget the stream being received: its budget goes back, its buffer is freed."""
+        st, self._stream = self._stream, None
+        if st is not None and st.reserved and self._release is not None:
+            self._release(st.reserved)
+
+    def _finish_stream(self) -> None:
+        """The stream's last byte arrived: hand on the frame it carried."""
+        st, self._stream = self._stream, None
+        if st.reserved and self._release is not None:  # type: ignore[union-attr]
+            self._release(st.reserved)  # type: ignore[union-attr]
+        self.frame_wire_bytes = st.wire_bytes  # type: ignore[union-attr]
+        self._on_frame(st.ftype, st.flags, st.body)  # type: ignore[union-attr]
 
     def grow(self, scratch_bytes: int) -> None:
         """Use a larger scratch buffer from now on (a connection that passed its handshake:
@@ -298,12 +436,21 @@ class FrameDecoder:
         self._start, self._end = 0, n
 
     def pending_bytes(self) -> int:
-        """Bytes of an incomplete frame held right now (0 at a frame boundary)."""
+        """Bytes of an incomplete frame (or stream) held right now (0 at a frame
+        boundary with no stream open)."""
+        st = self._stream
+        if st is not None:
+            return st.filled + self._big_filled + self._end - self._start
         if self._big_view is not None:
             return PREAMBLE_BYTES + self._big_filled
         return self._end - self._start
 
     def pending_description(self) -> str:
+        st = self._stream
+        if st is not None:
+            got = st.filled + (self._big_filled if self._big_piece else 0)
+            return (f"{got} of {st.length} body bytes of a type-{st.ftype} frame carried by "
+                    f"stream {st.sid}")
         if self._big_view is not None:
             return (f"{self._big_filled} of {len(self._big_view)} body bytes of a "
                     f"type-{self._big_type} frame")
@@ -344,6 +491,25 @@ class FrameDecoder:
             if length > self.max_frame_bytes:
                 raise FramingError(f"frame of {length} bytes announced, limit is "
                                    f"{self.max_frame_bytes}", "oversize")
+            if ftype == _PIECE:
+                step = self._piece(start, length)
+                if step == _NEXT:
+                    continue
+                if step == _MORE:
+                    break
+                return
+            if self._stream is not None:
+                st = self._stream
+                raise FramingError(f"a type-{ftype} frame came after {st.filled} of the "
+                                   f"{st.length} bytes stream {st.sid} announced (the stream "
+                                   "was never finished)", "stream_unfinished")
+            if ftype == _HEAD:
+                step = self._head(start, length)
+                if step == _NEXT:
+                    continue
+                if step == _MORE:
+                    break
+                return
             total = PREAMBLE_BYTES + length
             have = self._end - start
             if have >= total:
@@ -351,6 +517,7 @@ class FrameDecoder:
                 self._start = start + total
                 self.frames += 1
                 self.bytes += total
+                self.frame_wire_bytes = total
                 self._on_frame(ftype, flags, body)
                 continue
             if total > cap:
@@ -391,6 +558,130 @@ class FrameDecoder:
             break
         if self._start == self._end:
             self._start = self._end = 0
+
+    def _head(self, start: int, length: int) -> int:
+        """A STREAM_HEAD frame at ``start``: open its stream (module docstring)."""
+        if self.max_stream_bytes <= 0:
+            raise FramingError("stream frame on a connection that does not allow streams "
+                               "(before its handshake completed)", "protocol")
+        if not STREAM_HEAD.size < length <= STREAM_HEAD.size + STREAM_HEAD_MAX_BYTES:
+            raise FramingError(f"STREAM_HEAD frame of {length} bytes (allowed: "
+                               f"{STREAM_HEAD.size + 1}..{STREAM_HEAD.size + STREAM_HEAD_MAX_BYTES})",
+                               "protocol")
+        total = PREAMBLE_BYTES + length
+        if self._end - start < total:
+            if start + total > len(self._scratch):
+                self._compact()
+            return _MORE
+        fields = start + PREAMBLE_BYTES
+        sid, ftype, flags, reserved, carried = STREAM_HEAD.unpack_from(self._scratch, fields)
+        got = length - STREAM_HEAD.size
+        if ftype not in _STREAMABLE or reserved:
+            raise FramingError(f"stream {sid} carries a type-{ftype} frame (reserved field "
+                               f"{reserved}); only MESSAGE and SEQ_MESSAGE frames stream",
+                               "protocol")
+        if carried > self.max_stream_bytes:
+            raise FramingError(f"stream of {carried} bytes announced, limit is "
+                               f"{self.max_stream_bytes}", "oversize")
+        if carried <= got:
+            raise FramingError(f"stream {sid} of {carried} bytes has a {got}-byte head (a "
+                               "stream has at least one piece)", "protocol")
+        first = self._view[fields + STREAM_HEAD.size:start + total]
+        routed = None if self._route is None else self._route(ftype, first, carried)
+        reserved_bytes = 0
+        if routed is not None:
+            split, sink = routed
+            body: Any = SplitBody(bytearray(first[:split]), sink)
+            dest = memoryview(sink).cast("B")
+            dest[:got - split] = first[split:]
+            base = split
+        else:
+            if self._reserve is not None and not self._reserve(carried):
+                self.waiting = True
+                return _WAIT
+            self.waiting = False
+            reserved_bytes = carried
+            body = (np.empty(carried, dtype=np.uint8) if self._alloc is None
+                    else self._alloc(carried))
+            dest = memoryview(body)
+            dest[:got] = first
+            base = 0
+        self._stream = _InStream(sid, ftype, flags, carried, got, body, dest, base,
+                                 reserved_bytes, total)
+        self._start = start + total
+        self.frames += 1
+        self.bytes += total
+        return _NEXT
+
+    def _piece(self, start: int, length: int) -> int:
+        """A STREAM_PIECE frame at ``start``: its bytes go to their place in the open
+        stream's buffer, from the scratch or straight from the socket."""
+        if length <= STREAM_PIECE.size:
+            raise FramingError(f"STREAM_PIECE frame of {length} bytes (no data)", "protocol")
+        data0 = start + PREAMBLE_BYTES + STREAM_PIECE.size
+        if self._end < data0:
+            if data0 > len(self._scratch):
+                self._compact()
+            return _MORE
+        (sid,) = STREAM_PIECE.unpack_from(self._scratch, start + PREAMBLE_BYTES)
+        st = self._stream
+        if st is None or st.sid != sid:
+            open_ = f" (stream {st.sid} is open)" if st is not None else " (none is open)"
+            raise FramingError(f"piece for unknown stream {sid}{open_}", "stream_unknown")
+        n = length - STREAM_PIECE.size
+        if st.filled + n > st.length:
+            raise FramingError(f"piece of {n} bytes at byte {st.filled} runs past the "
+                               f"{st.length} bytes stream {sid} announced", "stream_overrun")
+        here = min(self._end - data0, n)
+        at = st.filled - st.base
+        if here:
+            st.dest[at:at + here] = self._view[data0:data0 + here]
+            st.filled += here
+        if here == n:
+            self._start = data0 + n
+            self.frames += 1
+            self.bytes += PREAMBLE_BYTES + length
+            st.wire_bytes += PREAMBLE_BYTES + length
+            if st.filled == st.length:
+                self._finish_stream()
+            return _NEXT
+        # the rest of the piece is read from the socket straight into its place
+        self._big_view = st.dest[at + here:at + n]
+        self._big_filled = 0
+        self._big_len = length
+        self._big_piece = True
+        self._start = self._end = 0
+        return _WAIT
+
+
+#: what a stream frame's handler tells the parse loop: parse the next frame, wait for
+#: more bytes in the scratch, or stop (waiting for budget, or for a piece's body)
+_NEXT, _MORE, _WAIT = 0, 1, 2
+_HEAD = int(FrameType.STREAM_HEAD)
+_PIECE = int(FrameType.STREAM_PIECE)
+_STREAMABLE = (int(FrameType.MESSAGE), int(FrameType.SEQ_MESSAGE))
+
+
+class _InStream:
+    """A stream being received: the carried frame's type, flags and length, how many of
+    its bytes have arrived, its body (what ``on_frame`` gets), ``dest`` (where the body's
+    bytes from ``base`` on are written), the budget it holds and its frames' bytes so far."""
+
+    __slots__ = ("sid", "ftype", "flags", "length", "filled", "body", "dest", "base",
+                 "reserved", "wire_bytes")
+
+    def __init__(self, sid: int, ftype: int, flags: int, length: int, filled: int,
+                 body: Any, dest: memoryview, base: int, reserved: int, wire_bytes: int):
+        self.sid = sid
+        self.ftype = ftype
+        self.flags = flags
+        self.length = length
+        self.filled = filled
+        self.body = body
+        self.dest = dest
+        self.base = base
+        self.reserved = reserved
+        self.wire_bytes = wire_bytes
 
 
 class RejectLog:

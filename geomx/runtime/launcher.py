@@ -29,6 +29,7 @@ import os
 import random
 import shlex
 import signal
+import re
 import socket
 import subprocess
 import sys
@@ -363,6 +364,8 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
     hb = s.membership
     grace_s = (2 * hb.heartbeat_timeout_s + 10.0) if hb.heartbeat_interval_s > 0 else 5.0
     drain_deadline: float | None = None
+    first: str | None = None
+    first_how = ""
     watch = _Watch.of(s, plan, procs, run_dir, wall0, relaunch)
     try:
         while True:
@@ -372,11 +375,10 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
             running = {n: p for n, p in procs.items() if p.poll() is None}
             bad = watch.deaths_not_survived(now)
             if bad and failure is None:
-                first, how = watch.first_death(bad)
-                log_path = run_dir / "logs" / f"{safe_name(first)}.log"
-                failure = f"node {first} {how}:\n{_tail(log_path)}"
+                first, first_how = watch.first_death(bad)
+                failure = f"node {first} {first_how}"
                 drain_deadline = now + grace_s
-                _tell(procs, ABORT_KEY, first, how)
+                _tell(procs, ABORT_KEY, first, first_how)
             if not running:
                 break
             if drain_deadline is not None and now > drain_deadline:
@@ -393,10 +395,83 @@ def _supervise(s: Scenario, plan: Any, children: dict[str, _Child], run_dir: Pat
         raise
     finally:
         if failure is not None:
-            failure += _stop_after_failure(procs)
+            stops = _stop_after_failure(procs)
+            if first is not None:
+                order = sorted(procs, key=lambda n: watch.exit_seen.get(n, float("inf")))
+                failure = _failure_headline(run_dir, procs, first, first_how, order)
+            failure += stops
         _close_stdins(procs)
         bar.close()
     return failure
+
+
+_FAILED_LINE = re.compile(r"^geomx node (\S+): failed: (\w+): (.*)$")
+_RELAYED = re.compile(r"^node (\S+) (failed: |was killed|exited with)")
+
+
+def _own_failure(log_path: Path) -> tuple[str, str] | None:
+    """The last ``geomx node N: failed: TYPE: TEXT`` line of a node's log (node_main's
+    final line), as ``(TYPE, TEXT)``; None when the node wrote none."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines[-200:]):
+        m = _FAILED_LINE.match(line)
+        if m:
+            return m.group(2), m.group(3)
+    return None
+
+
+def _failure_headline(run_dir: Path, procs: dict[str, subprocess.Popen], first: str,
+                      first_how: str, order: list[str]) -> str:
+    """The job's failure text, headed by the node the failure started on.
+
+    The first process to exit is often a victim: a node that heard of a peer's failure
+    (``NodeFailure: node X failed: ...``) and stopped. Every node's last log line says
+    why it stopped, so the origin is the node whose own line is not such a relayed
+    failure; it leads, as the emulator's headline does (``node X failed: REASON``), with
+    the tail of its log (the earliest to exit, in ``order``, when several failed on their
+    own). A node killed from outside writes no such line: then the first death leads."""
+    logs = run_dir / "logs"
+    origin, headline = first, f"node {first} {first_how}"
+    if procs[first].returncode is None or procs[first].returncode >= 0:
+        heard: tuple[str, str] | None = None  # the first relayed failure: (origin, text)
+        for name in order:
+            own = _own_failure(logs / f"{safe_name(name)}.log")
+            if own is None:
+                continue
+            kind, text = own
+            relayed = _RELAYED.match(text)
+            if kind == "NodeFailure" and relayed and relayed.group(1) != name:
+                heard = heard or (relayed.group(1), text)
+                continue
+            origin = name
+            headline = (text if kind == "NodeFailure" and relayed
+                        else f"node {name} failed: {kind}: {text}")
+            break
+        else:
+            if heard is not None:  # the origin wrote nothing (a host lost, say)
+                origin, headline = heard[0] if heard[0] in procs else first, heard[1]
+    return f"{headline}\n(first process to exit: {first}, which {first_how}; from " \
+           f"{origin}'s log:)\n{_cause_tail(logs / f'{safe_name(origin)}.log')}"
+
+
+_CHAINED = "The above exception was the direct cause of the following exception:"
+
+
+def _cause_tail(log_path: Path, lines: int = 8) -> str:
+    """The last lines of a node's log; when it ends in a chained traceback (a program
+    error raised from the user's exception), the end of the first one, which shows the
+    user's own frame, instead of geomx's re-raise."""
+    try:
+        text = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    cut = max((i for i, line in enumerate(text) if line.strip() == _CHAINED), default=None)
+    if cut is not None:
+        text = [line for line in text[:cut] if line.strip()]
+    return "\n".join(text[-lines:])
 
 
 def _how(code: int) -> str:

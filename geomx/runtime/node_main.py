@@ -34,7 +34,7 @@ from geomx.node.scheduler import CLAIM_PREFIX
 from geomx.policy.guard import PolicyFailed
 from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRun,
                                   resolve_node_config, safe_name)
-from geomx.runtime.framing import PREAMBLE_BYTES
+from geomx.runtime.framing import STREAM_HEAD, STREAM_PIECE_BYTES
 from geomx.runtime.services import RealServices
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
@@ -287,18 +287,39 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     return result
 
 
+#: Bytes of large frames and streamed messages a node holds while they arrive, over all
+#: its connections (one message alone is always admitted; see FrameBudget).
+RECEIVE_BUDGET_BYTES = 64 * 2**20
+
+
 def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
     """What a node's transport may be made to hold, from the job:
 
     * a UDP socket only where a scheduler sends datagrams (DGT's ``"udp"`` bands), so
       there is no reassembly for strangers to feed otherwise;
-    * frames no bigger than the job's largest legitimate message
-      (:func:`geomx.cluster.max_message_bytes`), refused before any of it is held;
-    * large frames arriving at once within 64 MiB together (or one such message).
+    * frames no longer than a stream's piece (a longer message travels as a stream of
+      them, see geomx.runtime.framing), refused before any of it is held;
+    * messages no bigger than ``[real] max_message``, by default the job's largest
+      legitimate one (:func:`geomx.cluster.max_message_bytes`) for a built-in model; a
+      training program creates its keys as it runs, so for it the default is this
+      host's memory (a larger message could not be received anyway). A stream
+      announcing more is refused before any of it is held;
+    * large frames and streams arriving at once within :data:`RECEIVE_BUDGET_BYTES`
+      together (or one such message), whatever the largest message.
     """
-    frame_cap = min(max_message_bytes(plan) + PREAMBLE_BYTES, (1 << 32) - 1)
-    return {"udp": s.sched.dgt == "udp", "max_frame_bytes": frame_cap,
-            "max_partial_frame_bytes": max(64 * 2**20, frame_cap)}
+    message_cap = s.real.max_message_bytes
+    if message_cap is None:
+        message_cap = (_host_memory_bytes() if plan.train.program
+                       else max_message_bytes(plan))
+    return {"udp": s.sched.dgt == "udp",
+            "max_frame_bytes": min(message_cap, STREAM_PIECE_BYTES) + STREAM_HEAD.size,
+            "max_message_bytes": message_cap,
+            "max_partial_frame_bytes": RECEIVE_BUDGET_BYTES}
+
+
+def _host_memory_bytes() -> int:
+    """This host's physical memory."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 async def _start_transport(cfg: NodeConfig, plan: Any, name: str, *, shape: bool = True) -> Any:

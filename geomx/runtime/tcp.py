@@ -53,7 +53,11 @@ peer that stops reading stalls its senders instead of growing their memory. When
 connection is idle (nothing queued or being written) a message of up to 4 MiB is
 written by ``send()`` itself, which keeps the same guarantees and saves a task switch.
 Larger messages are written in 4 MiB batches, each after the socket has drained, so the
-event loop never buffers a whole tensor. On the receiving side decoded messages wait
+event loop never buffers a whole tensor; a message longer than one piece
+(``piece_bytes``, 4 MiB) travels as a stream of frames of at most that size, read on
+arrival straight into its destination buffer (:mod:`geomx.runtime.framing`, "Large
+messages"), so no frame comes near ``max_frame_bytes`` and a value's size is bounded only
+by ``max_message_bytes``. On the receiving side decoded messages wait
 in an inbox for ``recv()``; above ``recv_queue_limit_bytes`` the transport stops
 reading the sockets, which closes the TCP windows and pushes the stall back to the
 senders (UDP messages arriving while the inbox is over the limit are dropped and
@@ -93,7 +97,7 @@ from typing import Any, Callable
 from geomx.runtime import security
 from geomx.runtime.framing import (DEFAULT_MAX_FRAME_BYTES, PREAMBLE_BYTES, SEQ, SEQ_BYTES,
                                    Body, FrameType, RejectLog, SplitBody, decode_message,
-                                   sequenced_frames)
+                                   sequenced_frames, stream_piece_bytes)
 from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, UnknownPeer,
                                       parse_address)
 from geomx.runtime.recv_pool import RecvBufferPool
@@ -124,6 +128,14 @@ __all__ = [
 log = logging.getLogger("geomx.runtime.tcp")
 
 DEFAULT_RECV_QUEUE_LIMIT_BYTES = 256 * 1024 * 1024
+#: Largest message accepted unless the owner says otherwise (``geomx node`` derives it
+#: from the job): a longer one travels as a stream of bounded frames, so this bounds a
+#: stream's announced length, not a frame's.
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 40
+MAX_MESSAGE_BYTES = (1 << 64) - 1
+#: ``max_frame_bytes`` below this is refused: a burst of small messages sent in one turn
+#: (``CORK_BYTES`` in geomx.runtime.tcp_outgoing) travels as one frame.
+MIN_MAX_FRAME_BYTES = 64 * 1024
 #: Bodies of large frames held while they arrive, summed over every connection: a frame
 #: that would go past it waits (its connection stops reading) until another completes.
 #: One frame alone is always admitted, so no message is too big to ever arrive.
@@ -139,8 +151,8 @@ class TcpTransport:
     """A node's real-socket transport (implements :class:`geomx.transport.Transport`).
 
     ``TcpTransport(name, host=, port=, secret=, ssl_server=, ssl_client=, shaper=,
-    max_frame_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=, dead_after_s=,
-    retain_limit_bytes=)``;
+    max_frame_bytes=, max_message_bytes=, send_queue_limit_bytes=, reconnect_timeout_s=,
+    dead_after_s=, retain_limit_bytes=)``;
     then ``await start()``,
     ``set_address_book({...})``, ``send``/``recv``, ``await close()``. See the module
     docstring for the model.
@@ -152,6 +164,7 @@ class TcpTransport:
                  ssl_client: ssl.SSLContext | None = None,
                  shaper: Shaper | None = None,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  send_queue_limit_bytes: int = DEFAULT_SEND_QUEUE_LIMIT_BYTES,
                  recv_queue_limit_bytes: int = DEFAULT_RECV_QUEUE_LIMIT_BYTES,
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
@@ -171,9 +184,12 @@ class TcpTransport:
             raise ValueError(f"node name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
         if not 0 <= port < 65536:
             raise ValueError(f"port must be within 0..65535 (0 = any free port), got {port}")
-        if not PREAMBLE_BYTES < max_frame_bytes <= (1 << 32) - 1:
-            raise ValueError(f"max_frame_bytes must be within ({PREAMBLE_BYTES}, 2**32 - 1], "
-                             f"got {max_frame_bytes}")
+        if not MIN_MAX_FRAME_BYTES <= max_frame_bytes <= (1 << 32) - 1:
+            raise ValueError(f"max_frame_bytes must be within [{MIN_MAX_FRAME_BYTES}, "
+                             f"2**32 - 1], got {max_frame_bytes}")
+        if not 0 < max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be within [1, 2**64 - 1], got "
+                             f"{max_message_bytes}")
         for label, v in (("send_queue_limit_bytes", send_queue_limit_bytes),
                          ("recv_queue_limit_bytes", recv_queue_limit_bytes),
                          ("connect_timeout_s", connect_timeout_s),
@@ -198,6 +214,11 @@ class TcpTransport:
         self.ssl_client = ssl_client
         self.shaper = shaper
         self.max_frame_bytes = max_frame_bytes
+        self.max_message_bytes = max_message_bytes
+        #: a message whose frame body is longer travels as a stream of frames this long
+        self.piece_bytes = stream_piece_bytes(max_frame_bytes)
+        #: what wire.decode may be given: one frame's body, or a stream's
+        self._decode_limit = max(max_frame_bytes, max_message_bytes)
         self.send_queue_limit_bytes = send_queue_limit_bytes
         self.recv_queue_limit_bytes = recv_queue_limit_bytes
         self.connect_timeout_s = connect_timeout_s
@@ -397,13 +418,25 @@ class TcpTransport:
             await self._send_udp(msg)
             return
         frames, nbytes = sequenced_frames(msg)
-        if nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes:
-            raise WireError(f"message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes exceeds "
-                            f"max_frame_bytes ({self.max_frame_bytes})")
+        if nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_message_bytes:
+            raise WireError(
+                f"{self.name}: message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes to "
+                f"{msg.dst!r} exceeds max_message_bytes ({self.max_message_bytes}), the "
+                "largest message its receiver accepts: raise `[real] max_message` in the "
+                "scenario (its default is twice the model for a built-in model, this "
+                "host's memory for a training program)")
         out = self._outgoing(msg.dst, ch)
         if not out.active:  # (while a dropped connection is dialled again, messages queue)
             await out.ready()
-        if nbytes <= WRITE_BATCH_BYTES and out.idle_unshaped(nbytes):
+        limit = out.peer_max_message_bytes
+        if limit is not None and nbytes - PREAMBLE_BYTES - SEQ_BYTES > limit:
+            raise WireError(
+                f"{self.name}: message of {nbytes - PREAMBLE_BYTES - SEQ_BYTES} bytes to "
+                f"{msg.dst!r} exceeds the {limit} bytes its receiver accepts (its "
+                "max_message_bytes): raise `[real] max_message` in the scenario (its "
+                "default for a training program is the receiving host's memory)")
+        if (nbytes <= WRITE_BATCH_BYTES and nbytes - PREAMBLE_BYTES <= out.piece_bytes
+                and out.idle_unshaped(nbytes)):
             # Fast path: nothing queued or being written, so writing now keeps every
             # ordering guarantee and saves a hop through the writer task.
             await out.write_now(frames, nbytes)
@@ -432,9 +465,8 @@ class TcpTransport:
         if out.hold(msg, estimate):  # another small message left in this turn: join it
             return True
         frames, nbytes = sequenced_frames(msg)
-        if (nbytes - PREAMBLE_BYTES - SEQ_BYTES > self.max_frame_bytes
-                or not out.idle_unshaped(nbytes)):
-            return False  # send() encodes it again (and refuses one too large)
+        if nbytes - PREAMBLE_BYTES > out.piece_bytes or not out.idle_unshaped(nbytes):
+            return False  # send() encodes it again (and streams one too large for a frame)
         out.write_direct(frames, nbytes)
         return True
 
@@ -504,8 +536,8 @@ class TcpTransport:
     def on_message_frame(self, conn: Conn, body: Body) -> None:
         """A MESSAGE frame on an open incoming connection: decode it into the inbox."""
         counters = self._counts.peer(conn.peer)  # type: ignore[arg-type]
-        counters.received_bytes(PREAMBLE_BYTES + len(body))
-        msg = decode_message(body, conn.label, self._rejects, max_bytes=self.max_frame_bytes,
+        counters.received_bytes(conn.decoder.frame_wire_bytes)
+        msg = decode_message(body, conn.label, self._rejects, max_bytes=self._decode_limit,
                              owned=True)  # a fresh body per frame: its arrays are the receiver's
         if msg is None:
             return
@@ -562,7 +594,7 @@ class TcpTransport:
         """A SEQ_MESSAGE on a resumable stream: deliver it once, in order, and ack it
         (``SPLIT_BATCH``: the messages of the BATCH the sender made, one by one)."""
         counters = self._counts.peer(conn.peer)  # type: ignore[arg-type]
-        counters.received_bytes(PREAMBLE_BYTES + len(body))
+        counters.received_bytes(conn.decoder.frame_wire_bytes)
         st = conn.stream
         if len(body) < SEQ_BYTES:
             self._rejects.reject(conn.label, f"SEQ_MESSAGE frame of {len(body)} bytes",
@@ -581,7 +613,7 @@ class TcpTransport:
             rest = (SplitBody(memoryview(body.head)[SEQ_BYTES:], body.tail)  # type: ignore
                     if isinstance(body, SplitBody) else memoryview(body)[SEQ_BYTES:])
             msg = decode_message(rest, conn.label, self._rejects,
-                                 max_bytes=self.max_frame_bytes, owned=True)
+                                 max_bytes=self._decode_limit, owned=True)
             if msg is not None and self.secret is not None and msg.src != conn.peer:
                 self._rejects.reject(conn.label, f"message claims src {msg.src!r} but the "
                                      f"connection authenticated as {conn.peer!r}",

@@ -14,9 +14,10 @@ same line. This module owns what happens on *one* socket, in either direction:
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
   connection did not negotiate are unknown to it, as any other);
-* :class:`FrameBudget`, the bytes of large frames' bodies held while they arrive, shared
-  by every incoming connection of a transport: a frame that would go past it waits, its
-  connection not reading, until another frame completes.
+* :class:`FrameBudget`, the bytes of large frames' bodies (and of streamed messages,
+  see :mod:`geomx.runtime.framing`) held while they arrive, shared by every incoming
+  connection of a transport: a frame or stream that would go past it waits, its
+  connection not reading, until another completes.
 
 It does not know what a handshake says (:mod:`~geomx.runtime.tcp_handshake`), how
 messages are queued and batched (:mod:`~geomx.runtime.tcp_outgoing`) or where peers
@@ -48,21 +49,27 @@ HANDSHAKE, OPEN, CLOSED = 0, 1, 2
 
 
 class FrameBudget:
-    """Bytes of large frames' bodies held while they arrive, summed over the incoming
-    connections of one transport (the reserve/release of their
-    :class:`~geomx.runtime.framing.FrameDecoder`).
+    """Bytes of large frames' bodies and of streamed messages held while they arrive,
+    summed over the incoming connections of one transport (the reserve/release of their
+    :class:`~geomx.runtime.framing.FrameDecoder`). A stream received into a buffer the
+    receiver named (a pull's ``out``) holds no new memory and takes none of it.
 
     A frame that would go past ``limit_bytes`` is refused; its connection stops reading
     and waits in line (:meth:`wait`) until a release makes room. One frame alone is
-    always admitted, so no message is too big ever to arrive.
+    always admitted, so no message is too big ever to arrive. While connections wait,
+    a newcomer waits behind them even if it would fit: a message larger than the limit
+    needs the budget to itself, and frames that keep coming on other connections must
+    not keep it from ever being empty.
     """
 
-    __slots__ = ("limit_bytes", "_used_bytes", "_waiters")
+    __slots__ = ("limit_bytes", "_used_bytes", "_waiters", "_serving")
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self._used_bytes = 0
         self._waiters: deque[Conn] = deque()
+        #: a release is retrying the first connection in line (which may reserve)
+        self._serving = False
 
     @property
     def used_bytes(self) -> int:
@@ -70,6 +77,8 @@ class FrameBudget:
         return self._used_bytes
 
     def reserve(self, nbytes: int) -> bool:
+        if self._waiters and not self._serving:
+            return False  # others are in line first
         if self._used_bytes and self._used_bytes + nbytes > self.limit_bytes:
             return False
         self._used_bytes += nbytes
@@ -85,7 +94,11 @@ class FrameBudget:
             if conn.state == CLOSED:
                 waiters.popleft()
                 continue
-            conn.decoder.retry()  # may deliver frames, may reserve
+            self._serving = True
+            try:
+                conn.decoder.retry()  # may deliver frames, may reserve
+            finally:
+                self._serving = False
             if conn.decoder.waiting:
                 break
             waiters.popleft()
@@ -101,6 +114,7 @@ class ConnOwner(Protocol):
     shared receive resources, and the calls a connection reports its events with."""
 
     max_frame_bytes: int
+    max_message_bytes: int
     dead_after_s: float
 
     @property
@@ -133,6 +147,10 @@ class Conn(asyncio.BufferedProtocol):
         self.label = label
         self.peer: str | None = None
         self.channel = -1
+        #: what the peer accepts, from its WELCOME (outgoing connections; None: it did not
+        #: say): the longest frame, the largest message
+        self.peer_max_frame_bytes: int | None = None
+        self.peer_max_message_bytes: int | None = None
         self.out: Any = None  # the tcp_outgoing.Outgoing writing on it (outgoing only)
         self.stream: Any = None  # the tcp_resume.InStream it carries (resumable, incoming)
         self.transport: asyncio.Transport | None = None
@@ -276,14 +294,20 @@ class Conn(asyncio.BufferedProtocol):
         longer; it was handed to a newer connection)."""
         self.stream = stream
 
-    def open(self, peer: str, channel: int) -> None:
+    def open(self, peer: str, channel: int, *, peer_max_frame_bytes: int | None = None,
+             peer_max_message_bytes: int | None = None) -> None:
+        """The handshake is done (on an outgoing connection, the peer's limits are known)."""
         self.peer = peer
         self.channel = channel
+        self.peer_max_frame_bytes = peer_max_frame_bytes
+        self.peer_max_message_bytes = peer_max_message_bytes
         self.state = OPEN
         if self.incoming:
             # a SEQ_MESSAGE frame is a message and its sequence number
-            self.decoder.max_frame_bytes = self.tr.max_frame_bytes + (
-                SEQ_BYTES if self.stream is not None else 0)
+            seq = SEQ_BYTES if self.stream is not None else 0
+            self.decoder.max_frame_bytes = self.tr.max_frame_bytes + seq
+            # a larger message arrives as a stream of frames (framing, "Large messages")
+            self.decoder.max_stream_bytes = self.tr.max_message_bytes + seq
             self.decoder.grow(SCRATCH_BYTES)
         # an outgoing connection only ever reads ACK frames: its limit stays small
         self.label = f"{peer} ({self.label}, channel {channel})"

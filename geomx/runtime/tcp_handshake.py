@@ -16,7 +16,10 @@ a message, so the exchange has a module of its own. It owns
   sender's session id (``sess``); once the peer is authenticated the accepting side
   asks its ``resume`` callback for the last message it delivered on that session and
   answers it in the WELCOME (``ack``, with its incarnation ``inc``). A HELLO without
-  ``sess`` opens a plain stream (MESSAGE frames, no acknowledgements).
+  ``sess`` opens a plain stream (MESSAGE frames, no acknowledgements);
+* the accepting side's limits (:func:`limits_of`): the WELCOME says the longest frame
+  and the largest message it takes, and the dialling side's connection keeps them
+  (:class:`~geomx.runtime.tcp_conn.Conn`'s ``peer_max_*``) for its sender.
 
 The cryptography (nonces, HMAC proofs, constant-time compare) is
 :mod:`geomx.runtime.security`'s; the frames are :mod:`geomx.runtime.framing`'s; the
@@ -79,6 +82,14 @@ async def next_control(conn: Conn) -> tuple[FrameType, dict]:
         raise HandshakeRefused(str(e)) from None
 
 
+def limits_of(conn: Conn) -> dict[str, int]:
+    """The WELCOME's word on what this node accepts: the longest frame (``frame``) and
+    the largest message (``msg``). The sender cuts its streams' pieces to fit and refuses
+    a larger message itself, naming the setting, instead of having it refused here
+    (which closes the connection) and writing it again on every reconnect."""
+    return {"frame": conn.tr.max_frame_bytes, "msg": conn.tr.max_message_bytes}
+
+
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                            secret: bytes | None, host: str, port: int,
                            session: str | None = None) -> tuple[int, str]:
@@ -126,6 +137,14 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                                    "(it has no shared secret); refusing it")
     else:
         raise HandshakeRefused(f"{name}: unexpected {ftype.name} frame from {where}")
+    limits = {}
+    for field, key in (("frame", "peer_max_frame_bytes"), ("msg", "peer_max_message_bytes")):
+        value = body.get(field)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise HandshakeRefused(f"{name}: {where} announced a bad limit {field}="
+                                       f"{value!r}")
+            limits[key] = value
     resumed = (0, "")
     if session is not None:
         ack, inc = body.get("ack"), body.get("inc")
@@ -134,7 +153,7 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
             raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
                                    f"resumes (ack={ack!r}, inc={inc!r})")
         resumed = (ack, inc)
-    proto.open(peer, ch)
+    proto.open(peer, ch, **limits)
     return resumed
 
 
@@ -195,10 +214,12 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                     raise Refuse("wrong shared secret", "auth", "authentication failed")
                 proof = security.server_proof(secret, ns, nc, claimed, name, ch)
                 extra = resume(conn, claimed, ch, session) if session is not None else {}
-                conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(), **extra))
+                conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(),
+                                         **limits_of(conn), **extra))
             else:
                 extra = resume(conn, claimed, ch, session) if session is not None else {}
-                conn.write(control_frame(FrameType.WELCOME, name=name, **extra))
+                conn.write(control_frame(FrameType.WELCOME, name=name, **limits_of(conn),
+                                         **extra))
             conn.open(claimed, ch)
     except Refuse as r:
         on_refused()

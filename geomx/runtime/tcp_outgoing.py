@@ -19,7 +19,9 @@ keeps that shape and does itself what ZeroMQ does for ps-lite. This module owns
   bound (or refused) the messages are dropped, counted and logged, naming the peer;
 * :func:`batches` (unshaped messages written in ``WRITE_BATCH_BYTES`` slices, waiting
   for the socket in between) and :func:`pieces` (shaped traffic paced in
-  ``SHAPED_PIECE_BYTES`` pieces), both zero-copy views of the frames.
+  ``SHAPED_PIECE_BYTES`` pieces), both zero-copy views of the frames; a message too long
+  for one frame is written as a stream of frames
+  (:func:`geomx.runtime.framing.stream_frames`) when it leaves the queue.
 
 The transport (:class:`OutgoingOwner`) provides its settings, addresses and the
 :class:`~geomx.runtime.tcp_counters.TransportCounts` this module reports to.
@@ -36,7 +38,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Protocol
 
-from geomx.runtime.framing import SPLIT_BATCH, sequenced_frames
+from geomx.runtime.framing import (PREAMBLE_BYTES, SPLIT_BATCH, sequenced_frames,
+                                   stream_frames, stream_piece_bytes)
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner
 from geomx.runtime.tcp_counters import PeerCounters, TransportCounts
@@ -78,6 +81,8 @@ class OutgoingOwner(ConnOwner, Protocol):
     ssl_client: ssl.SSLContext | None
     send_queue_limit_bytes: int
     retain_limit_bytes: int
+    max_frame_bytes: int
+    piece_bytes: int
     connect_timeout_s: float
     reconnect_timeout_s: float
     handshake_timeout_s: float
@@ -161,6 +166,13 @@ class Outgoing:
         self._held: list[Message] = []
         self._held_bytes = 0
         self.connections = 0  # handshakes completed (more than one: reconnected)
+        #: ids of the streams large messages are written as (framing, "Large messages")
+        self._stream_ids = itertools.count(1)
+        #: a message whose frame body is longer is written as a stream of pieces this
+        #: long: the transport's, or less where the peer said it takes shorter frames
+        self.piece_bytes = tr.piece_bytes
+        #: the largest message the peer said it takes (None: it did not say)
+        self.peer_max_message_bytes: int | None = None
 
     # -- connection -------------------------------------------------------------------
     @property
@@ -270,6 +282,10 @@ class Outgoing:
         tr = self.tr
         proto.carry_outgoing(self)
         self.proto = proto
+        self.piece_bytes = stream_piece_bytes(min(tr.max_frame_bytes,
+                                                  proto.peer_max_frame_bytes
+                                                  or tr.max_frame_bytes))
+        self.peer_max_message_bytes = proto.peer_max_message_bytes
         again, dropped, why = self.window.resume(ack, inc)
         if dropped:
             self.counts.unacked_lost(dropped)
@@ -559,27 +575,36 @@ class Outgoing:
                 if proto is None or proto.state != OPEN:
                     raise ConnectionError(f"connection to {self.peer!r} lost")
                 counters = self._peer_counts or self._count_peer()
+                wire, wire_nbytes = frames, nbytes
+                if nbytes - PREAMBLE_BYTES > self.piece_bytes:
+                    # too long for one frame: a stream of pieces (the window keeps the
+                    # message as one frame, so a resend streams it again)
+                    wire, wire_nbytes = stream_frames(frames, next(self._stream_ids),
+                                                      self.piece_bytes)
                 if self.link is None:
-                    if nbytes <= WRITE_BATCH_BYTES:
-                        proto.transport.writelines(frames)  # type: ignore[union-attr]
+                    if wire_nbytes <= WRITE_BATCH_BYTES:
+                        proto.transport.writelines(wire)  # type: ignore[union-attr]
                         if proto.write_paused:
                             await proto.drain()
                     else:
-                        for batch in batches(frames, WRITE_BATCH_BYTES):
+                        for batch in batches(wire, WRITE_BATCH_BYTES):
                             if proto.state != OPEN:
                                 raise ConnectionError(f"connection to {self.peer!r} lost")
                             proto.transport.writelines(batch)  # type: ignore[union-attr]
                             if proto.write_paused:
                                 await proto.drain()
-                    counters.sent_bytes(nbytes)
+                    counters.sent_bytes(wire_nbytes)
                     self._release(nbytes)
                     # hold no views of a written message while waiting for the next: the
                     # sender reuses a buffer once nothing references it (push_snapshots)
-                    frames = batch = None  # type: ignore[assignment]
+                    frames = wire = batch = None  # type: ignore[assignment]
                     continue
                 link, flow, line = self.link, self._flow, self._line
                 delay = link.sample_delay()
-                for piece in pieces(frames, SHAPED_PIECE_BYTES):
+                if wire_nbytes != nbytes:
+                    # the delay line releases what it writes: the stream's headers too
+                    self._add_queued(wire_nbytes - nbytes)
+                for piece in pieces(wire, SHAPED_PIECE_BYTES):
                     now = now_s()
                     t_done = link.transmit(piece.nbytes, now, flow)
                     line.put(t_done + delay, piece, piece.nbytes)  # type: ignore[union-attr]

@@ -437,9 +437,10 @@ def _check_real(s: Scenario) -> None:
         seen[key] = i
 
 
-#: Sync algorithms whose state at a global round boundary is the same on every node
-#: (geomx/node/checkpoint.py); MixedSync's global servers have no common round.
-CHECKPOINT_ALGORITHMS = ("fsa", "hfa")
+#: Sync algorithms whose checkpoint rounds are cuts of the job (geomx/node/checkpoint.py):
+#: FSA's, HFA's and ESync's rounds are synchronous; MixedSync holds a checkpoint round's
+#: answers until every DC has pushed it (geomx/sync/mixed.py).
+CHECKPOINT_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
 
 
 @scenario_check
@@ -453,7 +454,8 @@ def _check_checkpoint(s: Scenario) -> None:
         if c.enabled else c.resume_from
     problems = [
         (algorithm not in CHECKPOINT_ALGORITHMS, "sync.algorithm", algorithm,
-         f"sync.algorithm = {algorithm!r} has no global round every node agrees on",
+         f"sync.algorithm = {algorithm!r} is a user policy, whose checkpoint rounds are "
+         "not known to be cuts of the job",
          quote_list(CHECKPOINT_ALGORITHMS)),
         (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
          f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",
@@ -493,8 +495,6 @@ def _check_worker_loss(s: Scenario) -> None:
     problems = [
         (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
          "a loss is found by missed heartbeats", "a duration > 0"),
-        (s.sync.resolved_algorithm == "esync", "sync.algorithm", "esync",
-         "ESync's state server waits for every worker's report", "'fsa', 'mixed', 'hfa'"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server stands in for its DC", "'hips'"),
         *_every_member_schedulers(s),
@@ -522,6 +522,15 @@ def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]])
                                 value=got, allowed=allowed)
 
 
+#: Sync algorithms whose global side tells a resent push from a new one and whose local
+#: servers' state comes back from the global tier (``GlobalSide.resent_push``).
+TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync")
+TAKEOVER_REFUSALS = {
+    "hfa": "HFA's local server holds its DC's model between global syncs (the local "
+           "average and the milestone), which no other node has",
+}
+
+
 @scenario_check
 def _check_server_loss(s: Scenario) -> None:
     """``on_server_loss = "wait"``: a restarted local server re-pulls the model and drops
@@ -532,8 +541,16 @@ def _check_server_loss(s: Scenario) -> None:
     problems = [
         (s.membership.heartbeat_interval_s <= 0, "membership.heartbeat_interval", "0s",
          "a lost server is found by missed heartbeats", "a duration > 0"),
-        (s.sync.resolved_algorithm != "fsa", "sync.algorithm", s.sync.resolved_algorithm,
-         "only FSA has a round every tier agrees on (the dedupe key)", "'fsa'"),
+        (s.sync.resolved_algorithm not in TAKEOVER_ALGORITHMS, "sync.algorithm",
+         s.sync.resolved_algorithm, TAKEOVER_REFUSALS.get(
+             s.sync.resolved_algorithm, "a user sync policy's resent pushes are not known "
+             "to be told apart"), quote_list(TAKEOVER_ALGORITHMS)),
+        (s.sync.resolved_algorithm == "mixed"
+         and any(f.kind == "crash" and f.node.startswith("gs:") and f.duration_s > 0
+                 for f in s.faults), "sync.algorithm", "mixed",
+         "a global server's successor rebuilds the model from the newest value a local "
+         "server pulled, and under MixedSync a DC's push applied after it would be lost",
+         "'fsa', 'esync' (or restart a local server only)"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
         *_every_member_schedulers(s),
@@ -559,6 +576,13 @@ def _check_restart(s: Scenario) -> None:
                     "successor takes its optimizer from its last checkpoint, and checkpoints "
                     "are off; allowed: checkpoint.every = a number of rounds or a duration",
                     path="checkpoint.every", value="0", allowed="> 0")
+        elif (f.node.startswith("w:") and s.membership.on_worker_loss == "continue"
+              and s.sync.resolved_algorithm == "esync"):
+            raise ScenarioError(
+                f"a crash with a duration restarts {f.node!r}, but ESync's state server sizes "
+                "the rounds of the workers it has and does not take a lost one back; "
+                "allowed with sync.algorithm = 'esync': duration = 0s",
+                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
         elif s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
             raise ScenarioError(
                 f"a crash with a duration restarts a lost worker or local server, but "

@@ -365,11 +365,13 @@ class Size(Quantity):
     unit = "bytes"
     examples = "a size like '4MiB', '1MB', '64KiB' or a number of bytes"
 
-    def __init__(self, positive: bool = True, max: int | None = None):
+    def __init__(self, positive: bool = True, max: int | None = None, auto: bool = False):
         super().__init__(units.parse_size, units.format_size, units.format_size,
-                         Range(0, max, min_open=positive))
+                         Range(0, max, min_open=positive), auto=auto)
 
-    def emit(self, value: int) -> Any:
+    def emit(self, value: int | None) -> Any:
+        if value is None:
+            return super().emit(value)
         text = units.format_size(value)
         return value if text[:-1].isdigit() and text.endswith("B") else text
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from geomx.scenario.checkpoint import CheckpointConfig
 from geomx.scenario.codec import CodecConfig
+from geomx.scenario.expect import ExpectConfig
 from geomx.scenario.errors import quote_list
 from geomx.scenario.kinds import settings_of
 from geomx.scenario.membership import FaultConfig, MembershipConfig
@@ -70,6 +71,7 @@ class Scenario:
     checkpoint: CheckpointConfig = _section("checkpoint", CheckpointConfig)
     real: RealConfig = _section("real", RealConfig)
     security: SecurityConfig = _section("security", SecurityConfig)
+    expect: ExpectConfig = _section("expect", ExpectConfig)
     source: str = dataclasses.field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
@@ -127,7 +129,13 @@ def section_by_key() -> dict[str, SectionSpec]:
 
 
 def table_to_dict(obj: Any) -> dict[str, Any]:
-    return {row.key: row.kind.emit(getattr(obj, row.attr)) for row in settings_of(type(obj))}
+    """A section as TOML-ready data; a section class with ``omit_defaults`` (``[expect]``,
+    whose defaults mean "nothing to check") leaves out the keys at their default."""
+    rows = settings_of(type(obj))
+    if getattr(type(obj), "omit_defaults", False):
+        rows = tuple(r for r in rows
+                     if getattr(obj, r.attr) != r.kind.parse(r.default, "<default>"))
+    return {row.key: row.kind.emit(getattr(obj, row.attr)) for row in rows}
 
 
 def scenario_to_dict(s: Scenario) -> dict[str, Any]:

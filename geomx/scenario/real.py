@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from geomx.scenario.kinds import Choice, Duration, Flag, Integer, Section, Text, setting
+from geomx.scenario.kinds import (Choice, Duration, Flag, Integer, Section, Size, Text,
+                                  setting)
 
 
 #: A host:port address (host: a name, an IPv4 address, or an IPv6 address in brackets).
@@ -63,6 +64,14 @@ class RealConfig(Section):
         "and a TCP user timeout on unacknowledged data; a dead one is then dialled again "
         "and its messages resent. 0 = the kernel's defaults (about 15 minutes with data "
         "outstanding, never when idle).", key="dead_connection_timeout")
+    max_message_bytes: int | None = setting(
+        Size(auto=True), "auto",
+        "Largest message a node accepts; a longer one is refused (a value travels as a stream "
+        "of frames of at most 4 MiB, so this bounds the value, not the frame). `auto` = twice "
+        "the model plus 16 MiB for a built-in model, this host's memory for a training "
+        "program (its keys are unknown up front). Without a shared secret, anyone who can "
+        "reach a node can make it hold one message of this size: set it to your largest "
+        "value to bound that.", key="max_message")
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,9 @@ def scenario_to_toml(s: Scenario) -> str:
     header = (f"# geomx scenario, resolved from {s.source}: every setting, defaults included.\n"
               f"# Reference: docs/scenario.md\n\n")
     # An empty array of tables ([[fault]] without faults) is left out, as a file would
-    # leave it out: tomli-w would write it as "fault = []" above every table.
+    # leave it out: tomli-w would write it as "fault = []" above every table; so is an
+    # empty table ([expect] with nothing to check).
     data = {SCHEMA_KEY: SCHEMA_VERSION}
-    data.update((key, value) for key, value in scenario_to_dict(s).items() if value != [])
+    data.update((key, value) for key, value in scenario_to_dict(s).items()
+                if value not in ([], {}))
     return header + tomli_w.dumps(data)

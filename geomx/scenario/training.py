@@ -132,8 +132,8 @@ class TrainingConfig(Section):
     program: str = setting(Text(), "",
                            "Your own training program run on every worker and the master worker: "
                            "`path/to/train.py` (relative to the scenario file), `train.py:fn` or "
-                           "`package.module:fn`; it defines `async def main(kv, ctx)`. Empty: the "
-                           "built-in trainer.")
+                           "`package.module:fn`; it defines `def main(kv, ctx)` (its calls block) "
+                           "or `async def main(kv, ctx)`. Empty: the built-in trainer.")
     program_args: tuple[str, ...] = setting(ListOf(Text()), [],
                                             "Arguments for the program (`ctx.args`), as on a command "
                                             "line: `geomx run S --program p.py -- --lr 0.1`.")

@@ -529,7 +529,8 @@ class _TsGlobal(SchedGlobalSide):
         # broadcast (once per round, whichever merge completed it)
         payloads, meta = self.ctx.encode_pull(msg.key, _frozen(value), tier="wan",
                                               weights=self.ctx.has_optimizer)
-        meta.update(self.ctx.reply_meta(version))  # the stop flag, the checkpoint round
+        # the stop flag, the checkpoint round
+        meta.update(self.ctx.reply_meta(version, msg.key, msg.part))
         self.peer.broadcast(msg.key, msg.part, version, payloads, meta)
         return True
 

@@ -115,6 +115,13 @@ class VirtualTimeLoop(asyncio.BaseEventLoop):
 
     max_iterations_per_instant = 1_000_000
 
+    #: A thread cannot run beside this loop: virtual time would not see the wall time it
+    #: takes. Code that hands control to a thread of its own (a synchronous training
+    #: program, geomx/node/program_thread.py) therefore waits for it inside the callback
+    #: that handed over, so no other callback runs and the clock stands still until the
+    #: thread hands control back. (asyncio's own loops and uvloop run beside threads.)
+    threads_run_in_turn = True
+
     def __init__(self, *, start_time: float = 0.0) -> None:
         super().__init__()
         self._now = float(start_time)

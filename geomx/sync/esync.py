@@ -117,6 +117,21 @@ class StateBoard:
         del self._asked[round_]
         return self.budgets()
 
+    def drop(self, worker: str) -> dict[int, dict[str, int]]:
+        """``worker`` was lost: budgets are sized for the others from now on. Returns the
+        budgets of each round whose queries are now all in."""
+        if worker not in self.workers:
+            return {}
+        self.workers = [w for w in self.workers if w != worker]
+        self.records.pop(worker, None)
+        out = {}
+        for round_, asked in sorted(self._asked.items()):
+            asked.discard(worker)
+            if asked and len(asked) >= len(self.workers):
+                del self._asked[round_]
+                out[round_] = self.budgets()
+        return out
+
     def budgets(self) -> dict[str, int]:
         known = {w: r.step_s for w, r in self.records.items() if r.step_s is not None}
         if len(known) < len(self.workers):
@@ -142,6 +157,13 @@ class StateBoardService(StateService):
             return None
         ctx.record("esync_round", round=round_, budgets=budgets)
         return {w: {"steps": n} for w, n in budgets.items()}
+
+    def on_worker_lost(self, ctx: NodeContext, worker: str) -> dict[int, dict[str, dict[str, Any]]]:
+        out = {}
+        for round_, budgets in self.board.drop(worker).items():
+            ctx.record("esync_round", round=round_, budgets=budgets)
+            out[round_] = {w: {"steps": n} for w, n in budgets.items()}
+        return out
 
 
 class ESyncWorker(WorkerSide):
@@ -208,6 +230,23 @@ class ESyncWorker(WorkerSide):
         self.budget = max(1, int(reply.meta.get("steps", 1)))
         self.round += 1
         self.steps = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """A checkpoint is taken after the step that ended a round: the next round's
+        number and step budget, and the model the next delta is taken against (the step
+        time is measured again by the next step). The state server keeps nothing a
+        checkpoint needs: every record it computes budgets from is replaced by the next
+        round's queries before it answers them (docs/reliability.md)."""
+        return {"round": self.round, "budget": self.budget,
+                "prev": list(self.prev) if self.real else []}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.round = int(state["round"])
+        self.budget = int(state["budget"])
+        for k, saved in enumerate(state["prev"]):
+            np.copyto(self.prev[k], saved)
+        self.steps = 0
+        self._mark = self.ctx.now()  # the next step's time counts from here, as after a sync
 
     async def finish(self) -> None:
         """Tell the state server this worker is done (it stops when all are)."""

@@ -53,7 +53,15 @@ class MixedOptions(PolicyOptions):
 
 
 class AsyncAcrossDCs(GlobalSide):
-    """Global server: apply each push on arrival; answer within the staleness bound."""
+    """Global server: apply each push on arrival; answer within the staleness bound.
+
+    Rounds: a DC's ``n``-th push of a (key, part) is its round ``n``, and the server has
+    completed round ``n`` of it once every DC still training has pushed ``n`` times. A
+    checkpoint round is a barrier: the acknowledgement of a DC's push of that round waits
+    until every DC has pushed it, so that when the last key completes the round no DC has
+    started the next one and the files of the round are a cut of the job (what the global
+    store holds then is each DC's first ``n`` pushes applied, in their arrival order).
+    """
 
     name = "mixed"
     uses_optimizer = True
@@ -62,9 +70,13 @@ class AsyncAcrossDCs(GlobalSide):
         if staleness < 0:
             raise ValueError(f"sync.staleness = {staleness}; allowed: an integer >= 0")
         self.staleness = staleness
-        # (key, part) -> pusher -> pushes applied; (key, part) -> acks held back
+        # (key, part) -> pusher -> pushes applied; (key, part) -> acks held back, with
+        # the pusher's round each answers
         self._applied: dict[tuple[int, int], dict[str, int]] = {}
-        self._held: dict[tuple[int, int], list[Message]] = {}
+        self._held: dict[tuple[int, int], list[tuple[Message, int]]] = {}
+        # (key, part) -> the round every active pusher has pushed, and how many active
+        # pushers are at it (kept as pushes come, so a push costs O(1), not O(pushers))
+        self._floor: dict[tuple[int, int], tuple[int, int]] = {}
 
     def start_problem(self, gs: GlobalContext) -> str | None:
         return None if gs.has_optimizer else NO_OPTIMIZER
@@ -73,45 +85,118 @@ class AsyncAcrossDCs(GlobalSide):
         if not gs.has_optimizer:
             gs.reply_error(msg, NO_OPTIMIZER)
             return
-        gs.apply_update(msg.key, slot, value, sender=msg.src)
         where = (msg.key, msg.part)
         applied = self._applied.setdefault(where, {})
-        applied[msg.src] = applied.get(msg.src, 0) + 1
-        self._held.setdefault(where, []).append(msg)
+        floor, behind = self._floor.get(where) or self._recount(gs, where)
+        old = applied.get(msg.src, 0)
+        round_ = applied[msg.src] = old + 1
+        completes = 0
+        if old == floor and msg.src not in gs.departed:
+            if behind > 1:
+                self._floor[where] = (floor, behind - 1)
+            else:  # the last one at the floor: a round is complete
+                completes = self._recount(gs, where)[0]
+        gs.apply_update(msg.key, slot, value, sender=msg.src, completes=completes)
+        if not self._held.get(where) and not gs.stop_requested and not self._holds(
+                gs, where, msg.src, round_):
+            gs.reply_push(msg, slot)  # nothing waits here and this push need not
+            return
+        self._held.setdefault(where, []).append((msg, round_))
         if gs.stop_requested:
             for w in list(self._held):
                 self._release(gs, w)
         else:
             self._release(gs, where)
-        if any(m is msg for m in self._held.get(where, ())):
-            gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
-                      lead=self.lead(gs, where, msg.src))
+        if any(m is msg for m, _ in self._held.get(where, ())):
+            lead = self.lead(gs, where, msg.src)
+            if self.staleness and lead > self.staleness:
+                gs.record("staleness_wait", key=msg.key, part=msg.part, pusher=msg.src,
+                          lead=lead)
+            else:
+                gs.record("checkpoint_wait", key=msg.key, part=msg.part, pusher=msg.src,
+                          round=round_)
+
+    def stop_version(self, gs: GlobalContext, slot: ServerSlot) -> int:
+        # no round to finish together: every reply from now on carries the stop
+        return slot.version
 
     def on_pusher_left(self, gs: GlobalContext, pusher: str) -> None:
         # a finished DC no longer holds the others back
+        for where in list(self._floor):
+            self._recount(gs, where)
         for where in list(self._held):
             self._release(gs, where)
 
+    def _recount(self, gs: GlobalContext, where: tuple[int, int]) -> tuple[int, int]:
+        applied = self._applied.get(where, {})
+        counts = [applied.get(p, 0) for p in gs.pushers if p not in gs.departed]
+        floor = min(counts, default=0)
+        self._floor[where] = (floor, counts.count(floor))
+        return self._floor[where]
+
+    def completed(self, gs: GlobalContext, where: tuple[int, int]) -> int:
+        """The round every pusher still training has pushed of ``where``."""
+        return (self._floor.get(where) or self._recount(gs, where))[0]
+
     def lead(self, gs: GlobalContext, where: tuple[int, int], pusher: str) -> int:
         """How many more pushes of ``pusher`` than of the slowest active pusher were applied."""
-        applied = self._applied.get(where, {})
-        active = [p for p in gs.pushers if p not in gs.departed]
-        slowest = min((applied.get(p, 0) for p in active), default=0)
-        return applied.get(pusher, 0) - slowest
+        return self._applied.get(where, {}).get(pusher, 0) - self.completed(gs, where)
+
+    def reply_round(self, msg: Message, slot: ServerSlot) -> int:
+        """A reply to a DC belongs to that DC's round: its pushes applied and answered so
+        far (a successor of its local server starts after it, and pushes a held round
+        again, which :meth:`resent_push` puts in the held one's place)."""
+        where = (msg.key, msg.part)
+        held = sum(1 for m, _ in self._held.get(where, ()) if m.src == msg.src)
+        return self._applied.get(where, {}).get(msg.src, 0) - held
+
+    def resent_push(self, gs: GlobalContext, push: Message, slot: ServerSlot) -> str | None:
+        """A DC's round counts its own pushes: one up to its count was applied; if its
+        acknowledgement is still held, the new request takes the old one's place."""
+        where = (push.key, push.part)
+        if push.version > self._applied.get(where, {}).get(push.src, 0):
+            return None
+        held = self._held.get(where, [])
+        for i, (m, round_) in enumerate(held):
+            if m.src == push.src and round_ == push.version:
+                held[i] = (push, round_)
+                return "parked"
+        gs.reply_push(push, slot)
+        return "applied"
+
+    def _holds(self, gs: GlobalContext, where: tuple[int, int], pusher: str,
+               round_: int) -> bool:
+        """Whether ``pusher``'s push of ``round_`` waits for the others: a checkpoint
+        round not every DC has pushed yet, or a lead beyond the staleness bound."""
+        if round_ > self.completed(gs, where) and gs.is_checkpoint_round(round_):
+            return True
+        return bool(self.staleness) and self.lead(gs, where, pusher) > self.staleness
 
     def _release(self, gs: GlobalContext, where: tuple[int, int]) -> None:
         held = self._held.get(where)
         if not held:
             return
-        slot = gs.slot(*where)
-        keep = []
-        for msg in held:
-            if (self.staleness == 0 or gs.stop_requested
-                    or self.lead(gs, where, msg.src) <= self.staleness):
-                gs.reply_push(msg, slot)
+        release, keep = [], []
+        for msg, round_ in held:
+            if gs.stop_requested or not self._holds(gs, where, msg.src, round_):
+                release.append(msg)
             else:
-                keep.append(msg)
+                keep.append((msg, round_))
         self._held[where] = keep
+        slot = gs.slot(*where)
+        for msg in release:
+            gs.reply_push(msg, slot)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each DC's pushes applied per (key, part): the rounds the next pushes are.
+        Nothing is held at a checkpoint (its round's barrier has just released)."""
+        return {"applied": {where: dict(counts) for where, counts in self._applied.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._applied = {tuple(where): {str(p): int(n) for p, n in counts.items()}
+                         for where, counts in state["applied"].items()}
+        self._held = {}
+        self._floor = {}
 
 
 class MixedSync(SyncAlgorithm):
@@ -121,6 +206,8 @@ class MixedSync(SyncAlgorithm):
     name = "mixed"
     Options = MixedOptions
     kvstore_type = "dist_async"
+    #: a DC's push applied after the last pull of every local server would be lost
+    global_takeover = False
     options: MixedOptions
 
     @classmethod

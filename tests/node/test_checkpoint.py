@@ -104,6 +104,60 @@ def test_hfa_resume_is_bit_exact(tmp_path: Path) -> None:
     assert ckpt.complete_rounds(first / "checkpoints") == [4, 5]
 
 
+#: MixedSync on the quickstart with party-b's workers 3.5x slower: party-a's pushes run
+#: ahead (unbounded, or by at most 2 with DC-ASGD), so a checkpoint round is a barrier
+MIXED = ["sync.algorithm=mixed", "checkpoint.every=5", "dc.party-b.compute_per_iter=35ms"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [[], ["training.optimizer=dcasgd", "training.lr=0.05",
+                                        "sync.staleness=2"]], ids=["adam", "dcasgd_ssp2"])
+def test_mixed_resume_is_bit_exact(tmp_path: Path, extra: list[str]) -> None:
+    """MixedSync: a checkpoint round is a barrier at the global server (a DC's push of it
+    is answered once every DC has pushed it), so its files are a cut: the global store
+    holds exactly that many pushes of every DC for every key, and nothing of the next
+    round anywhere. The global side saves each DC's push count (``state_dict``): the
+    rounds its next pushes are. The resumed run applies the DCs' pushes in the order the
+    uninterrupted run did (party-a's arrive first; a tie between DCs whose pushes arrive
+    at the same instant is broken by the restart's own timing), so it is bit for bit."""
+    clean, resumed, first = _stop_and_resume(tmp_path, [*MIXED, *extra], stop=30, end=60)
+    assert _bitwise_equal(clean, resumed)
+    meta, arrays = ckpt.read_node_file(first / "checkpoints" / "30" / ckpt.file_name("gs:0"))
+    state = ckpt.unpack(meta["state"], arrays)
+    counts = state["sync"]["applied"]
+    assert len(counts) == 4 and all(c == {"ls:party-a": 30, "ls:party-b": 30}
+                                    for c in counts.values())
+    assert {version for _, _, _, version, _ in state["slots"]} == {60}
+
+
+#: ESync on the quickstart with party-b's workers 3.5x slower: party-a's workers take
+#: several local steps per round (budgets from the state server), so a resumed run must
+#: bring back each worker's budget and the model its next delta is taken against
+ESYNC = ["sync.algorithm=esync", "training.worker_optimizer=adam", "checkpoint.every=3",
+         "dc.party-b.compute_per_iter=35ms"]
+
+
+def test_esync_resume_is_bit_exact(tmp_path: Path, monkeypatch) -> None:
+    """ESync: its delta average is a synchronous round, so a checkpoint round is a cut;
+    the worker side saves its round, step budget and previous model (``state_dict``), and
+    the state server needs nothing (the next round's queries replace every record before
+    it computes budgets). Without the worker side's state the resumed model differs."""
+    from geomx.sync.esync import ESyncWorker
+
+    clean, resumed, first = _stop_and_resume(tmp_path, ESYNC, stop=40, end=80)
+    assert _bitwise_equal(clean, resumed)
+    last = ckpt.complete_rounds(first / "checkpoints")[-1]
+    meta, arrays = ckpt.read_node_file(first / "checkpoints" / str(last)
+                                       / ckpt.file_name("w:party-a:0"))
+    side = ckpt.unpack(meta["state"], arrays)["sync_side"]
+    assert side["round"] == last + 1 and side["budget"] > 1  # local steps were taken
+    monkeypatch.setattr(ESyncWorker, "load_state_dict", lambda self, state: None)
+    forgetful: dict[str, list[np.ndarray]] = {}
+    run_scenario(resume_scenario(first, ["run.iterations=80"]), out_dir=tmp_path / "runs",
+                 inspect=_final_state(forgetful))
+    assert _max_difference(clean, forgetful) > 0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sched", [["sched.p3=true", "sched.p3_slice_elements=200"],
                                    ["sched.tsengine_intra=true"], ["sched.tsengine_inter=true"],
@@ -310,7 +364,6 @@ THREE_PARTIES = {
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"sync": {"algorithm": "mixed"}}, "sync.algorithm"),
     ({"sched": {"tsengine_inter": True}, **THREE_PARTIES}, "sched.tsengine_inter"),
     ({"training": {"model": "phantom"}}, "training.model"),
     ({"topology": {"kind": "netstorm"}}, "topology.kind")])

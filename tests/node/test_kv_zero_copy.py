@@ -310,3 +310,34 @@ def test_receiver_reuses_its_buffers_for_frames_of_one_key():
 
     allocated, reused = eventloop.run(asyncio.wait_for(main(), 30))
     assert allocated == 2 and reused == 4
+
+
+def test_a_codec_that_is_not_elementwise_keeps_keys_whole_and_weights_dense(tmp_path):
+    """A user codec says whether it is elementwise; a sparse one (the default) is never
+    split across servers and never encodes a weight vector, whatever its name."""
+    from geomx.node.link_codec import LinkCodec
+
+    (tmp_path / "mycodecs.py").write_text(
+        "from geomx.policy.codec import Codec\n\n\n"
+        "class HalfTopK(Codec):\n"
+        "    name = 'test-half-topk'\n\n"
+        "    def encode(self, key, x, state=None):\n"
+        "        raise AssertionError('weights must not reach a sparse codec')\n\n"
+        "    def encoded_sizes(self, num_elements, dtype='<f4'):\n"
+        "        return []\n\n"
+        "    @classmethod\n"
+        "    def _decode_cpu(cls, arrays, meta, n, dtype, out, accumulate):\n"
+        "        return out\n\n\n"
+        "class Scaled(HalfTopK):\n"
+        "    name = 'test-scaled'\n"
+        "    elementwise = True\n")
+    w = np.arange(16, dtype=np.float32)
+    sparse = LinkCodec({"type": f"{tmp_path / 'mycodecs.py'}:HalfTopK"})
+    assert sparse.enabled  # placement keeps its keys whole
+    payloads, meta = sparse.encode_pull(0, w, tier="wan", weights=True)
+    assert meta == {} and np.array_equal(np.asarray(payloads[0].data).view(np.float32), w)
+    assert not LinkCodec({"type": f"{tmp_path / 'mycodecs.py'}:Scaled"}).enabled
+    for name in ("fp16", "bf16", "none"):
+        assert not LinkCodec({"type": name}).enabled
+    for name in ("bsc", "mpq", "onebit"):
+        assert LinkCodec({"type": name}).enabled

@@ -130,9 +130,88 @@ def test_continue_composes_with_sync_algorithms_and_dgt(tmp_path: Path, sets) ->
     assert r.summary.final_accuracy > (0.4 if "sync.algorithm=hfa" in sets else 0.9)
 
 
+#: ESync with party-b's workers 3.5x slower: party-a's workers take several local steps
+#: per round, sized by the state server for the workers it has
+ESYNC = ["membership.on_worker_loss=continue", "sync.algorithm=esync",
+         "training.worker_optimizer=adam", "dc.party-b.compute_per_iter=35ms"]
+
+
+@pytest.mark.slow
+def test_esync_state_server_drops_a_lost_worker(tmp_path: Path) -> None:
+    """ESync: the global scheduler tells the state server too; it drops the worker's
+    pending queries and record (``StateService.on_worker_lost``), answers the round that
+    waited only for it, and sizes every later round for the three workers left. The DC's
+    delta sum is re-weighted like a gradient sum, and the job finishes."""
+    r, nodes = _run(tmp_path, ESYNC)
+    keys = len(nodes["gs:0"].slots)
+    events = run_events(r.run_dir)
+    (dropped,) = [e for e in events if e["ev"] == "state_worker_lost"]
+    assert dropped["node"] == "ss" and dropped["worker"] == "w:party-a:1"
+    lost_t = min(e["t"] for e in events if e["ev"] == "worker_lost")
+    assert dropped["t"] - lost_t < 0.01  # told by the global scheduler, in the central DC
+    after = [e for e in events if e["ev"] == "esync_round" and e["t"] >= dropped["t"]]
+    assert after and all(set(e["budgets"]) == {"w:party-a:0", "w:party-b:0", "w:party-b:1"}
+                         for e in after)
+    assert max(e["budgets"]["w:party-a:0"] for e in after) > 1
+    assert nodes["w:party-a:0"].iteration == r.summary.iterations == 60
+    rounds = nodes["gs:0"].slots[(0, 0)].version
+    assert all(s.version == rounds for s in nodes["gs:0"].slots.values())
+    ls_a = nodes["ls:party-a"]
+    assert ls_a.live == ["w:party-a:0"] and ls_a.applied["w:party-a:0"] == keys * rounds
+    assert any(e["ev"] == "reweight" for e in events)
+    assert r.summary.final_accuracy > 0.85
+    print(f"ESync, w:party-a:1 lost: {r.summary.emulated_seconds:.2f} s emulated, "
+          f"{rounds} rounds, accuracy {r.summary.final_accuracy:.4f}")
+
+
+@pytest.mark.slow
+def test_real_esync_worker_killed_job_continues(tmp_path: Path) -> None:
+    """Over real sockets, ESync: SIGKILL one worker's process once it trains; the state
+    server drops it and the other three finish the job."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers.procs import pid_of
+
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=60", "membership.on_worker_loss=continue",
+            "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
+            "sync.algorithm=esync", "training.worker_optimizer=adam",
+            "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=80ms"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    out, log = tmp_path / "real", tmp_path / "launch.log"
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
+                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
+                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        victim = run_dir = None
+        deadline = time.monotonic() + 120
+        while victim is None and time.monotonic() < deadline and p.poll() is None:
+            for f in out.glob("*/nodes/w_party-a_1.events.jsonl"):
+                if f.read_text().count('"ev":"compute"') >= 5:
+                    run_dir = f.parent.parent
+                    victim = pid_of("w:party-a:1", str(run_dir))
+            time.sleep(0.05)
+        assert victim is not None, log.read_text()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == 60 and summary["final_accuracy"] > 0.8
+    ss = [json.loads(line) for line in (run_dir / "nodes" / "ss.events.jsonl").open()]
+    assert [e["worker"] for e in ss if e["ev"] == "state_worker_lost"] == ["w:party-a:1"]
+    print(f"accuracy {summary['final_accuracy']:.4f}")
+
+
 @pytest.mark.parametrize("sets, field", [
     (["membership.heartbeat_interval=0s"], "membership.heartbeat_interval"),
-    (["sync.algorithm=esync"], "sync.algorithm"),
     (["topology.kind=flat"], "topology.kind")])
 def test_continue_needs_what_it_relies_on(sets, field) -> None:
     with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
@@ -200,6 +279,9 @@ def test_restart_needs_a_lost_worker() -> None:
     with pytest.raises(ScenarioError, match="on_server_loss is fail"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
                                    "fault.0.node=ls:party-a", "fault.0.duration=5s"])
+    with pytest.raises(ScenarioError, match="state server"):
+        load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
+                                   "sync.algorithm=esync", "fault.0.duration=5s"])
     with pytest.raises(ScenarioError, match="is neither"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
                                    "fault.0.node=lh:party-a", "fault.0.duration=5s"])

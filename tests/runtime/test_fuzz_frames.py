@@ -20,8 +20,8 @@ import numpy as np
 
 from geomx import wire
 from geomx.runtime import eventloop
-from geomx.runtime.framing import (PREAMBLE, FrameType, control_frame, message_frames,
-                                   pack_preamble)
+from geomx.runtime.framing import (PREAMBLE, STREAM_HEAD, STREAM_PIECE, FrameType,
+                                   control_frame, message_frames, pack_preamble)
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload, WireError
 
@@ -112,6 +112,17 @@ def stream_attacks(rng: random.Random) -> list[tuple[str, bytes, bool]]:
         attacks.append(("handshake_bad_channel", control_frame(
             FrameType.HELLO, v=1, name="fuzz", to="victim", ch=8 + i, auth=False), False))
         attacks.append(("handshake_misrouted", hello(to="someone-else"), False))
+        # streams that lie: a piece of no stream, more than announced, more than allowed
+        head = (pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + 4)
+                + STREAM_HEAD.pack(i, FrameType.MESSAGE, 0, 0, 1000 + i) + good[8:12])
+        piece = lambda n: (pack_preamble(FrameType.STREAM_PIECE,  # noqa: E731
+                                         STREAM_PIECE.size + n) + STREAM_PIECE.pack(i)
+                           + rng.randbytes(n))
+        attacks.append(("stream_unknown", piece(10), True))
+        attacks.append(("stream_overrun", head + piece(500) + piece(1000), True))
+        over = bytearray(head)
+        STREAM_HEAD.pack_into(over, PREAMBLE.size, i, FrameType.MESSAGE, 0, 0, 1 << 41)
+        attacks.append(("stream_oversize", bytes(over), True))
     return attacks
 
 
@@ -122,7 +133,9 @@ def test_ten_thousand_malformed_frames(caplog):
     # frame-level rejects that are not WireErrors: reserved flags, unknown frame types
     flagged = [PREAMBLE.pack(b"GF", FrameType.MESSAGE, 1 + i % 255, len(b)) + b
                for i, b in enumerate(valid_bodies(rng) * 3)]
-    unknown = [pack_preamble(7 + i % 200, 11) + rng.randbytes(11) for i in range(100)]
+    # (types 9 and 10 are stream frames: their errors close the connection, see below)
+    unknown = [pack_preamble(7 + i % 200 + (200 if 9 <= 7 + i % 200 <= 10 else 0), 11)
+               + rng.randbytes(11) for i in range(100)]
     attacks = stream_attacks(rng)
     expected_frame_level = len(bodies) + len(flagged) + len(unknown)
     expected = expected_frame_level + len(attacks)
@@ -198,7 +211,9 @@ def test_ten_thousand_malformed_frames(caplog):
     assert st["rejected_frames"] == expected, rej
     assert rej["wire"] == len(bodies)
     assert rej["bad_flags"] == len(flagged) and rej["unknown_frame_type"] == len(unknown)
-    assert rej["oversize"] == 40 + 20  # 20 after the handshake x 2 kinds, 20 before it
+    assert rej["oversize"] == 40 + 20 + 20  # after the handshake: 2 kinds and streams;
+    # before it: 20
+    assert rej["stream_unknown"] == 20 and rej["stream_overrun"] == 20
     assert rej["bad_magic"] == 20 and rej["truncated"] == 20
     assert rej["protocol"] == 20 + 20 + 20 + 20   # before/after handshake, garbage, channel
     assert rej["misrouted"] == 20

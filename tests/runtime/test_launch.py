@@ -248,3 +248,21 @@ def test_nodes_exit_when_the_launcher_dies(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_scheduler_addresses_follow_the_topology_not_its_name(tmp_path):
+    """A user topology with a local tier (here HiPS under another name) gets local
+    scheduler addresses as HiPS does; a flat one gets only the global scheduler."""
+    from geomx.runtime.config import scheduler_names
+    from geomx.scenario import load_scenario
+
+    (tmp_path / "mytier.py").write_text(
+        "from geomx.topology.hips import HiPS\n\n\nclass MyTier(HiPS):\n"
+        "    name = 'mytier'\n")
+    base = (Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.toml").read_text()
+    path = tmp_path / "job.toml"
+    path.write_text(base + '\n[topology]\nkind = "mytier.py:MyTier"\n')
+    assert scheduler_names(load_scenario(path)) == {
+        "gh": "central", "lh:party-a": "party-a", "lh:party-b": "party-b"}
+    path.write_text(base + '\n[topology]\nkind = "flat"\n')
+    assert scheduler_names(load_scenario(path)) == {"gh": "central"}

@@ -6,20 +6,22 @@ large frames announced and half sent on many connections (each held in full). No
 connection costs 8 KiB until its handshake is done, handshakes in progress and
 connections are capped, and bodies of large frames held while they arrive share one
 budget: a frame past it waits (its connection stops reading) until another completes or
-its connection goes away.
+its connection goes away. A message too long for one frame travels as a stream of pieces,
+held within the same budget.
 """
 
 from __future__ import annotations
 
 import asyncio
-import tracemalloc
-
 import json
+import os
+import tracemalloc
 
 import numpy as np
 
 from geomx.runtime import eventloop
-from geomx.runtime.framing import PREAMBLE, FrameType, control_frame, pack_preamble
+from geomx.runtime.framing import (PREAMBLE, STREAM_HEAD, STREAM_PIECE, FrameType, control_frame,
+                                   pack_preamble)
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload
 
@@ -99,24 +101,72 @@ def test_half_sent_large_frames_share_one_budget():
     eventloop.run(main())
 
 
+def test_half_sent_streams_share_the_same_budget():
+    """A message too long for one frame travels as a stream of pieces; streams announced
+    and half sent wait for the same budget as large frames, and an honest stream gets
+    its turn once they are gone."""
+    async def main():
+        budget = 4 << 20
+        victim = TcpTransport("victim", max_partial_frame_bytes=budget, udp=False)
+        await victim.start()
+        host, port = parse_address(victim.local_address())
+        attackers = []
+        for i in range(6):  # each announces a 3 MiB stream and sends 2 MiB of it
+            r, w = await asyncio.open_connection(host, port)
+            w.write(hello(name=f"evil{i}"))
+            assert (await read_frame(r))[0] == FrameType.WELCOME
+            w.write(pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + 1)
+                    + STREAM_HEAD.pack(1, FrameType.MESSAGE, 0, 0, 3 << 20) + b"G"
+                    + pack_preamble(FrameType.STREAM_PIECE, STREAM_PIECE.size + (2 << 20))
+                    + STREAM_PIECE.pack(1) + b"\0" * (2 << 20))
+            attackers.append(w)
+        await asyncio.sleep(1.0)
+        held = victim.stats()["partial_frame_bytes"]
+        assert 0 < held <= budget, held  # one 3 MiB stream admitted; the others wait
+        peer = TcpTransport("peer", udp=False)
+        await peer.start()
+        peer.set_address_book({"victim": victim.local_address()})
+        arr = np.arange(6 << 18, dtype=np.float32)  # 6 MiB: a stream of two pieces
+        await peer.send(Message(Kind.PUSH, "peer", "victim", key=2, request_id=9,
+                                payloads=[Payload.of(arr)]))
+        for w in attackers:
+            w.close()
+        got = await asyncio.wait_for(victim.recv(), 20)
+        assert got.request_id == 9 and np.array_equal(got.payloads[0].array(), arr)
+        await asyncio.sleep(0.3)
+        assert victim.stats()["partial_frame_bytes"] == 0
+        assert victim.stats()["rejected"].get("truncated", 0) >= 1  # the half-sent streams
+        await peer.close()
+        await victim.close()
+    eventloop.run(main())
+
+
 def test_a_node_transport_is_bounded_by_its_job(scenario_of):
-    """No UDP socket unless DGT sends datagrams; no frame larger than the job's largest
-    message (twice the model plus headers; a training program's keys are unknown up front,
-    so it gets a fixed 256 MiB); large frames in flight within max(64 MiB, one message)."""
-    from geomx.cluster import PROGRAM_MAX_MESSAGE_BYTES, plan_job
+    """No UDP socket unless DGT sends datagrams; no frame longer than a stream's piece
+    (longer messages travel as streams of them); no message larger than the job's largest
+    (twice the model plus headers; a training program's keys are unknown up front, so for
+    it this host's memory); large frames and streams in flight within 64 MiB (or one
+    message), whatever the largest message."""
+    from geomx.cluster import plan_job
     from geomx.node.trainer import initial_params
-    from geomx.runtime.framing import PREAMBLE_BYTES
+    from geomx.runtime.framing import STREAM_FRAME_BYTES
     from geomx.runtime.node_main import transport_limits
 
     s = scenario_of("quickstart.toml")
     plan = plan_job(s, "real")
     model = sum(p.nbytes for p in initial_params(plan.train))
     limits = transport_limits(s, plan)
-    assert limits == {"udp": False, "max_frame_bytes": 2 * model + (16 << 20) + PREAMBLE_BYTES,
+    assert limits == {"udp": False, "max_frame_bytes": STREAM_FRAME_BYTES,
+                      "max_message_bytes": 2 * model + (16 << 20),
                       "max_partial_frame_bytes": 64 << 20}
     s = scenario_of("quickstart.toml", "sched.dgt=udp")
     assert transport_limits(s, plan_job(s, "real"))["udp"] is True
     s = scenario_of("quickstart.toml", "training.program=examples.mnist:main")
     limits = transport_limits(s, plan_job(s, "real"))
-    assert limits["max_frame_bytes"] == PROGRAM_MAX_MESSAGE_BYTES + PREAMBLE_BYTES
-    assert limits["max_partial_frame_bytes"] == limits["max_frame_bytes"]
+    assert limits["max_frame_bytes"] == STREAM_FRAME_BYTES
+    assert limits["max_message_bytes"] == os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert limits["max_partial_frame_bytes"] == 64 << 20
+    # the scenario can set the bound, either way
+    s = scenario_of("quickstart.toml", "training.program=examples.mnist:main",
+                    "real.max_message=2GiB")
+    assert transport_limits(s, plan_job(s, "real"))["max_message_bytes"] == 2 << 30

@@ -86,3 +86,17 @@ def test_esync_reaches_the_target_at_least_twice_as_soon_as_fsa(scenario_of):
 def test_esync_quickstart_scenario_runs(scenario_of):
     summary = run_scenario(scenario_of("esync.toml", *FAST)).summary
     assert summary.final_accuracy >= 0.9
+
+
+def test_state_board_drops_a_lost_worker():
+    """A lost worker's pending query is forgotten; a round that waited only for it is
+    answered at once, and later rounds are sized for the workers left."""
+    board = StateBoard(["a", "b", "c"], max_steps=8)
+    for w, step_s in (("a", 0.01), ("b", 0.03), ("c", 0.03)):
+        board.report(w, round_=2, step_s=step_s, end_s=0.0, steps=1)
+    assert board.report("a", round_=3, step_s=0.01, end_s=0.0, steps=3) is None
+    assert board.report("c", round_=3, step_s=0.03, end_s=0.0, steps=1) is None
+    assert board.drop("b") == {3: {"a": 3, "c": 1}}
+    assert board.drop("b") == {}  # once
+    assert board.report("a", round_=4, step_s=0.01, end_s=0.0, steps=3) is None
+    assert board.report("c", round_=4, step_s=0.03, end_s=0.0, steps=1) == {"a": 3, "c": 1}

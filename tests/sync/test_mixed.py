@@ -160,3 +160,81 @@ def test_mixed_with_bsc(scenario_of):
                                  "codec.type=bsc", "codec.threshold=0.1",
                                  "codec.size_lower_bound=1000", *FAST))
     assert r.summary.iterations == 40
+
+
+class _Server:
+    """The global context MixedSync's side needs, in memory: two DCs, one key."""
+
+    def __init__(self, checkpoint_rounds=()):
+        from types import SimpleNamespace
+
+        self.pushers = ["ls:a", "ls:b"]
+        self.departed: set[str] = set()
+        self.stop_requested = False
+        self.has_optimizer = True
+        self.slots = {(0, 0): SimpleNamespace(version=0)}
+        self.answered: list[tuple[str, int]] = []
+        self.replies: list = []
+        self.completed: list[int] = []
+        self.checkpoint_rounds = set(checkpoint_rounds)
+
+    def slot(self, key, part):
+        return self.slots[(key, part)]
+
+    def apply_update(self, key, slot, value, *, sender, completes=None):
+        slot.version += 1
+        if completes:
+            self.completed.append(completes)
+
+    def reply_push(self, msg, slot):
+        self.answered.append((msg.src, msg.version))
+        self.replies.append(msg)
+
+    def is_checkpoint_round(self, round_):
+        return round_ in self.checkpoint_rounds
+
+    def record(self, *a, **k):
+        pass
+
+
+def _push(src, round_):
+    from geomx.wire import Kind, Message
+
+    return Message(Kind.PUSH, src, "gs:0", key=0, part=0, version=round_)
+
+
+def test_a_checkpoint_round_is_a_barrier_and_rounds_count_per_dc():
+    from geomx.sync.mixed import AsyncAcrossDCs
+
+    gs, side = _Server(checkpoint_rounds={2}), AsyncAcrossDCs()
+    slot = gs.slot(0, 0)
+    side.on_push(gs, _push("ls:a", 1), slot, None)
+    side.on_push(gs, _push("ls:a", 2), slot, None)       # a's round 2: held
+    assert gs.answered == [("ls:a", 1)] and gs.completed == []
+    assert side.reply_round(_push("ls:a", 0), slot) == 1  # answered rounds only
+    side.on_push(gs, _push("ls:b", 1), slot, None)
+    assert gs.completed == [1] and gs.answered[-1] == ("ls:b", 1)
+    side.on_push(gs, _push("ls:b", 2), slot, None)       # completes 2: both answered
+    assert gs.completed == [1, 2]
+    assert sorted(gs.answered[-2:]) == [("ls:a", 2), ("ls:b", 2)]
+    assert side.state_dict() == {"applied": {(0, 0): {"ls:a": 2, "ls:b": 2}}}
+    assert slot.version == 4
+
+
+def test_a_resent_push_is_answered_or_takes_the_held_ones_place():
+    from geomx.sync.mixed import AsyncAcrossDCs
+
+    gs, side = _Server(checkpoint_rounds={2}), AsyncAcrossDCs()
+    slot = gs.slot(0, 0)
+    for src, r in (("ls:a", 1), ("ls:a", 2)):
+        side.on_push(gs, _push(src, r), slot, None)
+    assert side.resent_push(gs, _push("ls:a", 1), slot) == "applied"
+    assert gs.answered[-1] == ("ls:a", 1)
+    again = _push("ls:a", 2)
+    assert side.resent_push(gs, again, slot) == "parked"
+    assert side.resent_push(gs, _push("ls:a", 3), slot) is None  # a new round
+    for r in (1, 2):
+        side.on_push(gs, _push("ls:b", r), slot, None)
+    # the successor's request got the answer, and a's push of round 2 counted once
+    assert any(m is again for m in gs.replies)
+    assert side.state_dict()["applied"][(0, 0)] == {"ls:a": 2, "ls:b": 2}

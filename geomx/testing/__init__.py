@@ -1,4 +1,5 @@
-"""Test a policy of your own in a tiny emulated job, from a unit test.
+"""Test a policy of your own in a tiny emulated job, and a job of your own under WAN
+conditions, from a unit test.
 
 :func:`run_policy` puts a policy (a class, or a spec as a scenario writes it) into a small
 HiPS job -- two party DCs of two workers, scikit-learn's 8x8 digits, a 16-unit MLP, a
@@ -17,6 +18,18 @@ or two of CPU) and returns the summary and the event log::
 The options go through the same check as a scenario's ``[<kind>.options]``, and the job
 runs the same node code as ``geomx run``, so a policy that passes here runs unchanged in
 a scenario, over sockets and in a by-hand launch (docs/extending.md, "Testing").
+
+This module is also geomx's pytest plugin (the ``pytest11`` entry point ``geomx``), which
+gives a test the ``geomx_run`` fixture and the ``wan`` marker (:mod:`geomx.testing.plugin`,
+docs/ci.md)::
+
+    def test_job_survives_a_lossy_wan(geomx_run):
+        summary = geomx_run("job.toml", set={"wan.0.loss": "1%"}, runtime="emu")
+        assert summary.final_accuracy >= 0.9
+
+pytest loads the plugin in every session of a project where geomx is installed, so this
+module imports nothing heavy at load: the job machinery is imported when a function
+runs. ``-p no:geomx`` turns the plugin off.
 """
 
 from __future__ import annotations
@@ -27,16 +40,46 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from geomx.experiment import run_scenario
-from geomx.metrics import load_run
-from geomx.metrics.summary import Summary
-from geomx.scenario import Scenario, load_scenario, parse_scenario
-from geomx.scenario.overrides import apply_override
-from geomx.scenario.policies import POLICY_FIELDS
+if TYPE_CHECKING:
+    from geomx.metrics.summary import Summary
+    from geomx.testing.job import RunSummary, run_job
 
-__all__ = ["PolicyRun", "run_policy", "tiny_scenario", "spec_for_class"]
+__all__ = ["PolicyRun", "run_policy", "tiny_scenario", "spec_for_class", "RunSummary",
+           "run_job"]
+
+
+def __getattr__(name: str) -> Any:
+    """:class:`RunSummary` and :func:`run_job` (geomx/testing/job.py), imported when first
+    used so that loading the plugin stays cheap (PEP 562)."""
+    if name in ("RunSummary", "run_job"):
+        from geomx.testing import job
+
+        return getattr(job, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def pytest_addoption(parser: Any) -> None:
+    """``--runtime emu|real`` (also ``--geomx-runtime``): the runtime of ``geomx_run`` and
+    ``wan`` tests that do not name one (default: the emulator)."""
+    group = parser.getgroup("geomx", "geomx: WAN scenarios in tests (docs/ci.md)")
+    group.addoption("--runtime", "--geomx-runtime", dest="geomx_runtime", default=None,
+                    choices=("emu", "real"),
+                    help="runtime of geomx_run / @pytest.mark.wan jobs that do not name one: "
+                         "emu (virtual-time emulator, the default) or real (one process per "
+                         "node over sockets; with --set real.shaper=kernel in the scenario, "
+                         "the kernel shapes the WAN)")
+
+
+def pytest_configure(config: Any) -> None:
+    """Declare the ``wan`` marker and register the fixtures (geomx/testing/plugin.py,
+    which imports pytest: it is only loaded inside a pytest session)."""
+    from geomx.testing import plugin
+
+    config.addinivalue_line("markers", plugin.WAN_MARKER_DOC)
+    if not config.pluginmanager.is_registered(plugin):
+        config.pluginmanager.register(plugin, "geomx.testing.plugin")
 
 
 @dataclasses.dataclass
@@ -126,6 +169,12 @@ def run_policy(policy: type | str, options: Mapping[str, Any] | None = None, *,
     refuses and :class:`geomx.experiment.JobFailed` when the job fails (a hook that
     raised: :class:`geomx.policy.guard.PolicyFailed` names it).
     """
+    from geomx.experiment import run_scenario
+    from geomx.metrics import load_run
+    from geomx.scenario import load_scenario, parse_scenario
+    from geomx.scenario.overrides import apply_override
+    from geomx.scenario.policies import POLICY_FIELDS
+
     if isinstance(policy, type):
         kind = kind or _kind_of(policy)
         spec = spec_for_class(policy)
@@ -149,7 +198,7 @@ def run_policy(policy: type | str, options: Mapping[str, Any] | None = None, *,
     raw[field.section] = section
     for assignment in overrides:
         raw = apply_override(raw, assignment)
-    s: Scenario = parse_scenario(raw, source=source)
+    s = parse_scenario(raw, source=source)
     folder = out_dir if out_dir is not None else _temporary_folder()
     result = run_scenario(s, runtime=runtime, out_dir=folder, progress=False)
     events = list(load_run(result.run_dir).events()) if s.metrics.events else []
