@@ -26,7 +26,7 @@ import torch
 from geomx.node.sync_contexts import WorkerSyncContext
 from geomx.torch.session import Session, TorchAPIError
 from geomx.torch.tensors import HostBuffers
-from geomx.torch.waits import Operation
+from geomx.torch.waits import Operation, on_loop
 from geomx.wire import Kind, Message
 
 ALGORITHMS = ("fsa", "mixed", "hfa", "esync")
@@ -150,9 +150,9 @@ class BudgetedDeltaRounds(Rounds):
             end_round = True
         if end_round:
             ctx = self.ctx
-            query = ctx.spawn(ctx.request(Message(
-                Kind.STATE_QUERY, ctx.node_name, self.server, version=self.round + 1,
-                meta={"step_s": step_s, "end_s": ctx.now(), "steps": self.steps})))
+            msg = Message(Kind.STATE_QUERY, ctx.node_name, self.server, version=self.round + 1,
+                          meta={"step_s": step_s, "end_s": ctx.now(), "steps": self.steps})
+            query = on_loop(self.s, _ask, ctx, msg)
             weights = self.buffers.weights_from_device()
             yield self._push([w - p for w, p in zip(weights, self.prev)]) \
                 + self._pull(self._agg) + [query]
@@ -168,6 +168,10 @@ class BudgetedDeltaRounds(Rounds):
             self.steps = 0
         self._mark = self.ctx.now()
         return end_round
+
+
+def _ask(ctx: WorkerSyncContext, msg: Message) -> Any:
+    return ctx.spawn(ctx.request(msg))
 
 
 def rounds_for(s: Session, names: list[str], params: list[torch.Tensor], buffers: HostBuffers,

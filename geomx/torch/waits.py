@@ -32,13 +32,35 @@ def drive(session: Session, op: Operation[T]) -> Any:
 
 
 def _drive_blocking(session: Session, op: Operation[T]) -> T:
+    from geomx.kv import run_blocking
+
     try:
-        op.send(None)
+        waits = op.send(None)
         while True:
             session.kv.waitall()
-            op.send(None)
+            # what is not a kvstore call (a request to the state server) is awaited on
+            # the node's loop, which owns it
+            for w in waits:
+                if isinstance(w, asyncio.Future) and not w.done():
+                    run_blocking(_itself, w, call="geomx.torch", async_form="await ...")
+            waits = op.send(None)
     except StopIteration as done:
         return done.value
+
+
+def _itself(awaitable: Any) -> Any:
+    return awaitable
+
+
+def on_loop(session: Session, fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` made on the node's event loop: directly in an ``async def main``
+    (which runs there), through ``geomx.kv.run_on_loop`` from a synchronous program's
+    thread. For calls that touch the node itself rather than the kvstore."""
+    if session.sync_program():
+        from geomx.kv import run_on_loop
+
+        return run_on_loop(fn, *args, call="geomx.torch")
+    return fn(*args)
 
 
 async def _drive_async(op: Operation[T]) -> T:

@@ -75,3 +75,21 @@ async def main(kv, ctx):
             loss.backward()
         await opt.step_async()
         evaluate(ctx, model, data, it, loss)
+
+
+def sync_main(kv, ctx):
+    """``main`` as a synchronous program: the same calls, blocking, without ``await``."""
+    args, data, model, opt = setup(kv, ctx)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    ctx.report(0, start_digest=digest(model))
+    if hvd.is_master():
+        return
+    batches = ctx.batches()
+    for it in ctx.iterations():
+        opt.zero_grad()
+        for _ in range(args.passes):
+            loss = loss_of(model, data, batches.next())
+            loss.backward()
+        opt.step()
+        evaluate(ctx, model, data, it, loss)
