@@ -5,7 +5,9 @@ Run it as any geomx program (``geomx run examples/resnet_torch.toml``, add
 ``geomx node``: docs/real-runtime.md); the scenario decides the WAN, the server tiers,
 the codec and the sync algorithm. From a Horovod script only three things change:
 ``hvd.init(kv, ctx)``, the master worker returning once it has published the model, and
-the iteration loop over ``ctx.iterations()`` (which stops the job together).
+the iteration loop over ``ctx.iterations()`` (which stops the job together). It is a
+synchronous program (``def main``), as Horovod scripts are; in an ``async def main`` the
+waiting calls are ``await opt.step_async()`` and ``await hvd.broadcast_parameters(...)``.
 
 The data are the CIFAR-10 python batches when they are there (``--cifar DIR``, or the
 places geomx.ml.cifar looks), else seeded synthetic 32x32 colour images of ten classes,
@@ -106,7 +108,7 @@ def parse(ctx):
     return p.parse_args(ctx.args)
 
 
-async def main(kv, ctx):
+def main(kv, ctx):
     args = parse(ctx)
     hvd.init(kv, ctx)
     torch.manual_seed(ctx.seed)
@@ -115,8 +117,8 @@ async def main(kv, ctx):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=args.compression)
-    await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    await hvd.broadcast_optimizer_state(opt, root_rank=0)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
     if hvd.is_master():
         return  # the master worker publishes the model and trains nothing
 
@@ -129,7 +131,7 @@ async def main(kv, ctx):
         opt.zero_grad()
         loss = F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
         loss.backward()
-        await opt.step_async()
+        opt.step()
         if ctx.is_evaluator and (it % ctx.eval_every == 0 or it == ctx.max_iterations):
             model.eval()
             with torch.no_grad():
