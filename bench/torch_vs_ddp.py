@@ -179,7 +179,7 @@ trace = false
 [[dc]]
 name = "central"
 central = true
-global_servers = 1
+global_servers = {servers}
 workers = 0
 [[dc]]
 name = "a"
@@ -217,6 +217,7 @@ def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         text = SCENARIO.format(iterations=args.warmup + args.iterations, topology=topology,
+                               servers=args.servers,
                                program=f"{HERE}:geomx_main", mbit=mbit or 100000,
                                shape="true" if mbit else "false",
                                shaper="kernel" if mbit else "userspace")
@@ -250,6 +251,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--shaped-mbit", type=float, default=100.0, help="0: skip the shaped part")
+    p.add_argument("--servers", type=int, default=1,
+                   help="global servers (keys spread over them, as BytePS spreads its own)")
     p.add_argument("--quick", action="store_true", help="2M parameters, 4 iterations")
     p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -264,7 +267,8 @@ def main() -> None:
         args.params, args.shaped_params, args.iterations, args.warmup = 2e6, 1e6, 4, 2
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs; 2 workers, MLP of "
           f"{args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
-          f"{args.iterations} iterations after {args.warmup}")
+          f"{args.iterations} iterations after {args.warmup}; geomx: {args.servers} "
+          "global server(s)")
     ddp = run_ddp(args, fp16=False)
     rows = [("DDP (gloo)", ddp),
             ("geomx.torch flat PS", run_geomx(args, topology="flat", fp16=False, mbit=None)),
