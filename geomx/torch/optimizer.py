@@ -21,7 +21,7 @@ import torch
 
 from geomx.torch.compression import Compression, codec_config
 from geomx.torch.exchange import Rounds, rounds_for
-from geomx.torch.session import Session, TorchAPIError, session
+from geomx.torch.session import TorchAPIError, session
 from geomx.torch.tensors import HostBuffers, check_tensor
 from geomx.torch.waits import Operation, drive
 

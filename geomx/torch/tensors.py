@@ -116,11 +116,6 @@ class HostBuffers:
             _synchronize(self.tensors)
         return out
 
-    def host_tensor(self, i: int, array: np.ndarray) -> torch.Tensor:
-        """A host array as a tensor that can be copied to tensor ``i``'s device."""
-        h = torch.from_numpy(array)
-        return h.pin_memory() if self.staged[i] and _pinned() and not h.is_pinned() else h
-
     def _settle(self) -> None:
         # copies to the device read the host buffers until they are done
         if self._device_busy:
