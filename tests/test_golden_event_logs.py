@@ -98,3 +98,38 @@ def test_golden_runs_use_the_overrides_the_tool_would_apply_now():
     assert not stale, ("\n".join(stale) + f"\nre-record at the recorded commit: python "
                        f"{TOOL.THIS_SCRIPT} record --at {GOLDEN['commit']['sha']}")
     assert {e["path"] for e in skipped} == {e["path"] for e in GOLDEN["not_run"]}
+
+
+#: The numpy release the cross-version check runs (the test extra installs the newest):
+#: an older minor with another bundled OpenBLAS. Emulated event logs are the same bytes
+#: under numpy 2.2, 2.3 and 2.4; numpy 1.26 rounds differently in the scenarios that
+#: sum, sort or sparsify large arrays (8 of 38: docs/golden-logs.md).
+OTHER_NUMPY = "numpy==2.2.6"
+#: Scenarios whose logs numpy 1.26 changes: the ones a numpy difference shows up in first.
+NUMPY_SENSITIVE = ("scenarios/quickstart_bsc.toml", "scenarios/dgt.toml",
+                   "examples/cnn_hfa.toml")
+
+
+@pytest.mark.slow
+def test_event_logs_do_not_depend_on_the_numpy_release(tmp_path):
+    """The same code under another numpy (and its OpenBLAS) writes the same event logs:
+    a venv that sees this environment's packages, with only numpy replaced."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    python = venv / "bin" / "python"
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", OTHER_NUMPY],
+                         capture_output=True, text=True)
+    assert pip.returncode == 0, f"could not install {OTHER_NUMPY}: {pip.stderr[-2000:]}"
+    env = {**TOOL.env_for(ROOT), "PYTHONPATH": str(ROOT)}
+    probe = subprocess.run([str(python), "-c", "import numpy; print(numpy.__version__)"],
+                           env=env, capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == OTHER_NUMPY.split("==")[1]
+    proc = subprocess.run([str(python), str(ROOT / "tools" / "golden_logs.py"), "hashes",
+                           "--out", str(tmp_path / "runs"), "--only", *NUMPY_SENSITIVE],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = {r["path"]: r["sha256"] for r in
+           (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    want = {e["path"]: e["sha256"] for e in RECORDED if e["path"] in NUMPY_SENSITIVE}
+    assert len(want) == len(NUMPY_SENSITIVE) and got == want
