@@ -3,6 +3,8 @@
     python bench/codecs.py                 # 25M fp32 (a ResNet-50 gradient), best of 5
     python bench/codecs.py --n 1e6 --repeat 3
     python bench/codecs.py --cuda          # also the numba.cuda kernels, if a GPU is present
+    python bench/codecs.py --launch --busy 2   # per-call time of small and large calls, with
+                                               # 2 busy-loop processes loading the cores
 
 Every row times the codec API call (what a node calls) against the numpy reference of
 the same algorithm (``geomx.codec.reference``) in the same run: best of ``--repeat``
@@ -302,6 +304,43 @@ def torch_columns(n: int, rows: list[Row], repeat: int, seed: int,
     return f"{where}, {threads} threads; its own np.copyto: {gbps(n, times['memcpy']):.2f} GB/s"
 
 
+#: Sizes of ``--launch``: below, around and far above PARALLEL_MIN.
+LAUNCH_SIZES = (10_000, 100_000, 25_000_000)
+
+
+def per_call(fn: Callable[[], object], budget_s: float, max_calls: int = 2000) -> tuple[float, float, int]:
+    """Median and 90th percentile seconds of back-to-back calls for ``budget_s`` (at least 5
+    calls): unlike best-of, the percentiles show the calls that waited for a thread."""
+    fn()
+    times: list[float] = []
+    end = time.perf_counter() + budget_s
+    while (time.perf_counter() < end or len(times) < 5) and len(times) < max_calls:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2], times[int(len(times) * 0.9)], len(times)
+
+
+def launch_rows(threshold: float, seed: int) -> None:
+    """Per-call time of fp16 encode/decode and Bi-Sparse encode at :data:`LAUNCH_SIZES`:
+    what a parallel kernel launch costs when the host is loaded (``--busy``)."""
+    for n in LAUNCH_SIZES:
+        x = np.random.default_rng(seed).standard_normal(n, dtype=np.float32)
+        fp16 = FP16Codec()
+        enc = fp16.encode(0, x)
+        out = np.empty(n, np.float32)
+        bsc = BiSparseCodec(threshold, size_lower_bound=0)
+        state = bsc.new_state(n)
+        budget_s = 1.5 if n < 1_000_000 else 4.0
+        for name, fn in (("fp16 encode", lambda: fp16.encode(0, x)),
+                         ("fp16 decode", lambda: decode(enc, out=out)),
+                         ("bsc encode", lambda: bsc.encode(0, x, state))):
+            med, p90, calls = per_call(fn, budget_s)
+            print(f"n={n:>11,d}  {name:12s} median {med * 1e3:9.3f} ms  p90 {p90 * 1e3:9.3f} ms  ({calls} calls)",
+                  flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=float, default=25_000_000, help="elements (default 25M)")
@@ -313,12 +352,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="a Python with torch for the torch CPU columns (default: this one, if "
                          "torch imports)")
     ap.add_argument("--no-torch", action="store_true", help="leave out the torch CPU columns")
+    ap.add_argument("--launch", action="store_true",
+                    help="instead: median and p90 per-call time at 10k, 100k and 25M elements")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="with --launch: run this many busy-loop processes meanwhile (a loaded host)")
     args = ap.parse_args(argv)
     n = int(args.n)
     import numba
 
     print(f"numpy {np.__version__}, numba {numba.__version__}, {numba.get_num_threads()} threads, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (a shared host: compare ratios)")
+    if args.launch:
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+        try:
+            time.sleep(0.5 if busy else 0)
+            launch_rows(args.threshold, args.seed)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+        return 0
     t0 = time.perf_counter()
     rows = cpu_rows(n, args.repeat, args.threshold, args.seed)
     # the machine's memory copy speed, the ceiling for a codec that reads and writes once

@@ -8,8 +8,14 @@ Design notes (measured on the project's 2-core machine, see ``bench/codecs.py``)
   chunks, a plain loop inside, on 1-D slice views so LLVM vectorises the inner loop).
   The chunking never changes a result: selections are made in index order and
   reductions use fixed-size blocks, so outputs do not depend on the thread count.
-  Small tensors use one chunk (:func:`chunks_for`), which avoids waking threads for
-  nothing.
+  Small tensors use one chunk (:func:`chunks_for`).
+* Each chunked kernel is compiled twice from one Python function (:class:`ChunkedKernel`):
+  with ``parallel=True``, and serially (``prange`` runs as ``range``). A ``parallel=True``
+  kernel wakes and joins every pool thread on every call, even for one chunk; on a loaded
+  host that waits for descheduled threads (a scheduler tick or more per call, measured in
+  ``bench/codecs.py --launch``). One chunk, or one numba thread, runs the serial
+  compilation on the calling thread. Both compile lazily, so a process that only ever
+  sees one chunk compiles only the (cheaper) serial one.
 * fp16/bf16 work on ``uint32``/``uint16`` views: numba has no CPU float16 arrays.
   fp16 has two bit-identical kernels: portable bit manipulation, and (on CPUs with F16C)
   LLVM's own ``fptrunc``/``fpext`` to ``half`` through a tiny intrinsic, which compiles
@@ -20,6 +26,10 @@ Design notes (measured on the project's 2-core machine, see ``bench/codecs.py``)
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import FunctionType
+from typing import Any
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -29,8 +39,12 @@ from numba.extending import intrinsic
 from . import bits
 from .stream_stores import LANES, STREAM_MIN_ELEMENTS, head_elements, store_fence, stream_bf16_to_f32, stream_f16_to_f32
 
-#: Below this many elements a kernel runs as one chunk (one thread).
-PARALLEL_MIN = 1 << 16
+#: Below this many elements a kernel runs as one chunk, serially on the calling thread.
+#: At 4M elements one fp16 pass takes ~1 ms on one core; below that, two threads save
+#: at most a few hundred microseconds per call even when the pool is awake, while a
+#: parallel call on a loaded host waits milliseconds for a descheduled pool thread
+#: (measured with ``bench/codecs.py --launch``).
+PARALLEL_MIN = 1 << 22
 #: Elements per block of the selection kernels (vectorised count, then a short scan).
 SELECT_BLOCK = 128
 #: Block size of the deterministic partial sums (onebit's mean |x|).
@@ -74,6 +88,63 @@ def chunks_for(n: int) -> int:
     if n < PARALLEL_MIN:
         return 1
     return max(1, int(numba.get_num_threads()))
+
+
+def _last_argument(*args: Any) -> int:
+    return int(args[-1])
+
+
+class ChunkedKernel:
+    """A chunked kernel: one Python function compiled with ``parallel=True`` and serially,
+    called through one name; the call runs the serial compilation when the work is one
+    chunk or numba has one thread, the parallel one otherwise.
+
+    The two compilations give identical results (the chunking never changes one, see the
+    module notes). A Python object, so it cannot be called from other njit code: the
+    kernels here are only called from Python (the codecs in this package).
+
+    ``chunks`` maps the call's positional arguments to its number of chunks (by default
+    the last argument, ``nch``). ``serial`` and ``parallel`` are the two numba
+    dispatchers, ``py_func`` the Python function.
+    """
+
+    def __init__(self, py_func: FunctionType, chunks: Callable[..., int] = _last_argument) -> None:
+        self.py_func = py_func
+        self.parallel = njit(parallel=True, cache=True)(py_func)
+        # numba's cache files are named by qualified name and keyed by bytecode, not by
+        # compile options: the serial compilation needs its own name, or the two would
+        # load each other's machine code from the cache.
+        serial_func = FunctionType(py_func.__code__, py_func.__globals__, py_func.__name__ + "_serial",
+                                   py_func.__defaults__, py_func.__closure__)
+        serial_func.__qualname__ = py_func.__qualname__ + "_serial"
+        serial_func.__doc__ = py_func.__doc__
+        self.serial = njit(cache=True)(serial_func)
+        self._chunks = chunks
+        self.__name__ = py_func.__name__
+        self.__qualname__ = py_func.__qualname__
+        self.__doc__ = py_func.__doc__
+        self.__module__ = py_func.__module__
+
+    def pick(self, *args: Any) -> Any:
+        """The dispatcher a call with these arguments runs."""
+        if self._chunks(*args) <= 1 or numba.get_num_threads() == 1:
+            return self.serial
+        return self.parallel
+
+    def __call__(self, *args: Any) -> Any:
+        return self.pick(*args)(*args)
+
+    def __repr__(self) -> str:
+        return f"ChunkedKernel({self.__qualname__})"
+
+
+def chunked(chunks: Callable[..., int] = _last_argument) -> Callable[[FunctionType], ChunkedKernel]:
+    """Decorator: make a :class:`ChunkedKernel` of a ``prange``-over-chunks function."""
+
+    def wrap(py_func: FunctionType) -> ChunkedKernel:
+        return ChunkedKernel(py_func, chunks)
+
+    return wrap
 
 
 # --------------------------------------------------------------------------- fp16
@@ -188,7 +259,7 @@ def _f16_to_f32_hw(hb, quiet_nan):
     return np.uint32(np.float32(v).view(np.uint32) & ~(snan << _U32_22)).view(np.float32)
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def f32_to_f16_bits(src, dst, quiet_nan, nch):
     """``dst`` (uint16) <- fp16 bits of ``src`` (float32); portable."""
     n = src.size
@@ -201,7 +272,7 @@ def f32_to_f16_bits(src, dst, quiet_nan, nch):
             d[i] = _f32_to_f16_bits(s[i], quiet_nan)
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def f32_to_f16_hw(src, dst, quiet_nan, nch):
     """``dst`` (uint16) <- fp16 bits of ``src`` (float32); F16C."""
     n = src.size
@@ -214,7 +285,7 @@ def f32_to_f16_hw(src, dst, quiet_nan, nch):
             d[i] = _f32_to_f16_hw(s[i], quiet_nan)
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def f16_to_f32_bits(src, out, quiet_nan, accumulate, nch):
     """``out`` (float32) <- (or +=) the values of the fp16 bits in ``src``; portable."""
     n = src.size
@@ -231,7 +302,7 @@ def f16_to_f32_bits(src, out, quiet_nan, accumulate, nch):
                 o[i] = _f16_to_f32_bits(s[i], quiet_nan)
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def f16_to_f32_hw(src, out, quiet_nan, accumulate, nch):
     """``out`` (float32) <- (or +=) the values of the fp16 bits in ``src``; F16C."""
     n = src.size
@@ -268,7 +339,7 @@ def _f16_to_f32_stream_range(src, out, quiet_nan, lo, hi):
     store_fence()
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def _f16_to_f32_stream(src, out, quiet_nan, nch):
     n = src.size
     for c in prange(nch):
@@ -296,7 +367,7 @@ def f16_to_f32(src: np.ndarray, out: np.ndarray, quiet_nan: bool, accumulate: bo
 # --------------------------------------------------------------------------- bf16
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def f32_to_bf16(src, dst, nch):
     """``dst`` (uint16) <- bfloat16 bits of ``src`` (uint32 view of float32)."""
     n = src.size
@@ -309,7 +380,7 @@ def f32_to_bf16(src, dst, nch):
             d[i] = _f32_to_bf16_int(np.int64(s[i]))
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def _bf16_to_f32(src, out, accumulate, nch):
     """``out`` (float32) <- (or +=) the values of the bfloat16 bits in ``src``."""
     n = src.size
@@ -340,7 +411,7 @@ def _bf16_to_f32_stream_range(src, out, lo, hi):
     store_fence()
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def _bf16_to_f32_stream(src, out, nch):
     n = src.size
     for c in prange(nch):
@@ -378,7 +449,7 @@ def stratified_positions(rand, n, out):
         acc = acc2 - s if acc2 >= s else acc2
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def bsc_sample_abs(g, u, v, momentum, pos, out, nch):
     """``out[j] = |v + (m*u + g)|`` at the sampled positions: the post-update magnitude,
     computed from the *old* state so that the threshold is known before the one fused
@@ -392,7 +463,7 @@ def bsc_sample_abs(g, u, v, momentum, pos, out, nch):
             out[j] = abs(v[p] + (momentum * u[p] + g[p]))
 
 
-@njit(parallel=True, cache=True)
+@chunked(lambda g, u, v, momentum, boundary, cval, *rest: cval.shape[0])
 def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
     """One pass of GeoMX's push: momentum correction, accumulation, selection.
 
@@ -444,7 +515,7 @@ def bsc_push(g, u, v, momentum, boundary, cval, cu, cidx, ccount):
         ccount[c] = cnt
 
 
-@njit(parallel=True, cache=True)
+@chunked(lambda x, cval, *rest: cval.shape[0])
 def select_nonzero(x, cval, cidx, ckept, cnonzero):
     """Per chunk, the first ``cval.shape[1]`` non-zeros of ``x`` in index order (the GS's
     pull-side sparsification of the aggregated sum); ``cnonzero`` counts all of them so
@@ -491,7 +562,7 @@ def count_out_of_range(idx, n):
     return bad
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def fill_zero(out, nch):
     n = out.size
     for c in prange(nch):
@@ -519,7 +590,7 @@ def scatter(vals, idx, out, accumulate):
 # --------------------------------------------------------------------------- onebit
 
 
-@njit(parallel=True, cache=True)
+@chunked(lambda x, r, partial: partial.size)
 def abs_sum_blocks(x, r, partial):
     """``partial[b] = sum |x + r|`` over fixed blocks of SUM_BLOCK elements, in float64
     with four interleaved accumulators (deterministic, independent of thread count)."""
@@ -561,7 +632,7 @@ def _pack_tail(x, r, scale, packed, start):
     packed[start // 8] = byte
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def onebit_pack(x, r, scale, packed, nch):
     """Sign bits of c = x + r, 8 per byte, little-endian bit order (element 8j+k is bit k
     of byte j, i.e. ``np.packbits(c >= 0, bitorder="little")``), and the error-feedback
@@ -594,7 +665,7 @@ def onebit_pack(x, r, scale, packed, nch):
         _pack_tail(x, r, scale, packed, 8 * nfull)
 
 
-@njit(parallel=True, cache=True)
+@chunked()
 def onebit_unpack(packed, scale, out, accumulate, nch):
     """``out`` <- (or +=) +scale / -scale from the packed sign bits.
 

@@ -64,7 +64,8 @@ def test_sample_positions_are_stratified_and_in_range():
 # ------------------------------------------------------------------ the push
 
 
-def test_kernel_matches_numpy_reference_over_rounds():
+def test_kernel_matches_numpy_reference_over_rounds(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MIN", 1 << 16)
     n = 300_001  # > PARALLEL_MIN: several chunks
     c = codec()
     st = c.new_state(n)

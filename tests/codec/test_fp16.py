@@ -161,7 +161,8 @@ def test_decode_all_65536_halves_bit_exact(name, dec):
         assert np.array_equal(r, other[0])
 
 
-def test_codec_round_trip_and_wire_size():
+def test_codec_round_trip_and_wire_size(monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "PARALLEL_MIN", 1 << 16)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((300, 701)) * 50).astype(np.float32)  # > PARALLEL_MIN, odd size
     c = FP16Codec()
