@@ -127,8 +127,7 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
         stats = ts_stats(iter_events(run_dir / "events.jsonl"), _edge_bandwidth(s))
         if stats is not None:
             summary.extra["tsengine"] = stats
-    summary.provenance = provenance()
-    write_summary(run_dir / "summary.json", summary)
+    write_summary(run_dir / "summary.json", summary, provenance=provenance())
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")
     if s.metrics.plot:

@@ -232,9 +232,9 @@ class SyncWorkerStep:
 
 
 def _on_loop(fn: Any, call: str) -> Any:
+    @functools.wraps(fn)
     def on_loop(*args: Any, **kwargs: Any) -> Any:
         return run_on_loop(_with_kwargs, fn, args, kwargs, call=call)
-    on_loop.__doc__ = fn.__doc__
     return on_loop
 
 

@@ -105,7 +105,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
 
 def _optimizer_op(s: Session, named: list[tuple[str, torch.Tensor]], hyper: torch.Tensor,
                   scalars: list[tuple[dict[str, Any], str]]) -> Operation[None]:
-    key = f"optimizer/hyper-parameters/{s.signatures + 1}"
+    key = f"optimizer/hyper-parameters/{s.broadcasts + 1}"
     yield from _tensors_op(s, [(key, hyper), *named], "broadcast_optimizer_state")
     raw = from_bytes_array(hyper.numpy())
     for i, (group, hk) in enumerate(scalars):

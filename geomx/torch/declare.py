@@ -84,8 +84,7 @@ def declare(s: Session, entries: list[Entry], values: list[np.ndarray],
     if again:
         raise TorchAPIError(f"{what}: {again[0]!r} is already initialised on node "
                             f"{s.node_name}; broadcast each parameter once, before training")
-    s.signatures += 1
-    key = f"geomx.torch/signature/{s.signatures}"
+    key = s.next_signature_key()
     sig = signature(entries)
     kv.init(key, sig)
     if not s.is_master:

@@ -37,7 +37,7 @@ class Session:
                 from None
         #: names (parameters, optimizer state) whose keys are initialised on the servers
         self.declared: dict[str, tuple[tuple[int, ...], str]] = {}
-        self.signatures = 0
+        self._signatures = 0
         #: ``ctx.compute`` calls the program made itself (``step`` charges none then)
         self.compute_calls = 0
         self._count_compute_calls()
@@ -45,6 +45,17 @@ class Session:
     @property
     def node_name(self) -> str:
         return str(self.ctx.node_name)
+
+    @property
+    def broadcasts(self) -> int:
+        """Declaration checks made so far (one per broadcast, in call order: the same on
+        every worker of a well-formed program, so keys numbered by it agree)."""
+        return self._signatures
+
+    def next_signature_key(self) -> str:
+        """The key of this node's next declaration check."""
+        self._signatures += 1
+        return f"geomx.torch/signature/{self._signatures}"
 
     @property
     def is_master(self) -> bool:

@@ -114,11 +114,14 @@ def _pss_bytes(pid: int) -> int:
 
 
 class PeakMemory:
-    """The peak, over the block, of the memory of this process and its descendants."""
+    """The peak, over the block, of the memory of this process and its descendants, less
+    what this process held when the block began (the test session's own imports: torch,
+    when its tests ran first, is a few hundred MB that no job holds)."""
 
     def __init__(self, every_s: float = 0.05):
         self.every_s = every_s
         self.peak_bytes = 0
+        self.base_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -126,10 +129,11 @@ class PeakMemory:
         me = os.getpid()
         while not self._stop.is_set():
             total = sum(_pss_bytes(p) for p in [me, *descendants(me)])
-            self.peak_bytes = max(self.peak_bytes, total)
+            self.peak_bytes = max(self.peak_bytes, total - self.base_bytes)
             self._stop.wait(self.every_s)
 
     def __enter__(self) -> "PeakMemory":
+        self.base_bytes = _pss_bytes(os.getpid())
         self._thread.start()
         return self
 
@@ -153,14 +157,18 @@ def run_large_key(tmp_path: Path, runtime: str, n: int) -> tuple[dict, float, in
     return reports[-1] if reports else {}, took_s, mem.peak_bytes
 
 
+#: what the job's processes hold with no value at all (their numpy, numba, uvloop)
+PROCESSES_BYTES = GIB
+
+
 def _check(tmp_path: Path, runtime: str, n: int) -> None:
     report, took_s, peak = run_large_key(tmp_path, runtime, n)
     print(f"\n{runtime}: a {4 * n / GIB:.3f} GiB key pushed and pulled in {took_s:.1f} s, "
           f"peak memory of the job {peak / GIB:.2f} GiB")
     assert report.get("mismatches") == 0 and report.get("accuracy") == 1.0, report
     # a few copies of the value (the worker's array, the push in flight, the server's
-    # value and the push it received) and the processes themselves
-    assert peak < 6 * 4 * n + GIB, peak
+    # value and the push it received) and the job's processes themselves
+    assert peak < 6 * 4 * n + PROCESSES_BYTES, peak
 
 
 @pytest.mark.parametrize("runtime", ["emu", "real"])
