@@ -36,6 +36,7 @@ a local sweep leaves.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -60,6 +61,7 @@ from geomx.metrics.sweep_results import (
 )
 from geomx.metrics.table import Table
 from geomx.scenario import ScenarioError, load_scenario, scenario_to_toml
+from geomx.scenario.sweep import SweepConfig
 
 if TYPE_CHECKING:
     from geomx.sweep_cluster import ClusterPool, ClusterTask, ScenarioFile
@@ -205,7 +207,9 @@ def plan_sweep(
                 s = load_scenario(scenario_path, p.overrides(base_overrides))
             except ScenarioError as exc:
                 raise _reraise_as_grid(exc, f"--grid point {p.label}") from None
-            digest = hashlib.sha256(scenario_to_toml(s).encode()).hexdigest()[:10]
+            # where the points run ([sweep]) is not part of what a point computes
+            digest = hashlib.sha256(scenario_to_toml(
+                dataclasses.replace(s, sweep=SweepConfig())).encode()).hexdigest()[:10]
             points.append(SweepPoint(p.index, p.values, seed,
                                      f"{_slug(p.values, seed)}-{digest}"))
     return points
@@ -419,12 +423,14 @@ def run_sweep(
     docstring. `jobs` processes (default: the core count; 1 runs here, in order).
 
     `cluster` is a Dask scheduler address (`geomx sweep` takes it from `--cluster` or
-    `$GEOMX_CLUSTER`): the points run on its workers and `jobs` is not used. `shared_fs` says whether the workers see the sweep
+    `$GEOMX_CLUSTER`; None: the scenario's `[sweep] cluster`, if set): the points run on its workers and `jobs` is not used. `shared_fs` says whether the workers see the sweep
     folder at the same path (None: find out by having them read a file written here).
     A cluster that cannot run the sweep raises geomx.sweep_cluster.ClusterError.
     """
     scenario_path = given_path = os.fspath(scenario_path)
     points = plan_sweep(scenario_path, axes, seeds, base_overrides)
+    if cluster is None:  # the scenario's own [sweep] cluster (--set sweep.cluster= clears it)
+        cluster = load_scenario(scenario_path, base_overrides).sweep.cluster or None
     jobs = jobs or os.cpu_count() or 1
     if jobs < 1:
         raise SweepError(f"--jobs {jobs}: allowed: an integer >= 1")

@@ -66,7 +66,7 @@ class TaskFailed(Exception):
 
 def cluster_address(option: str | None) -> str | None:
     """The scheduler `geomx sweep` uses: the `--cluster` option, else `$GEOMX_CLUSTER`,
-    else None (run locally). Library calls (`run_sweep(cluster=...)`) do not read the
+    else None (then the scenario's `[sweep] cluster`, if set, else local processes). Library calls (`run_sweep(cluster=...)`) do not read the
     environment, so that a script's or a test's local sweep stays local."""
     address = option or os.environ.get(CLUSTER_ENV, "")
     return address.strip() or None

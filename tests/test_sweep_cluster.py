@@ -152,6 +152,25 @@ def test_a_cluster_sweep_equals_the_local_one_and_resumes(cluster, local_sweep, 
     assert "8 runs: 0 ran, 8 resumed, 0 failed" in capsys.readouterr().out
 
 
+def test_the_scenario_names_its_cluster_and_it_changes_no_point(cluster, local_sweep, tmp_path,
+                                                                monkeypatch):
+    """`[sweep] cluster` (here through --set, as a file's table reads) sends the points to
+    the cluster with no --cluster or $GEOMX_CLUSTER; where points run is not part of what
+    they compute, so their folders are the local sweep's."""
+    import geomx.sweep
+
+    monkeypatch.delenv("GEOMX_CLUSTER", raising=False)
+
+    def no_local_processes(*args, **kwargs):
+        raise AssertionError("the points ran in local processes")
+
+    monkeypatch.setattr(geomx.sweep, "ProcessPoolExecutor", no_local_processes)
+    out = tmp_path / "sweep"
+    assert main(_sweep_argv(out, "--set", f"sweep.cluster={cluster.address}",
+                            "--no-shared-fs")) == 0
+    _assert_same_values(read_sweep(out), local_sweep)  # the run folders' names included
+
+
 def test_relative_paths_and_files_that_travel(cluster, tmp_path, monkeypatch, capsys):
     """Paths given relative to the client's folder, for workers that run in another one:
     the scenario and a trace next to it travel with the tasks, or are read in place

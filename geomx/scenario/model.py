@@ -16,6 +16,7 @@ from typing import Any
 from geomx.scenario.checkpoint import CheckpointConfig
 from geomx.scenario.codec import CodecConfig
 from geomx.scenario.expect import ExpectConfig
+from geomx.scenario.sweep import SweepConfig
 from geomx.scenario.errors import quote_list
 from geomx.scenario.kinds import settings_of
 from geomx.scenario.membership import FaultConfig, MembershipConfig
@@ -72,6 +73,7 @@ class Scenario:
     real: RealConfig = _section("real", RealConfig)
     security: SecurityConfig = _section("security", SecurityConfig)
     expect: ExpectConfig = _section("expect", ExpectConfig)
+    sweep: SweepConfig = _section("sweep", SweepConfig)
     source: str = dataclasses.field(default="<defaults>", compare=False)
 
     def __post_init__(self) -> None:
