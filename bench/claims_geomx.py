@@ -99,11 +99,13 @@ lr = 0.005
 #: (MXNET_KVSTORE_SIZE_LOWER_BOUND, docs/papers.md §6.5), not geomx's default 200k.
 BSC = ("codec.type=bsc", "codec.threshold=0.01", "codec.size_lower_bound=1000")
 
-#: (label, overrides): each adds one accelerator to the previous.
+#: (label, overrides): the flat PS, then GeoMX's accelerators alone and together; the last
+#: is the issue's stack (HiPS + Bi-Sparse 1% + HFA), which the claim's rows use.
 SYSTEMS: list[tuple[str, tuple[str, ...]]] = [
     ("flat PS", ("topology.kind=flat",)),
     ("HiPS", ("topology.kind=hips",)),
     ("HiPS + Bi-Sparse 1%", ("topology.kind=hips", *BSC)),
+    ("HiPS + HFA", ("topology.kind=hips", "sync.algorithm=hfa", "sync.k1=5", "sync.k2=4")),
     ("HiPS + Bi-Sparse 1% + HFA", ("topology.kind=hips", *BSC, "sync.algorithm=hfa",
                                    "sync.k1=5", "sync.k2=4")),
 ]
@@ -197,6 +199,16 @@ def measure(scenario: Path, out: Path, *, quick: bool) -> Curve:
         curve.s_per_iteration[label] = per_it
         curve.time_to_target_s[label] = tta
     return curve
+
+
+def best_system(curve: Curve, metric: str) -> list[tuple[str, float | None]]:
+    """Per bandwidth: the system with the largest speed-up over the flat PS, and it."""
+    out: list[tuple[str, float | None]] = []
+    for i in range(len(curve.bandwidths_mbps)):
+        best = max(((label, curve.ratio(metric, label)[i]) for label, _ in SYSTEMS[1:]),
+                   key=lambda x: x[1] or 0.0)
+        out.append(best)
+    return out
 
 
 def first_bandwidth_reaching(curve: Curve, metric: str, system: str,
