@@ -66,9 +66,8 @@ REASONS: dict[str, str] = {
                      "iterations",
     "mpq_accuracy": "sparsification delays 99% of each large gradient as momentum-corrected "
                     "residuals, so at equal iterations it trails the dense run",
-    "netstorm_vs_mxnet": "static table: NETSTORM is bound by its 500 Mbit/s tree and MXNET by "
-                         "its busiest 100 Mbit/s link, and the ratio of those bounds is below "
-                         "the paper's band",
+    "netstorm_vs_mxnet": "multipath costs time on this table (its auxiliary routes cross "
+                         "100 Mbit/s links); NETSTORM with awareness alone is inside the band",
     "netstorm_awareness": "the random first plan routes over 100 Mbit/s links that the "
                           "measured plan avoids, so measuring gains far more than on the "
                           "paper's testbed",
@@ -227,6 +226,12 @@ def _slow_link_bytes(summary: Any, slow_bps: float = 100e6) -> int:
                if "sw:" not in link and caps.get(link) and caps[link] <= slow_bps)
 
 
+def _awareness_alone_in_band(per_iter: dict[str, float], lo: float, hi: float) -> bool:
+    """NETSTORM without multipath is inside the band against MXNET, and multipath slows it."""
+    return bool(lo <= per_iter["mxnet"] / per_iter["awareness"] <= hi
+                and per_iter["netstorm"] > per_iter["awareness"])
+
+
 def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
     """NETSTORM against MXNET, and its two ablations, on the static 9-DC mesh."""
     n = 6 if quick else 12
@@ -242,8 +247,6 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
         summaries[name] = summary
     sets = dict(netstorm.SYSTEMS)
     path = netstorm.STATIC
-    _, mx_busy = netstorm._bottleneck(summaries["mxnet"], n, by_time=True)
-    _, ns_busy = netstorm._bottleneck(summaries["awareness"], n, by_time=True)
     speedup = per_iter["mxnet"] / per_iter["netstorm"]
     aware = per_iter["random plan"] / per_iter["awareness"] - 1
     multi = per_iter["awareness"] / per_iter["netstorm"] - 1
@@ -251,11 +254,11 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
     src = "docs/papers.md §1 (c)"
     it = f"run.iterations={n}"
     return [
-        _row("netstorm_vs_mxnet", speedup, witness=bool(mx_busy / ns_busy < lo),
+        _row("netstorm_vs_mxnet", speedup, witness=_awareness_alone_in_band(per_iter, lo, hi),
              claim="NETSTORM vs MXNET, s/iteration (static 9-DC mesh, phantom ResNet-50)",
              source=f"{src}, abstract", paper=f"{lo}-{hi}x", band_lo=lo, band_hi=hi, unit="x",
              scenario=_cmd(path, [it]) + "  (vs. --set topology.kind=mxnet)",
-             detail={"s_per_iteration": per_iter, "bound_ratio": mx_busy / ns_busy}),
+             detail={"s_per_iteration": per_iter}),
         _row("netstorm_awareness", aware,
              witness=bool(_slow_link_bytes(summaries["random plan"])
                           > _slow_link_bytes(summaries["awareness"])),
