@@ -199,21 +199,27 @@ def test_a_real_job_runs_either_way(tmp_path, how):
 
 @pytest.mark.slow
 def test_native_threads_rule_fork_out_too():
-    """A Numba parallel kernel leaves an OpenMP/workqueue pool running, invisible to
-    ``threading``; a child forked after it would abort. It is run in a child here, so
+    """A Numba parallel kernel (a tensor of more than one chunk) leaves an
+    OpenMP/workqueue pool running, invisible to ``threading``; a child forked after it
+    would abort. It is run in a child here, so
     this test process stays free of such threads."""
     code = ("import numpy as np\n"
             "from geomx.runtime.forked import fork_usable\n"
             "assert fork_usable()\n"
             "from geomx.codec import create_codec\n"
-            "g = np.random.rand(1 << 20).astype(np.float32)\n"
-            "c = create_codec('fp16').codec_for(g.size, 'wan')\n"
+            "from geomx.codec.cpu_kernels import PARALLEL_MIN\n"
+            "small = np.random.rand(1 << 16).astype(np.float32)  # one chunk: serial\n"
+            "c = create_codec('fp16').codec_for(small.size, 'wan')\n"
+            "c.encode(0, small, c.new_state(small.size))\n"
+            "print('usable after a one-chunk kernel:', fork_usable())\n"
+            "g = np.random.rand(2 * PARALLEL_MIN).astype(np.float32)  # two chunks\n"
             "c.encode(0, g, c.new_state(g.size))\n"
             "import threading\n"
             "assert threading.active_count() == 1\n"
             "print('usable after a parallel kernel:', fork_usable())\n")
     r = _in_fresh_python(code)
     assert r.returncode == 0, r.stderr
+    assert "usable after a one-chunk kernel: True" in r.stdout
     assert "usable after a parallel kernel: False" in r.stdout
 
 
