@@ -93,21 +93,23 @@ async def _udp_chunk_claims(host: str, port: int, n: int) -> None:
     await asyncio.sleep(1.0)
 
 
-async def _large_frames(host: str, port: int, conns: int, frame: int) -> None:
+async def _announce_and_stall(host: str, port: int, conns: int, head: bytes, chunk: bytes,
+                              chunks: int) -> None:
+    """On ``conns`` connections: say hello, send ``head``, then ``chunks`` copies of
+    ``chunk`` as fast as the victim reads them, and never finish."""
     writers = []
     for i in range(conns):
         r, w = await asyncio.open_connection(host, port)
         w.write(_hello(f"evil{i}"))
         await asyncio.wait_for(r.read(4096), 10)  # WELCOME
-        w.write(pack_preamble(FrameType.MESSAGE, frame))
+        w.write(head)
         writers.append(w)
     await asyncio.sleep(0.2)
-    chunk = b"\0" * MIB
     deadline = time.monotonic() + 15
-    for _ in range(frame // MIB - 1):  # all but the last MiB: a frame never completed
+    for _ in range(chunks):
         writers = [w for w in writers if not w.is_closing()]
         if not writers:
-            break  # the victim refused every frame and hung up
+            break  # the victim refused every one and hung up
         for w in writers:
             w.write(chunk)
         try:
@@ -120,39 +122,21 @@ async def _large_frames(host: str, port: int, conns: int, frame: int) -> None:
     for w in writers:
         w.close()
     await asyncio.sleep(1.0)
+
+
+async def _large_frames(host: str, port: int, conns: int, frame: int) -> None:
+    """Frames of ``frame`` bytes announced and sent but for their last MiB."""
+    await _announce_and_stall(host, port, conns, pack_preamble(FrameType.MESSAGE, frame),
+                              b"\0" * MIB, frame // MIB - 1)
 
 
 async def _large_streams(host: str, port: int, conns: int, total: int) -> None:
     """Streams (a message too long for one frame, sent as pieces) announced on ``conns``
     connections and sent but for their last MiB: never finished."""
-    writers = []
-    for i in range(conns):
-        r, w = await asyncio.open_connection(host, port)
-        w.write(_hello(f"evil{i}"))
-        await asyncio.wait_for(r.read(4096), 10)  # WELCOME
-        w.write(pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + 1)
-                + STREAM_HEAD.pack(1, FrameType.MESSAGE, 0, 0, total) + b"G")
-        writers.append(w)
-    await asyncio.sleep(0.2)
+    head = (pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + 1)
+            + STREAM_HEAD.pack(1, FrameType.MESSAGE, 0, 0, total) + b"G")
     piece = pack_preamble(FrameType.STREAM_PIECE, STREAM_PIECE.size + MIB) + STREAM_PIECE.pack(1)
-    chunk = piece + b"\0" * MIB
-    deadline = time.monotonic() + 15
-    for _ in range(total // MIB - 1):
-        writers = [w for w in writers if not w.is_closing()]
-        if not writers:
-            break  # the victim refused every stream and hung up
-        for w in writers:
-            w.write(chunk)
-        try:
-            await asyncio.wait_for(asyncio.gather(*(w.drain() for w in writers),
-                                                  return_exceptions=True), 1.0)
-        except asyncio.TimeoutError:
-            if time.monotonic() > deadline:
-                break  # the victim stopped reading: what it holds is what we measure
-    await asyncio.sleep(1.0)
-    for w in writers:
-        w.close()
-    await asyncio.sleep(1.0)
+    await _announce_and_stall(host, port, conns, head, piece + b"\0" * MIB, total // MIB - 1)
 
 
 async def _pending_handshakes(host: str, port: int, n: int) -> None:
