@@ -63,8 +63,7 @@ class Session:
 
     def sync_program(self) -> bool:
         """The program is a plain ``def main(kv, ctx)``: kvstore waits block."""
-        check = getattr(geomx.kv, "in_sync_program", None)
-        return bool(check()) if check is not None else False
+        return geomx.kv.in_sync_program()
 
     def _count_compute_calls(self) -> None:
         # ``ctx.compute`` is wrapped on this context object only, so that ``step`` can
