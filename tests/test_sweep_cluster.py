@@ -332,7 +332,8 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_the_finished_points(cluster, tmp_pat
 
     out = tmp_path / "sweep"
     argv = _sweep_argv(out, "--cluster", cluster.address)
-    argv[argv.index("run.iterations=12")] = "run.iterations=40"  # points long enough to stop
+    # points of a few seconds each, so that most are still to run when the first finishes
+    argv[argv.index("run.iterations=12")] = "run.iterations=400"
     proc = subprocess.Popen([sys.executable, "-m", "geomx", *argv], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
