@@ -259,7 +259,7 @@ def test_geomx_example_programs_over_real_sockets(tmp_path, name, iterations):
 
 @pytest.mark.parametrize("runtime", ["emu", "real"])
 def test_pytorch_example(tmp_path, runtime):
-    pytest.importorskip("torch")
+    # torch is in the test extra: this runs wherever the suite does
     r = run_scenario(example(tmp_path, "cnn_torch", "run.iterations=20", "run.eval_every=10"),
                      runtime=runtime)
     assert r.summary.iterations == 20
