@@ -12,7 +12,8 @@ waiting calls are ``await opt.step_async()`` and ``await hvd.broadcast_parameter
 The data are the CIFAR-10 python batches when they are there (``--cifar DIR``, or the
 places geomx.ml.cifar looks), else seeded synthetic 32x32 colour images of ten classes,
 identical on every machine. ``--width`` and ``--blocks`` shrink the network (the default
-is ResNet-18: width 64, two blocks per stage, 11M parameters).
+is ResNet-18: width 64, two blocks per stage, 11M parameters); ``--device cuda`` trains
+on the GPU.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def parse(ctx):
     p.add_argument("--samples", type=int, default=5000, help="synthetic training images")
     p.add_argument("--cifar", default=None, help="directory or .tar.gz of CIFAR-10")
     p.add_argument("--compression", default="none", help="none, fp16 (or a geomx codec)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where the model trains; cuda: every worker of a host shares its "
+                        "GPU (gradients are staged through pinned host buffers)")
     return p.parse_args(ctx.args)
 
 
@@ -113,7 +117,10 @@ def main(kv, ctx):
     hvd.init(kv, ctx)
     torch.manual_seed(ctx.seed)
     torch.set_num_threads(1)
-    model = ResNet(args.width, args.blocks)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("resnet_torch.py: --device cuda, but torch sees no GPU here")
+    device = torch.device(args.device)
+    model = ResNet(args.width, args.blocks).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=args.compression)
@@ -123,19 +130,21 @@ def main(kv, ctx):
         return  # the master worker publishes the model and trains nothing
 
     x, y, x_test, y_test = cifar_or_synthetic(args.cifar, ctx.seed, args.samples)
+    x_test_d, y_test_d = torch.from_numpy(x_test).to(device), torch.from_numpy(y_test).to(device)
     shard = np.arange(hvd.rank(), len(x), hvd.size())
     rng = np.random.default_rng(ctx.seed + hvd.rank())
     for it in ctx.iterations():
         model.train()
         idx = rng.choice(shard, args.batch_size, replace=False)
         opt.zero_grad()
-        loss = F.cross_entropy(model(torch.from_numpy(x[idx])), torch.from_numpy(y[idx]))
+        xb = torch.from_numpy(x[idx]).to(device, non_blocking=True)
+        yb = torch.from_numpy(y[idx]).to(device, non_blocking=True)
+        loss = F.cross_entropy(model(xb), yb)
         loss.backward()
         opt.step()
         if ctx.is_evaluator and (it % ctx.eval_every == 0 or it == ctx.max_iterations):
             model.eval()
             with torch.no_grad():
-                pred = torch.cat([model(torch.from_numpy(x_test[i:i + 500])).argmax(1)
-                                  for i in range(0, len(x_test), 500)])
-            ctx.report(it, loss=loss.item(),
-                       accuracy=(pred == torch.from_numpy(y_test)).float().mean().item())
+                pred = torch.cat([model(x_test_d[i:i + 500]).argmax(1)
+                                  for i in range(0, len(x_test_d), 500)])
+            ctx.report(it, loss=loss.item(), accuracy=(pred == y_test_d).float().mean().item())
