@@ -55,7 +55,8 @@ def start_method() -> str:
 
 def fork_usable() -> bool:
     """Whether this process may start nodes by fork: asked for (or by default), on Linux,
-    only one Python thread running here, and no Numba parallel thread pool started: the
+    only one Python thread running here, no GPU torch loaded (:func:`_torch_with_gpu_loaded`)
+    and no Numba parallel thread pool started: the
     pool a parallel kernel leaves behind (an emulated run with a codec, earlier in the
     same process) makes a forked child abort ("fork() called from a process already
     using GNU OpenMP"). OpenBLAS's pool, which numpy starts on import, is fork-safe: it
@@ -63,7 +64,7 @@ def fork_usable() -> bool:
     on)."""
     return (start_method() == "fork" and sys.platform.startswith("linux")
             and hasattr(os, "fork") and threading.active_count() == 1
-            and not _numba_pool_started())
+            and not _numba_pool_started() and not _torch_with_gpu_loaded())
 
 
 def _numba_pool_started() -> bool:
@@ -74,6 +75,34 @@ def _numba_pool_started() -> bool:
     except ImportError:  # a Numba without it: cannot tell, so do not fork
         return True
     return bool(getattr(parallel, "_is_initialized", True))
+
+
+#: device files whose presence means a GPU torch could use is on this host
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/kfd")
+
+
+def _torch_with_gpu_loaded() -> bool:
+    """Whether torch is loaded here in a state a forked child cannot inherit. A CUDA
+    context never survives fork, and once autograd has run a backward pass on a host
+    with a GPU, its engine has started per-device threads, after which a forked child's
+    first backward raises "Unable to handle autograd's threading in combination with
+    fork-based multiprocessing" (on a CPU-only host no such threads start). The engine's
+    state cannot be read, and asking torch for the GPU count would itself initialise the
+    driver, so a GPU build of torch, imported here on a host with a GPU, rules fork out
+    (``geomx run`` never imports torch in the launcher; a notebook or test that trained
+    with torch before a real-runtime run starts its nodes by exec)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return True
+    except Exception:  # a torch that cannot say: do not fork
+        return True
+    version = getattr(torch, "version", None)
+    gpu_build = getattr(version, "cuda", None) or getattr(version, "hip", None)
+    return bool(gpu_build) and any(os.path.exists(p) for p in GPU_DEVICE_FILES)
 
 
 #: Signals held while a node is forked and recorded (see :func:`signals_deferred`).

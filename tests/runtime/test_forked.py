@@ -223,6 +223,37 @@ def test_native_threads_rule_fork_out_too():
     assert "usable after a parallel kernel: False" in r.stdout
 
 
+def test_a_gpu_torch_rules_fork_out(tmp_path):
+    """On a host with a GPU, torch's autograd engine starts per-device threads at the
+    first backward pass, and a node forked after it fails its own first backward
+    ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"; seen on an H200 when a test trained in the emulator before a
+    real-runtime run). A stand-in torch module plays each state, in a fresh Python."""
+    device_file = tmp_path / "nvidiactl"
+    code = ("import sys, types\n"
+            "from geomx.runtime import forked\n"
+            f"forked.GPU_DEVICE_FILES = ({str(device_file)!r},)\n"
+            "def fake(cuda_build, initialized):\n"
+            "    t = types.ModuleType('torch')\n"
+            "    t.version = types.SimpleNamespace(cuda='13.0' if cuda_build else None, hip=None)\n"
+            "    t.cuda = types.SimpleNamespace(is_initialized=lambda: initialized)\n"
+            "    sys.modules['torch'] = t\n"
+            "print('no torch:', forked.fork_usable())\n"
+            "fake(False, False)\n"
+            "print('cpu torch:', forked.fork_usable())\n"
+            "fake(True, False)\n"
+            "print('gpu torch, no gpu here:', forked.fork_usable())\n"
+            f"open({str(device_file)!r}, 'w').close()\n"
+            "print('gpu torch, gpu here:', forked.fork_usable())\n"
+            "fake(False, True)\n"
+            "print('cuda initialised:', forked.fork_usable())\n")
+    r = _in_fresh_python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "no torch: True", "cpu torch: True", "gpu torch, no gpu here: True",
+        "gpu torch, gpu here: False", "cuda initialised: False"]
+
+
 #: Armed by the test below: send this process SIGINT from inside os.fork()'s parent-side
 #: at-fork callbacks, where CPython would report the KeyboardInterrupt as "Exception
 #: ignored" and drop it. (Registered once; it does nothing unless armed.)
