@@ -10,7 +10,9 @@
 #   3. bench/codecs.py --cuda: GB/s of every codec's CUDA kernels next to the CPU kernels;
 #   4. tests/torch with a GPU present (pinned staging buffers are used where CUDA is).
 #
-# Wheels in .whl/ (packages the GPU machine lacks, e.g. tomli-w) are installed first.
+# Wheels in .whl/ (packages the GPU machine lacks, e.g. tomli-w) are installed first. Numba's
+# CUDA target (numba-cuda) fails to compile any kernel under numpy 2.5 ("module 'numpy' has
+# no attribute 'row_stack'"), so where numpy is 2.5 put a numpy 2.4 wheel there too.
 set -u
 OUTDIR=${1:-${OUT:-/tmp/geomx-gpu-check}}
 mkdir -p "$OUTDIR"
