@@ -308,6 +308,14 @@ class WorkerSide(abc.ABC):
         first of the round after the checkpoint."""
         return None
 
+    def rejoined(self, round_: int) -> None:
+        """This worker is a restarted one the job had lost (``[membership]
+        on_worker_loss = "continue"``, geomx/node/restart.py): its parameters hold the
+        model of global round ``round_``, pulled at a round boundary, and the next
+        :meth:`step` is the first of round ``round_ + 1``. Default: nothing (a side that
+        keeps no state between rounds)."""
+        return None
+
 
 class StateService(abc.ABC):
     """A coordinator the worker sides of an algorithm query (ESync's step budgets).
@@ -335,6 +343,13 @@ class StateService(abc.ABC):
         raise ValueError(f"{type(self).__name__} needs every worker; it cannot go on "
                          f"without {worker}")
 
+    def on_worker_rejoined(self, ctx: NodeContext, worker: str) -> None:
+        """A lost ``worker`` restarted and is back (its worker side's
+        :meth:`WorkerSide.rejoined` ran): its queries count again from the first one it
+        sends. Called only when :attr:`SyncAlgorithm.state_service_rejoins` is set."""
+        raise ValueError(f"{type(self).__name__} does not take a lost worker back "
+                         f"({worker})")
+
 
 class SyncAlgorithm(Policy):
     """A sync algorithm: its three sides and what it needs from the job."""
@@ -347,6 +362,9 @@ class SyncAlgorithm(Policy):
     needs_local_tier: ClassVar[bool] = False
     #: Asks the planner for a state server (ESync's).
     needs_state_server: ClassVar[bool] = False
+    #: Its state service takes a lost worker back (``StateService.on_worker_rejoined``):
+    #: a worker's restart is allowed with a state server only then.
+    state_service_rejoins: ClassVar[bool] = False
     #: A global server's successor may rebuild the model from the newest value a local
     #: server pulled (``on_server_loss = "wait"``): no update is newer than every pull.
     global_takeover: ClassVar[bool] = True
