@@ -556,12 +556,6 @@ def _check_server_loss(s: Scenario) -> None:
          s.sync.resolved_algorithm, TAKEOVER_REFUSALS.get(
              s.sync.resolved_algorithm, "a user sync policy's resent pushes are not known "
              "to be told apart"), quote_list(TAKEOVER_ALGORITHMS)),
-        (s.sync.resolved_algorithm == "mixed"
-         and any(f.kind == "crash" and f.node.startswith("gs:") and f.duration_s > 0
-                 for f in s.faults), "sync.algorithm", "mixed",
-         "a global server's successor rebuilds the model from the newest value a local "
-         "server pulled, and under MixedSync a DC's push applied after it would be lost",
-         "'fsa', 'esync' (or restart a local server only)"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
         *_every_member_schedulers(s),
