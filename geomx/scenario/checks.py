@@ -538,7 +538,8 @@ def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]])
 TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync")
 TAKEOVER_REFUSALS = {
     "hfa": "HFA's local server holds its DC's model between global syncs (the local "
-           "average and the milestone), which no other node has",
+           "average and the milestone), which no other node has, and a successor that "
+           "rebuilds it is not built yet",
 }
 
 
