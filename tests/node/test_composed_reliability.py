@@ -61,6 +61,7 @@ def _params(into: dict[str, list[np.ndarray]]):
 
 
 # --------------------------------------------------------------------------- per-layer
+@pytest.mark.slow
 def test_layered_checkpoint_resume_is_bit_exact(tmp_path: Path) -> None:
     """Per-layer pushes and pulls overlap the next forward pass; a worker's file is the
     state after the round (saved once its pulls landed), so a run stopped at 10 and
