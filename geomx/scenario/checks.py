@@ -226,6 +226,12 @@ def _check_faults(s: Scenario) -> None:
         allowed = nodes if f.kind == "crash" else [n for n in nodes if n.startswith("w:")]
         if f.node not in allowed:
             what = "node" if f.kind == "crash" else "worker (only workers compute)"
+            if f.node.startswith("ls:") and not any(n.startswith("ls:") for n in nodes):
+                # a local server named under a layout that has none (a flat PS)
+                raise ScenarioError(
+                    f"unknown node {f.node!r}: topology.kind = {s.topology.kind!r} has no "
+                    f"local servers; allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
+                    value=f.node, allowed=quote_list(allowed))
             raise ScenarioError(f"unknown {what} {f.node!r}{did_you_mean(f.node, allowed)}; "
                                 f"allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
                                 value=f.node, allowed=quote_list(allowed))
