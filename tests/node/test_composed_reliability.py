@@ -151,6 +151,30 @@ def test_esync_worker_restart_is_taken_back_by_the_state_server(tmp_path: Path) 
     assert r.summary.final_accuracy > 0.9
 
 
+def test_state_board_counts_a_returning_worker_from_its_first_query() -> None:
+    """The board's rule for a worker taken back: rounds before its first query do not
+    wait for it; a query for a round already answered is answered alone, and the worker
+    counts from the next round."""
+    from geomx.sync.esync import StateBoard
+
+    board = StateBoard(["a", "b", "c"])
+    ask = lambda w, r: board.report(w, round_=r, step_s=0.01, end_s=0.0, steps=1)  # noqa: E731
+    assert ask("a", 2) is None and board.drop("c") == {} and ask("b", 2) == {"a": 1, "b": 1}
+    board.take_back("c")
+    # round 3: a and b ask before c; c asks for round 4 first, so round 3 does not wait
+    assert ask("a", 3) is None and ask("b", 3) is not None
+    assert ask("c", 4) is None and ask("a", 4) is None
+    assert set(ask("b", 4)) == {"a", "b", "c"}  # c's budget is sized again
+    # late: c is lost and back again, and asks for a round the others finished
+    board.drop("c")
+    assert ask("a", 5) is None and ask("b", 5) is not None
+    board.take_back("c")
+    assert set(ask("c", 5)) == {"a", "b", "c"}  # answered alone, at once
+    assert ask("a", 6) is None and ask("b", 6) is None and ask("c", 6) is not None
+    with pytest.raises(ValueError, match="not a training worker"):
+        board.take_back("d")
+
+
 def test_tsengine_with_esync_gives_esync_bits(tmp_path: Path) -> None:
     """ESync's global rounds are synchronous delta sums: the inter-DC overlay merges
     them in the same order for two party DCs, so the model is the same bits."""
