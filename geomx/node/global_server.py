@@ -565,8 +565,9 @@ class GlobalServer(Node):
 
     def _finish_takeover(self) -> None:
         """Every local server has handed in its values: install the optimizer of the last
-        snapshot with its per-key states (stale by ``version - snapshot round`` steps for
-        keys the dead process updated after it), then serve what waited."""
+        snapshot with its per-key states (stale by the steps between the snapshot's version
+        and the value's, for keys the dead process updated after it) and the sync side's
+        state of each value taken (``GlobalSide.take_over``), then serve what waited."""
         snap = self._snapshot_state or {}
         for (key, part), handover in sorted(self._handovers.items()):
             self.policy.take_over(key, part, handover)
