@@ -52,14 +52,18 @@ STILL_REFUSED = {
         "p3 + tsengine", "dgt + tsengine", "bsc + dgt",
         # relays decode, add and encode: a sum of sparse values is not sparse
         "bsc + tsengine",
-        # not yet (docs/scenario.md, "Combinations"): no common round to checkpoint or
-        # dedupe by, state not saved, overlays that need every member
-        "mixed + tsengine", "esync + tsengine",
-        "layer + checkpoint", "hfa + server_loss",
-        "tsengine + server_loss", "layer + server_loss",
-        "tsengine + worker_loss", "layer + worker_loss",
+        # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
+        "mixed + tsengine",
+        # not yet (docs/scenario.md, "Combinations"): HFA's local server state between
+        # global syncs is on no other node; merge trees rebuilt without a lost member
+        "hfa + server_loss", "tsengine + server_loss", "tsengine + worker_loss",
     )
 }
+
+#: Of those, the ones that could work and are not built yet: their reason says so; the
+#: others' reasons give the contradiction instead.
+NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
+    "hfa + server_loss", "tsengine + server_loss", "tsengine + worker_loss")}
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +99,4 @@ def test_refused_pairs_are_the_listed_ones_with_a_one_line_reason(outcomes):
     for k in refused:
         reason = outcomes[k].reason
         assert reason and "\n" not in reason and "allowed" in reason, reason
+        assert ("not built yet" in reason) == (k in NOT_BUILT_YET), reason

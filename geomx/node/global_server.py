@@ -134,6 +134,10 @@ class GlobalServer(Node):
         #: its predecessor may have pushed already; pushes taken per pusher, and those
         #: dropped as such duplicates
         self._dedupe_rounds = job.on_server_loss == "wait" and job.mode == "hips"
+        #: a successor may take this server over: replies carrying a value carry the sync
+        #: side's handover with it (``GlobalSide.handover``), which the pushers hand back
+        self._hands_over = name in job.replaceable_servers()
+        self._handovers: dict[tuple[int, int], Any] = {}
         self.applied: dict[str, int] = {p: 0 for p in self.pushers}
         self.deduped: dict[str, int] = {p: 0 for p in self.pushers}
         #: this process took over the server's name (``taking_over``): it waits for
@@ -417,6 +421,10 @@ class GlobalServer(Node):
         if self._dedupe_rounds and round_ != slot.version:
             # the puller's own round, which a local server's successor starts from
             meta["round"] = round_
+        if self._hands_over:
+            handover = self.policy.handover(msg.key, msg.part)
+            if handover is not None:
+                meta["handover"] = handover
         return payloads, meta
 
     # ------------------------------------------------------------------ checkpoints
@@ -534,6 +542,8 @@ class GlobalServer(Node):
             for key, part, store, version, opt_state in state["slots"]:
                 self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
                                                          opt_state=opt_state)
+            if state.get("sync") is not None:
+                self.policy.load_state_dict(state["sync"])
             return
 
     def _on_takeover_value(self, msg: Message) -> None:
@@ -544,6 +554,10 @@ class GlobalServer(Node):
             if slot.store is None or msg.version > slot.version:
                 slot.store = from_payload(msg.payloads[0])
                 slot.version = msg.version
+                if "handover" in msg.meta:
+                    self._handovers[(msg.key, msg.part)] = msg.meta["handover"]
+                else:
+                    self._handovers.pop((msg.key, msg.part), None)
         if msg.meta.get("last"):
             self._awaiting.discard(msg.src)
             if not self._awaiting:
@@ -551,11 +565,17 @@ class GlobalServer(Node):
 
     def _finish_takeover(self) -> None:
         """Every local server has handed in its values: install the optimizer of the last
-        snapshot with its per-key states (stale by ``version - snapshot round`` steps for
-        keys the dead process updated after it), then serve what waited."""
+        snapshot with its per-key states (stale by the steps between the snapshot's version
+        and the value's, for keys the dead process updated after it) and the sync side's
+        state of each value taken (``GlobalSide.take_over``), then serve what waited."""
         snap = self._snapshot_state or {}
+        for (key, part), handover in sorted(self._handovers.items()):
+            self.policy.take_over(key, part, handover)
+        self._handovers = {}
         config = snap.get("optimizer_config")
         stale: dict[str, int] = {}
+        # the snapshot's version of each (key, part): its optimizer state's updates
+        snap_versions = {(int(k), int(p)): int(v) for k, p, _, v, _ in snap.get("slots", ())}
         if config and self.policy.uses_optimizer:
             from geomx.optim import optimizer_from_config
 
@@ -569,7 +589,7 @@ class GlobalServer(Node):
                 fresh = self.optimizer.create_state(key, slot.store)
                 slot.opt_state = (ckpt.restore_into(slot.opt_state, fresh)
                                   if slot.opt_state is not None else fresh)
-                behind = slot.version - int(snap.get("round", 0))
+                behind = slot.version - snap_versions.get((key, part), int(snap.get("round", 0)))
                 if behind:
                     stale[f"{key}.{part}"] = behind
         self.record("takeover_restore", snapshot=snap.get("round"),

@@ -68,6 +68,9 @@ class LocalSlot:
     answered: int = 0          # the last round whose workers were answered
     global_version: int = 0    # the lowest version of the key's parts in the last pull
     part_versions: dict[int, int] = field(default_factory=dict)  # part -> that version
+    #: part -> (global version, the global side's handover) of the newest value pulled,
+    #: handed back to a global server's successor (empty unless one may take over)
+    handovers: dict[int, tuple[int, Any]] = field(default_factory=dict)
 
 
 class LocalServer(Node):
@@ -214,9 +217,12 @@ class LocalServer(Node):
                 payloads, _ = self.codec.encode_pull(key, _snapshot(v), tier="wan",
                                                      weights=True)
                 sent += 1
+                meta: dict[str, Any] = {"takeover": True}
+                version = slot.part_versions.get(part.index, slot.answered)
+                if part.index in slot.handovers:
+                    version, meta["handover"] = slot.handovers[part.index]
                 self.post(Message(Kind.INIT, self.name, server, key=key, part=part.index,
-                                  version=slot.part_versions.get(part.index, slot.answered),
-                                  meta={"takeover": True}, payloads=payloads))
+                                  version=version, meta=meta, payloads=payloads))
         self.post(Message(Kind.INIT, self.name, server, key=-1,
                           meta={"takeover": True, "last": True, "values": sent}))
 
@@ -550,6 +556,8 @@ class LocalServer(Node):
             like = slot.store if len(parts) == 1 else flat_slice(slot.store, part.lo, part.hi)
             value = self.codec.decode(reply, like=like)
             slot.ckpt_round = max(slot.ckpt_round, int(reply.meta.get("ckpt", 0)))
+            if "handover" in reply.meta:
+                slot.handovers[part.index] = (reply.version, reply.meta["handover"])
             if new is None:
                 new = value
             else:

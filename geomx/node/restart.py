@@ -66,7 +66,7 @@ def restart_mode(job: JobSpec, name: str, role: str) -> RestartMode:
             raise RestartError(
                 f"restart of {name}: the job stops when it loses a worker "
                 f"(membership.on_worker_loss = {job.on_worker_loss!r}); allowed: 'continue'")
-        if job.sync_algorithm.needs_state_server:
+        if job.sync_algorithm.needs_state_server and not job.sync_algorithm.state_service_rejoins:
             raise RestartError(
                 f"restart of {name}: sync algorithm {job.sync_algorithm.name!r} sizes its "
                 "rounds on a state server that does not take a lost worker back; allowed: "

@@ -82,6 +82,18 @@ class StateServer(Node):
         if len(self._finished) == len(self.workers):
             self._done.set()
 
+    def on_member_rejoined(self, worker: str) -> None:
+        """The global scheduler says a lost ``worker`` restarted (geomx/node/restart.py):
+        the service counts its queries again, and the job waits for its end again."""
+        if worker not in self.workers or not self.job.sync_algorithm.state_service_rejoins:
+            return
+        self._finished.discard(worker)
+        self.record("state_worker_rejoined", worker=worker)
+        try:
+            self.service.on_worker_rejoined(self.service_ctx, worker)
+        except ValueError as e:
+            raise NodeFailure(f"{self.name}: {e}") from None
+
     async def main(self) -> None:
         await register(self, self.job.global_scheduler)
         await self._done.wait()

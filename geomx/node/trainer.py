@@ -223,12 +223,19 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
         it = node.state.seen_version
         next_eval = (it // spec.eval_every + 1) * spec.eval_every if spec.eval_every > 0 else 0
         node.iteration = it
+        if hasattr(sync, "rejoined"):
+            sync.rejoined(it)
         node.record("rejoined", iteration=it)
     while (spec.iterations <= 0 or it < spec.iterations) and not kv.stop_requested:
         it += 1
         node.iteration = it
         if layered is not None:
             await layered.forward(it)  # layer by layer, as the last step's pulls arrive
+            if node.state.ckpt_due and saver.enabled:
+                # the last round's pulls have all landed only now, and nothing of this
+                # iteration has been computed yet: this is the state after iteration it - 1
+                save_worker(node, saver, it - 1, next_eval, losses, last_eval, params, sync,
+                            stream)
         t0 = time.perf_counter()
         if model is not None:
             idx = stream.next()
@@ -254,7 +261,7 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             last_eval = evaluate(node, model, data, it, losses)
             if spec.target_accuracy > 0 and last_eval.get("accuracy", 0) >= spec.target_accuracy:
                 kv.request_stop()
-        if node.state.ckpt_due and saver.enabled:
+        if layered is None and node.state.ckpt_due and saver.enabled:
             save_worker(node, saver, it, next_eval, losses, last_eval, params, sync, stream)
         if spec.max_emulated_s > 0 and node.now() >= spec.max_emulated_s:
             kv.request_stop()
@@ -262,6 +269,9 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
             kv.request_stop()
     await kv.waitall()
     await sync.finish()
+    if layered is not None and node.state.ckpt_due and saver.enabled:
+        # the last iteration's pulls, settled by finish(), ended a checkpoint round
+        save_worker(node, saver, it, next_eval, losses, last_eval, params, sync, stream)
     if evaluator and last_eval.get("iteration") != it:
         last_eval = evaluate(node, model, data, it, losses)
     reason = "stop requested (target accuracy or time limit)" if kv.stop_requested \

@@ -239,6 +239,25 @@ class GlobalSide(abc.ABC):
             return "parked"
         return None
 
+    def handover(self, key: int, part: int) -> Any:
+        """A global server a successor may take over (``on_server_loss = "wait"`` with
+        checkpoints): what the successor needs, besides the value of (``key``, ``part``)
+        and its version, to go on from that value -- this side's own counts of what the
+        value holds (whose pushes, how many). It travels with every reply that carries
+        the value; the pushers keep the newest one and hand it back with the value
+        (:meth:`take_over`). JSON only (numbers, strings, lists, dicts with string
+        keys). Default None: the version says it all (a side that completes a round per
+        update once every pusher pushed, as FSA's)."""
+        return None
+
+    def take_over(self, key: int, part: int, handover: Any) -> None:
+        """A successor of a lost global server: the newest value of (``key``, ``part``)
+        the pushers handed in is its model, and ``handover`` came with it (what
+        :meth:`handover` returned when it was served). Called before any request is
+        served; a value no pusher had newer than the predecessor's snapshot keeps the
+        snapshot's state (:meth:`load_state_dict`) instead."""
+        return None
+
     def reply_round(self, msg: Message, slot: ServerSlot) -> int:
         """The global round that a reply to ``msg`` (a push's acknowledgement or a pull's
         reply, from ``msg.src``) belongs to: a checkpoint round's notice travels with the
@@ -308,6 +327,14 @@ class WorkerSide(abc.ABC):
         first of the round after the checkpoint."""
         return None
 
+    def rejoined(self, round_: int) -> None:
+        """This worker is a restarted one the job had lost (``[membership]
+        on_worker_loss = "continue"``, geomx/node/restart.py): its parameters hold the
+        model of global round ``round_``, pulled at a round boundary, and the next
+        :meth:`step` is the first of round ``round_ + 1``. Default: nothing (a side that
+        keeps no state between rounds)."""
+        return None
+
 
 class StateService(abc.ABC):
     """A coordinator the worker sides of an algorithm query (ESync's step budgets).
@@ -335,6 +362,13 @@ class StateService(abc.ABC):
         raise ValueError(f"{type(self).__name__} needs every worker; it cannot go on "
                          f"without {worker}")
 
+    def on_worker_rejoined(self, ctx: NodeContext, worker: str) -> None:
+        """A lost ``worker`` restarted and is back (its worker side's
+        :meth:`WorkerSide.rejoined` ran): its queries count again from the first one it
+        sends. Called only when :attr:`SyncAlgorithm.state_service_rejoins` is set."""
+        raise ValueError(f"{type(self).__name__} does not take a lost worker back "
+                         f"({worker})")
+
 
 class SyncAlgorithm(Policy):
     """A sync algorithm: its three sides and what it needs from the job."""
@@ -347,8 +381,12 @@ class SyncAlgorithm(Policy):
     needs_local_tier: ClassVar[bool] = False
     #: Asks the planner for a state server (ESync's).
     needs_state_server: ClassVar[bool] = False
+    #: Its state service takes a lost worker back (``StateService.on_worker_rejoined``):
+    #: a worker's restart is allowed with a state server only then.
+    state_service_rejoins: ClassVar[bool] = False
     #: A global server's successor may rebuild the model from the newest value a local
-    #: server pulled (``on_server_loss = "wait"``): no update is newer than every pull.
+    #: server pulled (``on_server_loss = "wait"``): every update is in some pull, or its
+    #: pusher pushes it again (``GlobalSide.handover`` says which are in).
     global_takeover: ClassVar[bool] = True
     #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
     kvstore_type: ClassVar[str] = "dist_sync"

@@ -226,6 +226,12 @@ def _check_faults(s: Scenario) -> None:
         allowed = nodes if f.kind == "crash" else [n for n in nodes if n.startswith("w:")]
         if f.node not in allowed:
             what = "node" if f.kind == "crash" else "worker (only workers compute)"
+            if f.node.startswith("ls:") and not any(n.startswith("ls:") for n in nodes):
+                # a local server named under a layout that has none (a flat PS)
+                raise ScenarioError(
+                    f"unknown node {f.node!r}: topology.kind = {s.topology.kind!r} has no "
+                    f"local servers; allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
+                    value=f.node, allowed=quote_list(allowed))
             raise ScenarioError(f"unknown {what} {f.node!r}{did_you_mean(f.node, allowed)}; "
                                 f"allowed: {quote_list(allowed)}", path=f"fault[{i}].node",
                                 value=f.node, allowed=quote_list(allowed))
@@ -361,6 +367,12 @@ def _check_dgt(s: Scenario) -> None:
 TSENGINE_CODECS = ("none", "fp16", "bf16")
 
 
+#: Sync algorithms whose rounds TSEngine's overlays can merge: every pusher pushes each
+#: round once (FSA, HFA's global syncs, ESync's delta averages); MixedSync's DCs are in
+#: step only inside a DC, so it takes the intra-DC overlay only.
+TSENGINE_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
+
+
 @scenario_check
 def _check_tsengine(s: Scenario) -> None:
     """TSEngine's overlays merge and relay whole dense values of a synchronous round
@@ -375,12 +387,20 @@ def _check_tsengine(s: Scenario) -> None:
             "topology.kind = 'flat' does not have; allowed with flat: false",
             path=field, value=True, allowed="false")
     algorithm = s.sync.resolved_algorithm
-    if algorithm not in ("fsa", "hfa"):
+    if algorithm == "mixed" and q.tsengine_inter:
+        # the overlay's merge tree sums every DC's push of a round into one
+        raise ScenarioError(
+            "sched.tsengine_inter = true merges every DC's push of a round into one, which "
+            "makes the DCs synchronous; sync.algorithm = 'mixed' applies each DC's push on "
+            "its own; allowed with MixedSync: sched.tsengine_intra (the overlay inside a DC)",
+            path="sched.tsengine_inter", value=True, allowed="false")
+    if algorithm not in TSENGINE_ALGORITHMS:
         raise ScenarioError(
             f"{field} = true merges one synchronous round's pushes and broadcasts its model; "
-            f"sync.algorithm = {s.sync.algorithm!r} is not that; allowed with TSEngine: 'fsa', "
-            "'hfa' (or 'auto' with a dist_sync store)",
-            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'hfa', 'auto'")
+            f"sync.algorithm = {s.sync.algorithm!r} is a user policy not known to have such "
+            f"rounds; allowed with TSEngine: {quote_list(TSENGINE_ALGORITHMS)} (or 'auto')",
+            path="sync.algorithm", value=s.sync.algorithm,
+            allowed=quote_list(TSENGINE_ALGORITHMS))
     if s.codec.type not in TSENGINE_CODECS:
         raise ScenarioError(
             f"{field} = true adds values at relaying nodes, which decode, add and encode "
@@ -464,8 +484,6 @@ def _check_checkpoint(s: Scenario) -> None:
          "an algorithm's pass over its data is not saved", '"" (a model)'),
         (s.training.model == "phantom", "training.model", "phantom",
          "a phantom model has no values to save", "a real model"),
-        (s.training.layer_compute != "off", "training.layer_compute",
-         s.training.layer_compute, "the per-layer compute model overlaps rounds", "'off'"),
         (s.sched.tsengine_inter and len(s.party_dcs) > 2, "sched.tsengine_inter", True,
          f"with {len(s.party_dcs)} party DCs the overlay sums their values in the order they "
          "become ready, which a resumed run does not replay (the model differs in the last "
@@ -507,9 +525,8 @@ def _every_member_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str
     a worker nor a server taking over covers them."""
     return [
         (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
-         "TSEngine's merge trees need every member", "false"),
-        (s.training.layer_compute != "off", "training.layer_compute", s.training.layer_compute,
-         "per-layer pushes are not covered", "'off'"),
+         "TSEngine's merge trees need every member, and rebuilding them without a lost "
+         "one is not built yet", "false"),
     ]
 
 
@@ -527,7 +544,8 @@ def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]])
 TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync")
 TAKEOVER_REFUSALS = {
     "hfa": "HFA's local server holds its DC's model between global syncs (the local "
-           "average and the milestone), which no other node has",
+           "average and the milestone), which no other node has, and a successor that "
+           "rebuilds it is not built yet",
 }
 
 
@@ -545,12 +563,6 @@ def _check_server_loss(s: Scenario) -> None:
          s.sync.resolved_algorithm, TAKEOVER_REFUSALS.get(
              s.sync.resolved_algorithm, "a user sync policy's resent pushes are not known "
              "to be told apart"), quote_list(TAKEOVER_ALGORITHMS)),
-        (s.sync.resolved_algorithm == "mixed"
-         and any(f.kind == "crash" and f.node.startswith("gs:") and f.duration_s > 0
-                 for f in s.faults), "sync.algorithm", "mixed",
-         "a global server's successor rebuilds the model from the newest value a local "
-         "server pulled, and under MixedSync a DC's push applied after it would be lost",
-         "'fsa', 'esync' (or restart a local server only)"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
         *_every_member_schedulers(s),
@@ -576,13 +588,6 @@ def _check_restart(s: Scenario) -> None:
                     "successor takes its optimizer from its last checkpoint, and checkpoints "
                     "are off; allowed: checkpoint.every = a number of rounds or a duration",
                     path="checkpoint.every", value="0", allowed="> 0")
-        elif (f.node.startswith("w:") and s.membership.on_worker_loss == "continue"
-              and s.sync.resolved_algorithm == "esync"):
-            raise ScenarioError(
-                f"a crash with a duration restarts {f.node!r}, but ESync's state server sizes "
-                "the rounds of the workers it has and does not take a lost one back; "
-                "allowed with sync.algorithm = 'esync': duration = 0s",
-                path=f"fault[{i}].duration", value=units_text(f.duration_s), allowed="0s")
         elif s.membership.on_worker_loss != "continue" or not f.node.startswith("w:"):
             raise ScenarioError(
                 f"a crash with a duration restarts a lost worker or local server, but "

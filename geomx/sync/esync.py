@@ -91,18 +91,41 @@ class WorkerRecord:
 
 @dataclass
 class StateBoard:
-    """The state server's bookkeeping: records, and the queries of each round."""
+    """The state server's bookkeeping: records, and the queries of each round.
+
+    A lost worker leaves the board (:meth:`drop`); when it restarts it comes back
+    (:meth:`take_back`) and counts from the first round it asks about: rounds before that
+    one do not wait for it, and if the others' queries of that round were all in already,
+    its query is answered at once with budgets sized from what the board knows then."""
 
     workers: list[str]
     epsilon_s: float = 0.0
     max_steps: int = 64
     records: dict[str, WorkerRecord] = field(default_factory=dict)
     _asked: dict[int, set[str]] = field(default_factory=dict)
+    #: the newest round whose budgets were given
+    answered: int = 0
+    #: every worker of the job in rank order (the board's order when a worker comes back)
+    _ranks: dict[str, int] = field(default_factory=dict)
+    #: workers taken back that have not asked yet, and the first round each counts in
+    _returning: set[str] = field(default_factory=set)
+    _counts_from: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._ranks = {w: i for i, w in enumerate(self.workers)}
 
     def report(self, worker: str, *, round_: int, step_s: float | None, end_s: float | None,
                steps: int) -> dict[str, int] | None:
         """Note ``worker``'s query for round ``round_``; when it is the last one of the
         round, return every worker's step budget for that round."""
+        late = False
+        if worker in self._returning:
+            self._returning.discard(worker)
+            self.workers = sorted([*self.workers, worker], key=self._ranks.__getitem__)
+            # the others may have been answered for this round already: it then counts
+            # from the next one, and this query is answered alone
+            late = round_ <= self.answered
+            self._counts_from[worker] = round_ + 1 if late else round_
         if worker not in self.workers:
             raise ValueError(f"{worker} is not a training worker of this job")
         rec = self.records.setdefault(worker, WorkerRecord())
@@ -110,16 +133,27 @@ class StateBoard:
             rec.step_s = round(float(step_s) / STEP_TIME_RESOLUTION_S) * STEP_TIME_RESOLUTION_S
         rec.end_s = end_s
         rec.steps = steps
+        if late:
+            return self.budgets()
         asked = self._asked.setdefault(round_, set())
         asked.add(worker)
-        if len(asked) < len(self.workers):
+        if not self._all_in(round_, asked):
             return None
         del self._asked[round_]
+        self.answered = max(self.answered, round_)
         return self.budgets()
+
+    def _all_in(self, round_: int, asked: set[str]) -> bool:
+        """Has every worker that counts in ``round_`` asked about it?"""
+        if not self._counts_from:
+            return len(asked) >= len(self.workers)
+        return all(w in asked for w in self.workers if self._counts_from.get(w, 0) <= round_)
 
     def drop(self, worker: str) -> dict[int, dict[str, int]]:
         """``worker`` was lost: budgets are sized for the others from now on. Returns the
         budgets of each round whose queries are now all in."""
+        self._returning.discard(worker)
+        self._counts_from.pop(worker, None)
         if worker not in self.workers:
             return {}
         self.workers = [w for w in self.workers if w != worker]
@@ -127,10 +161,18 @@ class StateBoard:
         out = {}
         for round_, asked in sorted(self._asked.items()):
             asked.discard(worker)
-            if asked and len(asked) >= len(self.workers):
+            if asked and self._all_in(round_, asked):
                 del self._asked[round_]
+                self.answered = max(self.answered, round_)
                 out[round_] = self.budgets()
         return out
+
+    def take_back(self, worker: str) -> None:
+        """A lost ``worker`` restarted: it counts again from its first query."""
+        if worker not in self._ranks:
+            raise ValueError(f"{worker} is not a training worker of this job")
+        if worker not in self.workers:
+            self._returning.add(worker)
 
     def budgets(self) -> dict[str, int]:
         known = {w: r.step_s for w, r in self.records.items() if r.step_s is not None}
@@ -164,6 +206,9 @@ class StateBoardService(StateService):
             ctx.record("esync_round", round=round_, budgets=budgets)
             out[round_] = {w: {"steps": n} for w, n in budgets.items()}
         return out
+
+    def on_worker_rejoined(self, ctx: NodeContext, worker: str) -> None:
+        self.board.take_back(worker)
 
 
 class ESyncWorker(WorkerSide):
@@ -248,6 +293,17 @@ class ESyncWorker(WorkerSide):
         self.steps = 0
         self._mark = self.ctx.now()  # the next step's time counts from here, as after a sync
 
+    def rejoined(self, round_: int) -> None:
+        """A restarted worker starts round ``round_ + 1`` from the model it pulled: the
+        next delta is taken against it, with one local step (nothing measured yet), and
+        its query is for the round after, as everybody's is."""
+        self.round = round_ + 1
+        self.budget = 1
+        self.steps = 0
+        for k, p in enumerate(self.params):
+            self.prev[k] = copy_of(p)
+        self._mark = self.ctx.now()
+
     async def finish(self) -> None:
         """Tell the state server this worker is done (it stops when all are)."""
         self.ctx.post(Message(Kind.SHUTDOWN, self.ctx.node_name, self.server))
@@ -278,6 +334,7 @@ class ESync(SyncAlgorithm):
     uses_global_optimizer = False
     needs_local_tier = True
     needs_state_server = True
+    state_service_rejoins = True
     options: ESyncOptions
 
     @classmethod

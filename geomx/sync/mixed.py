@@ -164,6 +164,19 @@ class AsyncAcrossDCs(GlobalSide):
         gs.reply_push(push, slot)
         return "applied"
 
+    def handover(self, key: int, part: int) -> dict[str, int]:
+        """Each DC's pushes the value holds: a successor that starts from this value
+        answers a DC's resent push up to its count as applied and applies the ones after
+        it (a push applied after the newest pull is pushed again by its DC, whose pull
+        then reports fewer of its rounds than it pushed)."""
+        return dict(self._applied.get((key, part), {}))
+
+    def take_over(self, key: int, part: int, handover: dict[str, int]) -> None:
+        where = (key, part)
+        self._applied[where] = {str(p): int(n) for p, n in handover.items()}
+        self._held.pop(where, None)
+        self._floor.pop(where, None)
+
     def _holds(self, gs: GlobalContext, where: tuple[int, int], pusher: str,
                round_: int) -> bool:
         """Whether ``pusher``'s push of ``round_`` waits for the others: a checkpoint
@@ -206,8 +219,6 @@ class MixedSync(SyncAlgorithm):
     name = "mixed"
     Options = MixedOptions
     kvstore_type = "dist_async"
-    #: a DC's push applied after the last pull of every local server would be lost
-    global_takeover = False
     options: MixedOptions
 
     @classmethod

@@ -279,9 +279,6 @@ def test_restart_needs_a_lost_worker() -> None:
     with pytest.raises(ScenarioError, match="on_server_loss is fail"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
                                    "fault.0.node=ls:party-a", "fault.0.duration=5s"])
-    with pytest.raises(ScenarioError, match="state server"):
-        load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
-                                   "sync.algorithm=esync", "fault.0.duration=5s"])
     with pytest.raises(ScenarioError, match="is neither"):
         load_scenario(QUICKSTART, [*LOSS, "membership.on_worker_loss=continue",
                                    "fault.0.node=lh:party-a", "fault.0.duration=5s"])

@@ -1,0 +1,285 @@
+"""Reliability features composed with the features they used to be refused with.
+
+Each test runs both features and checks, from the nodes' counters and the event log,
+that both were active and that the job trained (docs/scenario.md, "Combinations";
+docs/reliability.md):
+
+* checkpoints with the per-layer compute model: stopped and resumed, the model is the
+  uninterrupted run's, bit for bit (a worker saves once the round's pulls have landed);
+* worker loss (and a worker's restart) and local-server takeover with the per-layer
+  model: every round of every key applied once;
+* a worker's restart under ESync: the state server takes it back and sizes its budgets
+  again (``StateService.on_worker_rejoined``);
+* a global server's restart under MixedSync: the successor counts each DC's pushes from
+  the handover that came with the newest value pulled (``GlobalSide.handover``), so no
+  push is lost or applied twice;
+* TSEngine with ESync (the same bits as without it) and its intra-DC overlay with
+  MixedSync.
+
+The real-socket tests (marked slow) kill a process of a ``geomx launch`` job on loopback
+and start its command again with ``--rejoin``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geomx.experiment import resume_scenario, run_scenario
+from geomx.scenario import ScenarioError, load_scenario
+
+from tests.helpers.events import run_events
+from tests.helpers.paths import ROOT
+from tests.helpers.procs import launch_kill_rejoin
+from tests.node.test_checkpoint import _bitwise_equal, _final_state
+from tests.node.test_server_takeover import _kill_and_take_over
+
+QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
+QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
+         "metrics.trace=false"]
+LAYERED = ['training.layer_compute="flops"']
+#: faults found by heartbeats in the emulator too
+LOSS = ["membership.in_emulator=true", "membership.heartbeat_timeout=3s"]
+
+
+def _run(tmp_path: Path, sets: list[str]):
+    nodes = {}
+    r = run_scenario(load_scenario(QUICKSTART, [*QUIET, *sets]), out_dir=tmp_path,
+                     inspect=lambda ns: nodes.update({n.name: n for n in ns}))
+    return r, nodes, run_events(r.run_dir)
+
+
+def _params(into: dict[str, list[np.ndarray]]):
+    def grab(nodes):
+        for n in nodes:
+            if n.name.startswith("w:") and getattr(n, "params", None) is not None:
+                into[n.name] = [np.array(p) for p in n.params]
+    return grab
+
+
+# --------------------------------------------------------------------------- per-layer
+@pytest.mark.slow
+def test_layered_checkpoint_resume_is_bit_exact(tmp_path: Path) -> None:
+    """Per-layer pushes and pulls overlap the next forward pass; a worker's file is the
+    state after the round (saved once its pulls landed), so a run stopped at 10 and
+    resumed to 20 ends with the uninterrupted run's model, every server and worker."""
+    sets = [*QUIET, *LAYERED, "checkpoint.every=5"]
+    clean: dict[str, list[np.ndarray]] = {}
+    resumed: dict[str, list[np.ndarray]] = {}
+    run_scenario(load_scenario(QUICKSTART, [*sets, "run.iterations=20"]), out_dir=tmp_path,
+                 inspect=_final_state(clean))
+    first = run_scenario(load_scenario(QUICKSTART, [*sets, "run.iterations=10"]),
+                         out_dir=tmp_path)
+    second = run_scenario(resume_scenario(first.run_dir, ["run.iterations=20"]),
+                          out_dir=tmp_path, inspect=_final_state(resumed))
+    assert second.summary.iterations == 20
+    assert clean.keys() == resumed.keys() and _bitwise_equal(clean, resumed)
+    events = run_events(first.run_dir)
+    assert any(e["ev"] == "forward" for e in events)
+    saved = [e for e in events if e["ev"] == "checkpoint" and e["node"] == "w:party-a:0"]
+    # rounds 5 and 10, each saved as the state after the iteration that ended it
+    assert [(e["round"], e["iteration"]) for e in saved] == [(5, 5), (10, 10)]
+    assert any(e["ev"] == "restore" for e in run_events(second.run_dir))
+
+
+def test_layered_local_server_takeover_applies_every_round_once(tmp_path: Path) -> None:
+    """``ls:party-a`` dies at 2 s and is back at 3 s: its workers' per-layer pushes of the
+    round it left unanswered are resent and told apart by round, key by key."""
+    r, nodes, events = _run(tmp_path, [
+        *LAYERED, *LOSS, "run.iterations=40", "membership.on_server_loss=wait",
+        "fault.0.node=ls:party-a", "fault.0.at=2s", "fault.0.duration=1s"])
+    gs, ls = nodes["gs:0"], nodes["ls:party-a"]
+    keys = len(gs.slots)
+    assert ls.taking_over and any(e["ev"] == "forward" for e in events)
+    (start,) = {e["round"] for e in events if e["ev"] == "takeover_init"}
+    assert gs.applied == {"ls:party-a": keys * 40, "ls:party-b": keys * 40}
+    assert all(s.version == 40 for s in gs.slots.values())
+    assert ls.applied == {w: keys * (40 - start) for w in ls.workers}
+    assert sum(ls.deduped.values()) > 0
+    assert r.summary.final_accuracy > 0.9
+
+
+def test_layered_worker_loss_and_restart(tmp_path: Path) -> None:
+    r, nodes, events = _run(tmp_path, [
+        *LAYERED, *LOSS, "run.iterations=60", "membership.on_worker_loss=continue",
+        "fault.0.node=w:party-a:1", "fault.0.at=3s", "fault.0.duration=5s"])
+    keys = len(nodes["gs:0"].slots)
+    ls_a = nodes["ls:party-a"]
+    (back,) = [e["round"] for e in events
+               if e["ev"] == "worker_rejoined" and e["node"] == "ls:party-a"]
+    assert nodes["w:party-a:1"].rejoining and ls_a.live == ["w:party-a:0", "w:party-a:1"]
+    assert any(e["ev"] == "forward" for e in events)
+    # the lost worker's pushes until it died, then every one from the round after it
+    # came back; the rounds without it were reweighted, one per key
+    before = ls_a.applied["w:party-a:1"] - keys * (60 - back)
+    reweights = sum(e["ev"] == "reweight" for e in events)
+    assert 0 < before < keys * back and before + reweights == keys * back
+    assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
+    assert r.summary.iterations == 60 and r.summary.final_accuracy > 0.9
+
+
+# --------------------------------------------------------------------------- ESync
+ESYNC = ["sync.algorithm=esync", "training.worker_optimizer=adam",
+         "dc.party-b.compute_per_iter=30ms"]
+
+
+def test_esync_worker_restart_is_taken_back_by_the_state_server(tmp_path: Path) -> None:
+    r, nodes, events = _run(tmp_path, [
+        *ESYNC, *LOSS, "run.iterations=120", "membership.on_worker_loss=continue",
+        "fault.0.node=w:party-a:1", "fault.0.at=1s", "fault.0.duration=4s"])
+    keys = len(nodes["gs:0"].slots)
+    ls_a = nodes["ls:party-a"]
+    ss = [e for e in events if e["node"] == "ss"]
+    assert [e["worker"] for e in ss if e["ev"] == "state_worker_lost"] == ["w:party-a:1"]
+    assert [e["worker"] for e in ss if e["ev"] == "state_worker_rejoined"] == ["w:party-a:1"]
+    (back,) = [e["round"] for e in events
+               if e["ev"] == "worker_rejoined" and e["node"] == "ls:party-a"]
+    rounds = [e for e in ss if e["ev"] == "esync_round"]
+    without = [e["round"] for e in rounds if "w:party-a:1" not in e["budgets"]]
+    # budgets were sized without it while it was away, and for it again once it asked
+    assert without and max(without) <= back + 2
+    assert all("w:party-a:1" in e["budgets"] for e in rounds if e["round"] > back + 2)
+    assert max(e["budgets"]["w:party-a:1"] for e in rounds if e["round"] > back + 2) > 1
+    # every round of the DC from the one after it came back has its push, once
+    final = nodes["gs:0"].slots[(0, 0)].version
+    assert ls_a.applied["w:party-a:0"] == keys * final
+    assert keys * (final - back) < ls_a.applied["w:party-a:1"] < keys * final
+    assert nodes["w:party-a:1"].rejoining and ls_a.live == ["w:party-a:0", "w:party-a:1"]
+    assert r.summary.final_accuracy > 0.9
+
+
+def test_state_board_counts_a_returning_worker_from_its_first_query() -> None:
+    """The board's rule for a worker taken back: rounds before its first query do not
+    wait for it; a query for a round already answered is answered alone, and the worker
+    counts from the next round."""
+    from geomx.sync.esync import StateBoard
+
+    board = StateBoard(["a", "b", "c"])
+    ask = lambda w, r: board.report(w, round_=r, step_s=0.01, end_s=0.0, steps=1)  # noqa: E731
+    assert ask("a", 2) is None and board.drop("c") == {} and ask("b", 2) == {"a": 1, "b": 1}
+    board.take_back("c")
+    # round 3: a and b ask before c; c asks for round 4 first, so round 3 does not wait
+    assert ask("a", 3) is None and ask("b", 3) is not None
+    assert ask("c", 4) is None and ask("a", 4) is None
+    assert set(ask("b", 4)) == {"a", "b", "c"}  # c's budget is sized again
+    # late: c is lost and back again, and asks for a round the others finished
+    board.drop("c")
+    assert ask("a", 5) is None and ask("b", 5) is not None
+    board.take_back("c")
+    assert set(ask("c", 5)) == {"a", "b", "c"}  # answered alone, at once
+    assert ask("a", 6) is None and ask("b", 6) is None and ask("c", 6) is not None
+    with pytest.raises(ValueError, match="not a training worker"):
+        board.take_back("d")
+
+
+def test_tsengine_with_esync_gives_esync_bits(tmp_path: Path) -> None:
+    """ESync's global rounds are synchronous delta sums: the inter-DC overlay merges
+    them in the same order for two party DCs, so the model is the same bits."""
+    plain: dict[str, list[np.ndarray]] = {}
+    merged: dict[str, list[np.ndarray]] = {}
+    sets = [*QUIET, *ESYNC, "run.iterations=30"]
+    run_scenario(load_scenario(QUICKSTART, sets), out_dir=tmp_path, inspect=_params(plain))
+    r = run_scenario(load_scenario(QUICKSTART, [*sets, "sched.tsengine_inter=true"]),
+                     out_dir=tmp_path, inspect=_params(merged))
+    events = run_events(r.run_dir)
+    assert any(e["ev"] == "ts_xfer" for e in events)
+    assert any(e["ev"] == "esync_round" for e in events)
+    assert _bitwise_equal(plain, merged) and r.summary.final_accuracy > 0.8
+
+
+def test_tsengine_intra_dc_with_mixed_trains(tmp_path: Path) -> None:
+    r, nodes, events = _run(tmp_path, ["sync.algorithm=mixed", "sched.tsengine_intra=true",
+                                       "dc.party-b.compute_per_iter=30ms",
+                                       "run.iterations=20"])
+    assert any(e["ev"] == "ts_xfer" for e in events)
+    # each DC's push a global step of its own: two updates per key and round
+    assert all(s.version == 40 for s in nodes["gs:0"].slots.values())
+    assert r.summary.final_accuracy > 0.9
+    with pytest.raises(ScenarioError, match="makes the DCs synchronous") as e:
+        load_scenario(QUICKSTART, ["sync.algorithm=mixed", "sched.tsengine_inter=true"])
+    assert e.value.path == "sched.tsengine_inter"
+
+
+# --------------------------------------------------------------------------- MixedSync
+MIXED_GS = [*LOSS, "run.iterations=30", "sync.algorithm=mixed", "checkpoint.every=5",
+            "dc.party-b.compute_per_iter=35ms", "membership.on_server_loss=wait",
+            "fault.0.node=gs:0", "fault.0.duration=1s"]
+
+
+@pytest.mark.parametrize("at, resent", [("2.33s", "dedupe"), ("2.71s", "repush")])
+def test_mixed_global_server_restart_applies_every_push_once(tmp_path: Path, at: str,
+                                                            resent: str) -> None:
+    """``gs:0`` dies with pushes in flight: at 2.33 s party-a's push is in the newest
+    value party-b pulled, so its resent push is answered, not applied (a dedupe); at
+    2.71 s a push applied after every pull is lost with the process, and its DC,
+    finding its round missing from the successor's reply, pushes it again (a repush).
+    Either way each DC's 30 pushes of every key are in the model once: 60 versions."""
+    r, nodes, events = _run(tmp_path, [*MIXED_GS, f"fault.0.at={at}"])
+    gs = nodes["gs:0"]
+    keys = len(gs.slots)
+    assert gs.taking_over
+    (restore,) = [e for e in events if e["ev"] == "takeover_restore"]
+    start = restore["versions"]
+    assert len(start) == 1 and 0 < start[0] < 60
+    assert all(s.version == 60 for s in gs.slots.values())
+    assert sum(gs.applied.values()) == keys * (60 - start[0])
+    if resent == "dedupe":
+        assert gs.deduped["ls:party-a"] == keys and gs.deduped["ls:party-b"] == 0
+    else:
+        assert sum(e["ev"] == "repush" for e in events) == keys
+    assert r.summary.iterations == 30 and r.summary.final_accuracy > 0.9
+
+
+# --------------------------------------------------------------------------- real sockets
+@pytest.mark.slow
+def test_real_mixed_global_server_killed_and_taken_over(tmp_path: Path) -> None:
+    """Over real sockets: ``gs:0`` SIGKILLed under MixedSync and started again with
+    ``--rejoin``: every DC's push of every key in the model once (2 x 40 versions)."""
+    _, events, _ = _kill_and_take_over(tmp_path, "gs:0", ["sync.algorithm=mixed",
+                                                          "checkpoint.every=5"],
+                                       accuracy_within=0.03)
+    assert len([e for e in events if e["ev"] == "takeover_restore"]) == 1
+    done = [e for e in events if e["ev"] == "server_done" and e["node"] == "gs:0"][-1]
+    keys = len({e["key"] for e in events if e["ev"] == "init" and e["node"] == "ls:party-a"})
+    assert done["versions"] == 2 * keys * 40
+
+
+@pytest.mark.slow
+def test_real_layered_local_server_killed_and_taken_over(tmp_path: Path) -> None:
+    _, events, _ = _kill_and_take_over(tmp_path, "ls:party-a", LAYERED)
+    assert any(e["ev"] == "takeover_init" for e in events)
+    assert any(e["ev"] == "forward" for e in events)
+    done = [e for e in events if e["ev"] == "server_done" and e["node"] == "gs:0"][0]
+    keys = len({e["key"] for e in events if e["ev"] == "takeover_init"})
+    assert done["applied"] == {"ls:party-a": keys * 40, "ls:party-b": keys * 40}
+
+
+@pytest.mark.slow
+def test_real_esync_worker_killed_and_rejoined(tmp_path: Path) -> None:
+    """Over real sockets: an ESync worker SIGKILLed and started again with ``--rejoin``;
+    the state server takes it back and the job trains to the end with it."""
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=80", "membership.on_worker_loss=continue",
+            "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
+            "sync.algorithm=esync", "training.worker_optimizer=adam",
+            "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms"]
+    run_dir, log = launch_kill_rejoin(tmp_path, QUICKSTART, sets, "w:party-a:1",
+                                      watch="w_party-a_1", steps=5, rejoin_log="rejoin.log")
+    assert "w:party-a:1 died" in log.read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] > 0.8
+    ss = [json.loads(line) for line in (run_dir / "nodes" / "ss.events.jsonl").open()]
+    assert [e["worker"] for e in ss if e["ev"] == "state_worker_rejoined"] == ["w:party-a:1"]
+    rounds = [e for e in ss if e["ev"] == "esync_round"]
+    assert any("w:party-a:1" not in e["budgets"] for e in rounds)
+    assert "w:party-a:1" in rounds[-1]["budgets"]
+    ls = [json.loads(line) for f in sorted((run_dir / "nodes").glob("ls_party-a.*"))
+          if f.name.endswith(".events.jsonl") for line in f.open()]
+    assert [e for e in ls if e["ev"] == "server_done"][0]["lost"] == []
+    rejoined = json.loads((run_dir / "nodes" / "w_party-a_1.result.json").read_text())
+    assert rejoined["iterations"] > 5
+    print(f"accuracy {summary['final_accuracy']:.4f}, {len(rounds)} ESync rounds, the "
+          f"rejoined worker ended at iteration {rejoined['iterations']}")
