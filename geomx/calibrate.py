@@ -71,13 +71,15 @@ class CalibrationPlan:
     node_rounds: int = 400
     node_keys: int = 4
     node_elements: tuple[int, int] = (16, 65536)
-    timer_samples: int = 200
+    shaped_rounds: int = 200
+    stretch_bursts: int = 400
 
 
 DEFAULT_PLAN = CalibrationPlan()
 QUICK_PLAN = CalibrationPlan(payload_bytes=(0, 4096, 262144), rounds=300, big_rounds=30,
                              repeats=1, codec_elements=1 << 18, codec_repeats=2,
-                             node_rounds=60, node_keys=2, timer_samples=50)
+                             node_rounds=60, node_keys=2, shaped_rounds=50,
+                             stretch_bursts=100)
 
 
 # ---------------------------------------------------------------------------- messages
@@ -87,7 +89,21 @@ def _services() -> Any:
     return RealServices(0, None, {}, time.time())
 
 
-def _echo_node(transport: Any) -> Any:
+#: The echo node whose traffic with the driver goes through the real runtime's shaper
+#: (both ways), as a message between DCs does.
+ECHO_SHAPED = "cal:echo-shaped"
+#: The shaped link's one-way delay and rate: the message measurement's WAN.
+SHAPED_DELAY_S = 0.002
+SHAPED_BANDWIDTH_BPS = 1e9
+
+
+def _shaper(peer: str) -> Any:
+    from geomx.runtime.shaper import LinkShape, Shaper
+
+    return Shaper({peer: LinkShape(bandwidth_bps=SHAPED_BANDWIDTH_BPS, delay_s=SHAPED_DELAY_S)})
+
+
+def _echo_node(transport: Any, name: str = ECHO) -> Any:
     """The echo side: answers every push with an empty acknowledgement (none for a
     one-way push) and a command with its process's CPU time so far."""
     from geomx.node.base import Node
@@ -97,7 +113,7 @@ def _echo_node(transport: Any) -> Any:
         role = "calibrate_echo"
 
         def __init__(self) -> None:
-            super().__init__(ECHO, "host", transport, _services())
+            super().__init__(name, "host", transport, _services())
             self.on(Kind.PUSH, self._push)
             self.on(Kind.COMMAND, self._command)
             self._done = asyncio.Event()
@@ -125,16 +141,20 @@ async def _echo_main() -> None:
     from geomx.runtime.tcp import TcpTransport
 
     transport = TcpTransport(ECHO)
+    shaped = TcpTransport(ECHO_SHAPED, shaper=_shaper(DRIVER))
     await transport.start()
-    node = _echo_node(transport)
-    print(json.dumps({"address": transport.local_address()}), flush=True)
+    await shaped.start()
+    nodes = [_echo_node(transport), _echo_node(shaped, ECHO_SHAPED)]
+    print(json.dumps({"address": transport.local_address(),
+                      "shaped_address": shaped.local_address()}), flush=True)
     try:
-        await node.run()
+        await asyncio.gather(*(n.run() for n in nodes))
     finally:
         await transport.close()
+        await shaped.close()
 
 
-def _driver_node(transport: Any, plan: CalibrationPlan, echo_address: str) -> Any:
+def _driver_node(transport: Any, plan: CalibrationPlan, echo: dict[str, str]) -> Any:
     from geomx.node.base import Node
     from geomx.wire import Kind, Message, Payload
 
@@ -145,13 +165,26 @@ def _driver_node(transport: Any, plan: CalibrationPlan, echo_address: str) -> An
             super().__init__(DRIVER, "host", transport, _services())
             self.rounds: dict[int, list[tuple[float, float]]] = {}
             self.oneway: list[tuple[float, float]] = []
-            self.late: list[float] = []
+            self.shaped: list[tuple[float, float, list[float]]] = []
             self.paced: list[float] = []
 
-        async def _echo_cpu(self, op: str = "cpu", **meta: Any) -> float:
-            reply = await self.request(Message(Kind.COMMAND, DRIVER, ECHO,
+        async def _echo_cpu(self, op: str = "cpu", to: str = ECHO, **meta: Any) -> float:
+            reply = await self.request(Message(Kind.COMMAND, DRIVER, to,
                                                meta={"op": op, **meta}))
             return float(reply.meta["cpu_s"])
+
+        async def _shaped_round_trips(self, n: int) -> tuple[float, float, list[float]]:
+            """Empty requests and acknowledgements through the shaper both ways: each
+            side's CPU per round and each round's wall seconds."""
+            c0, p0 = await self._echo_cpu(to=ECHO_SHAPED), time.process_time()
+            walls = []
+            for _ in range(n):
+                w0 = time.perf_counter()
+                await self.request(Message(Kind.PUSH, DRIVER, ECHO_SHAPED, key=0))
+                walls.append(time.perf_counter() - w0)
+            p1 = time.process_time()
+            c1 = await self._echo_cpu(to=ECHO_SHAPED)
+            return (p1 - p0) / n, (c1 - c0) / n, walls
 
         async def _round_trips(self, payload: Any, n: int) -> tuple[float, float]:
             c0, p0 = await self._echo_cpu(), time.process_time()
@@ -180,27 +213,11 @@ def _driver_node(transport: Any, plan: CalibrationPlan, echo_address: str) -> An
             p1 = time.process_time()
             return (p1 - p0) / n, (c1 - c0) / n
 
-        async def _delay_line_lateness(self, n: int) -> list[float]:
-            """How late the shaper's delay line writes what is due (its timers, woken on
-            this loaded or idle host), for delays like a LAN's and a WAN's."""
-            from geomx.runtime.shaper import DelayLine, now_s
-
-            late: list[float] = []
-            done = asyncio.Event()
-            line = DelayLine(lambda due: (late.append(now_s() - due),
-                                          len(late) >= n and done.set()))
-            rng = np.random.default_rng(1)
-            for d in rng.uniform(0.0005, 0.004, n):
-                due = now_s() + float(d)
-                line.put(due, due, 0)
-                await asyncio.sleep(float(d) + 0.0005)
-            await done.wait()
-            line.close()
-            return late
-
         async def main(self) -> None:
-            self.learn_addresses({ECHO: echo_address})
+            self.learn_addresses({ECHO: echo["address"], ECHO_SHAPED: echo["shaped_address"]})
             await self._echo_cpu("hello", address=transport.local_address())
+            await self._echo_cpu("hello", to=ECHO_SHAPED, address=transport.local_address())
+            await self._shaped_round_trips(10)
             payloads = {b: [Payload.of(np.zeros(b // 4, np.float32))] if b else []
                         for b in plan.payload_bytes}
             for b in plan.payload_bytes:  # warm up: connections, buffers, first touches
@@ -211,19 +228,20 @@ def _driver_node(transport: Any, plan: CalibrationPlan, echo_address: str) -> An
                     self.rounds.setdefault(b, []).append(
                         await self._round_trips(payloads[b], max(1, n)))
                 self.oneway.append(await self._one_way(plan.rounds))
-                self.late += await self._delay_line_lateness(plan.timer_samples)
-                self.paced += await self._paced_round_trips(plan.timer_samples, 0.005)
+                self.shaped.append(await self._shaped_round_trips(plan.shaped_rounds))
+                self.paced += await self._paced_round_trips(plan.shaped_rounds, 0.005)
+            await self._echo_cpu("stop", to=ECHO_SHAPED)
             await self._echo_cpu("stop")
 
     return Driver()
 
 
-async def _driver_main(plan: CalibrationPlan, echo_address: str) -> Any:
+async def _driver_main(plan: CalibrationPlan, echo: dict[str, str]) -> Any:
     from geomx.runtime.tcp import TcpTransport
 
-    transport = TcpTransport(DRIVER)
+    transport = TcpTransport(DRIVER, shaper=_shaper(ECHO_SHAPED))
     await transport.start()
-    node = _driver_node(transport, plan, echo_address)
+    node = _driver_node(transport, plan, echo)
     try:
         await node.run()
     finally:
@@ -234,13 +252,15 @@ async def _driver_main(plan: CalibrationPlan, echo_address: str) -> Any:
 @dataclass(frozen=True)
 class MessageCosts:
     """Per size class: wire bytes (``Message.nbytes``), send and receive CPU seconds; the
-    wake-up of an idle receiver and the delay line's lateness (seconds, not CPU)."""
+    wake-up of an idle receiver (a delay, not CPU); a shaped message's extra CPU and how
+    much later than its link's delay it is handled."""
 
     size_bytes: tuple[int, ...]
     send_s: tuple[float, ...]
     recv_s: tuple[float, ...]
     wakeup_s: float
-    timer_late_s: float
+    shaped_send_s: float
+    shaped_late_s: float
 
 
 def measure_messages(plan: CalibrationPlan = DEFAULT_PLAN) -> MessageCosts:
@@ -257,7 +277,7 @@ def measure_messages(plan: CalibrationPlan = DEFAULT_PLAN) -> MessageCosts:
         line = proc.stdout.readline()
         if not line:
             raise RuntimeError("the echo process did not start (see its error above)")
-        node = run(_driver_main(plan, json.loads(line)["address"]))
+        node = run(_driver_main(plan, json.loads(line)))
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
@@ -280,8 +300,31 @@ def measure_messages(plan: CalibrationPlan = DEFAULT_PLAN) -> MessageCosts:
         recv.append(max(0.0, echo - ack_send))
     # a small round trip after a quiet spell, beyond both sides' CPU: two hops of waking up
     wakeup_s = max(0.0, (statistics.median(node.paced) - ack_round * 2) / 2)
-    return MessageCosts(tuple(sizes), tuple(send), tuple(recv), wakeup_s,
-                        max(0.0, statistics.median(node.late)))
+    # through the shaper: each side's extra CPU per round (one shaped send, one shaped
+    # receive) is put on the send, where the shaper runs; the round's wall time beyond
+    # both delays and both sides' CPU is two hops handled late
+    shaped_side = statistics.median(p + c for p, c, _ in node.shaped) / 2
+    shaped_send_s = max(0.0, shaped_side - ack_round)
+    wall = statistics.median(w for _, _, walls in node.shaped for w in walls)
+    shaped_late_s = max(0.0, (wall - 2 * SHAPED_DELAY_S - 2 * shaped_side) / 2)
+    return MessageCosts(tuple(sizes), tuple(send), tuple(recv), wakeup_s, shaped_send_s,
+                        shaped_late_s)
+
+
+# ---------------------------------------------------------------------------- stretch
+def measure_stretch(plan: CalibrationPlan = DEFAULT_PLAN) -> float:
+    """Wall seconds per CPU second of short bursts of work between short sleeps, as a
+    node works: 1 on a host with a free core, more when other processes share them."""
+    rng = np.random.default_rng(2)
+    wall = cpu = 0.0
+    for gap in rng.uniform(0.001, 0.004, plan.stretch_bursts):
+        time.sleep(float(gap))
+        w0, c0 = time.perf_counter(), time.process_time()
+        while time.process_time() - c0 < 0.0005:
+            pass
+        wall += time.perf_counter() - w0
+        cpu += time.process_time() - c0
+    return min(100.0, max(1.0, wall / cpu))
 
 
 # ---------------------------------------------------------------------------- codecs
@@ -459,6 +502,8 @@ def calibrate(plan: CalibrationPlan = DEFAULT_PLAN, *, quick: bool = False,
     load_before = _load()
     say("messages over loopback sockets ...")
     messages = measure_messages(plan)
+    say("CPU share ...")
+    stretch = measure_stretch(plan)
     say("codecs ...")
     codecs = measure_codecs(plan)
     say("kvstore and server ...")
@@ -482,7 +527,9 @@ def calibrate(plan: CalibrationPlan = DEFAULT_PLAN, *, quick: bool = False,
             "repeats": plan.repeats}
     return HostProfile(size_bytes=messages.size_bytes, send_s=messages.send_s,
                        recv_s=messages.recv_s, wakeup_s=messages.wakeup_s,
-                       timer_late_s=messages.timer_late_s, codecs=codecs,
+                       shaped_send_s=messages.shaped_send_s,
+                       shaped_late_s=messages.shaped_late_s, codecs=codecs,
+                       cpu_stretch=stretch,
                        provenance=prov, **node)
 
 
@@ -491,8 +538,10 @@ def summary_lines(p: HostProfile) -> list[str]:
     lines = ["message  wire bytes    send us    recv us"]
     for b, s, r in zip(p.size_bytes, p.send_s, p.recv_s):
         lines.append(f"         {b:10d} {s * 1e6:10.1f} {r * 1e6:10.1f}")
-    lines.append(f"wake-up of an idle receiver {p.wakeup_s * 1e6:.1f} us; delay line late by "
-                 f"{p.timer_late_s * 1e6:.1f} us")
+    lines.append(f"wake-up of an idle receiver {p.wakeup_s * 1e6:.1f} us; through the "
+                 f"shaper: +{p.shaped_send_s * 1e6:.1f} us CPU per message, handled "
+                 f"{p.shaped_late_s * 1e6:.1f} us after the link's delay")
+    lines.append(f"CPU stretch {p.cpu_stretch:.2f} (wall seconds per CPU second of work)")
     for name, c in sorted(p.codecs.items()):
         lines.append(f"codec {name:6s} encode {c.encode_s_per_byte * 1e9:7.3f} ns/B, "
                      f"decode {c.decode_s_per_byte * 1e9:7.3f} ns/B")

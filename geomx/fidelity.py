@@ -14,6 +14,12 @@ Both figures come from the evaluator's events, excluding start-up:
 * ``median_s_per_iter`` -- the median gap between consecutive ``compute`` events of the
   evaluator: the same quantity, robust to a few iterations slowed by a busy machine.
 
+With ``--host PROFILE`` (``geomx calibrate``, docs/calibration.md) each case also runs on
+the emulator charging that host profile -- the CPU and wake-up costs listed above, as
+measured on this host -- and the report gains a calibrated column and the real runs'
+error against it. ``--repeat N`` runs every case N times, the cases taking turns, and
+reports medians.
+
 ``python -m geomx.fidelity SCENARIO [--set ...]`` runs the scenario on both
 runtimes and prints them; ``geomx fidelity SCENARIO_OR_SUITE... [--shaper
 userspace,kernel]`` runs many (``scenarios/fidelity/suite.toml``: the suite's topology shapes)
@@ -79,7 +85,8 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
     (``"userspace"``: the transport's own shaper; ``"kernel"``: network namespaces and
     ``tc``, ``[real] shaper = "kernel"``); both figures for each, and real / emulated.
     With ``host_profile`` (``geomx calibrate``, docs/calibration.md) the emulator runs a
-    second time charging that profile: ``emu_calibrated`` and real / calibrated."""
+    second time charging that profile, its nodes sharing the cores the profile recorded
+    (``[host] cores``, unless the case sets it): ``emu_calibrated`` and real / calibrated."""
     from geomx.cluster import plan_job
     from geomx.experiment import run_scenario
     from geomx.scenario import load_scenario
@@ -92,7 +99,12 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
     r = run_scenario(s, runtime="emu")
     out["emu"] = iteration_times(r.run_dir, evaluator).as_dict()
     if host_profile:
-        sc = load_scenario(scenario_path, [*common, f"host.profile={host_profile}"])
+        # the real runs' nodes all share this host: its cores, as the profile recorded them
+        from geomx.host_profile import load_profile
+
+        cores = int(load_profile(host_profile).provenance.get("cores", 0) or 0)
+        sc = load_scenario(scenario_path, [f"host.cores={cores}", *common,
+                                           f"host.profile={host_profile}"])
         r = run_scenario(sc, runtime="emu")
         out["emu_calibrated"] = iteration_times(r.run_dir, evaluator).as_dict()
     for shaper in shapers:

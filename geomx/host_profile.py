@@ -17,10 +17,15 @@ The file is TOML (schema in docs/calibration.md)::
     send_s = [...]                 # CPU seconds the sender pays
     recv_s = [...]                 # CPU seconds the receiver pays
     wakeup_s = 3e-05               # an idle receiver's wake-up (not CPU: a delay)
-    timer_late_s = 2e-04           # how late the real shaper's delay line writes
+    shaped_send_s = 2e-05          # a message to another DC: the shaper's CPU ...
+    shaped_late_s = 1e-03          # ... and how much later than its link's delay it is
+                                   # handled (the shaper's timers, the receiver waking up)
     [codec.fp16]                   # per byte of the dense float tensor (4 bytes a value)
     encode_s_per_byte = 1.2e-10
     decode_s_per_byte = 0.9e-10
+    [cpu]
+    stretch = 1.0                  # wall seconds a burst of one CPU second takes here
+                                   # (> 1: other processes shared the cores when measured)
     [kvstore]                      # a worker's push or pull call, beyond its messages
     call_s = 2.1e-05
     call_s_per_byte = 1e-10        # per byte pushed or pulled (snapshot, copy into out)
@@ -52,6 +57,8 @@ PROFILE_FORMAT = 1
 #: The largest per-event cost a profile may state (seconds): anything above is a unit
 #: mistake, not a measurement.
 MAX_COST_S = 1.0
+#: The largest CPU stretch: a node given a hundredth of a core.
+MAX_STRETCH = 100.0
 #: The largest per-byte cost (seconds per byte: 1 us a byte is 1 MB/s, far below any CPU).
 MAX_COST_S_PER_BYTE = 1e-6
 
@@ -76,8 +83,10 @@ class HostProfile:
     send_s: tuple[float, ...] = (0.0,)
     recv_s: tuple[float, ...] = (0.0,)
     wakeup_s: float = 0.0
-    timer_late_s: float = 0.0
+    shaped_send_s: float = 0.0
+    shaped_late_s: float = 0.0
     codecs: Mapping[str, CodecCost] = field(default_factory=dict)
+    cpu_stretch: float = 1.0
     kvstore_call_s: float = 0.0
     kvstore_call_s_per_byte: float = 0.0
     server_push_s: float = 0.0
@@ -161,6 +170,8 @@ def _table(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return v
 
 
+#: The one-number keys of ``[message]`` (``HostProfile`` fields of the same names).
+MESSAGE_SCALARS = ("wakeup_s", "shaped_send_s", "shaped_late_s")
 #: The keys of ``[kvstore]`` and ``[server]`` (``HostProfile`` fields ``kvstore_*``,
 #: ``server_*``).
 KVSTORE_KEYS = ("call_s", "call_s_per_byte")
@@ -173,7 +184,7 @@ def _bound(key: str) -> float:
 
 def parse_profile(raw: Mapping[str, Any]) -> HostProfile:
     """Check a profile given as the dict ``tomllib`` returns."""
-    known = {"format", "message", "codec", "kvstore", "server", "provenance"}
+    known = {"format", "message", "cpu", "codec", "kvstore", "server", "provenance"}
     for k in raw:
         if k not in known:
             raise ProfileError(f"{k}: unknown key; allowed: {', '.join(sorted(known))}")
@@ -196,7 +207,7 @@ def parse_profile(raw: Mapping[str, Any]) -> HostProfile:
                                f"per size class), got {v!r}")
         costs[key] = tuple(_number({f"{key}[{i}]": x}, f"{key}[{i}]", "message.", MAX_COST_S)
                            for i, x in enumerate(v))
-    allowed = ("size_bytes", "send_s", "recv_s", "wakeup_s", "timer_late_s")
+    allowed = ("size_bytes", "send_s", "recv_s", *MESSAGE_SCALARS)
     for k in msg:
         if k not in allowed:
             raise ProfileError(f"message.{k}: unknown key; allowed: {', '.join(allowed)}")
@@ -211,6 +222,15 @@ def parse_profile(raw: Mapping[str, Any]) -> HostProfile:
         codecs[str(name)] = CodecCost(
             _number(c, "encode_s_per_byte", f"codec.{name}.", MAX_COST_S_PER_BYTE),
             _number(c, "decode_s_per_byte", f"codec.{name}.", MAX_COST_S_PER_BYTE))
+    cpu = _table(raw, "cpu")
+    for k in cpu:
+        if k != "stretch":
+            raise ProfileError(f"cpu.{k}: unknown key; allowed: stretch")
+    stretch = cpu.get("stretch", 1.0)
+    if isinstance(stretch, bool) or not isinstance(stretch, (int, float)) \
+            or not 1.0 <= stretch <= MAX_STRETCH:
+        raise ProfileError(f"cpu.stretch: expected a number in [1, {MAX_STRETCH:g}], got "
+                           f"{stretch!r}")
     kv = _table(raw, "kvstore")
     srv = _table(raw, "server")
     for table, name, keys in ((kv, "kvstore", KVSTORE_KEYS), (srv, "server", SERVER_KEYS)):
@@ -219,9 +239,8 @@ def parse_profile(raw: Mapping[str, Any]) -> HostProfile:
                 raise ProfileError(f"{name}.{k}: unknown key; allowed: {', '.join(keys)}")
     prov = _table(raw, "provenance")
     return HostProfile(size_bytes=tuple(sizes), send_s=costs["send_s"],
-                       recv_s=costs["recv_s"], codecs=codecs,
-                       wakeup_s=_number(msg, "wakeup_s", "message.", MAX_COST_S),
-                       timer_late_s=_number(msg, "timer_late_s", "message.", MAX_COST_S),
+                       recv_s=costs["recv_s"], codecs=codecs, cpu_stretch=float(stretch),
+                       **{k: _number(msg, k, "message.", MAX_COST_S) for k in MESSAGE_SCALARS},
                        **{f"kvstore_{k}": _number(kv, k, "kvstore.", _bound(k))
                           for k in KVSTORE_KEYS},
                        **{f"server_{k}": _number(srv, k, "server.", _bound(k))
@@ -253,13 +272,12 @@ def profile_to_toml(p: HostProfile) -> str:
            f"size_bytes = {_toml_value(list(p.size_bytes))}",
            f"send_s = {_toml_value(list(p.send_s))}",
            f"recv_s = {_toml_value(list(p.recv_s))}",
-           f"wakeup_s = {_toml_value(p.wakeup_s)}",
-           f"timer_late_s = {_toml_value(p.timer_late_s)}", ""]
+           *(f"{k} = {_toml_value(getattr(p, k))}" for k in MESSAGE_SCALARS), ""]
     for name in sorted(p.codecs):
         c = p.codecs[name]
         out += [f"[codec.{name}]", f"encode_s_per_byte = {_toml_value(c.encode_s_per_byte)}",
                 f"decode_s_per_byte = {_toml_value(c.decode_s_per_byte)}", ""]
-    out.append("[kvstore]")
+    out += ["[cpu]", f"stretch = {_toml_value(p.cpu_stretch)}", "", "[kvstore]"]
     out += [f"{k} = {_toml_value(getattr(p, f'kvstore_{k}'))}" for k in KVSTORE_KEYS]
     out += ["", "[server]"]
     out += [f"{k} = {_toml_value(getattr(p, f'server_{k}'))}" for k in SERVER_KEYS]

@@ -14,12 +14,16 @@ pays them (docs/calibration.md):
 * a message that arrives is handed to the receiving node once its CPU has spent the
   receive cost (plus the codec's decode cost; plus a server's per-push or per-pull
   cost; plus the kvstore's per-byte cost of a pull reply a worker takes in);
-* two delays that are not CPU: every message arrives ``timer_late_s`` later (how late
-  the real runtime's shaper, a timer per delayed piece, writes on this host), and a
-  node whose thread is idle when a message arrives first takes ``wakeup_s`` to wake;
+* a message between DCs goes through the real runtime's shaper: its sender pays the
+  shaper's CPU too (``shaped_send_s``), and it is handled
+  ``shaped_late_s`` after its link's delay (the shaper's timers on this host, the
+  receiver waking up: a delay, not CPU); a message inside a DC that finds its receiver's
+  thread idle waits ``wakeup_s`` for it to wake;
 * each node's CPU work is one FIFO queue (one thread), so a node's messages queue for
   its CPU as in a real process, and with ``[host] cores = N`` the nodes of the job share
-  N cores: a piece of work starts when both its node's thread and a core are free.
+  N cores: a piece of work starts when both its node's thread and a core are free;
+* every piece of CPU work takes the profile's ``[cpu] stretch`` times its CPU seconds:
+  the share of a core the host's other processes left when it was calibrated.
 
 All of it lives in the emulator's fabric, between the node's transport and the network:
 node code is not told, and the real runtime needs nothing (its CPU cost is simply real).
@@ -76,11 +80,16 @@ class NodeCpus:
     emulator is virtual-time order, so the booking is deterministic.
     """
 
-    def __init__(self, profile: HostProfile, roles: dict[str, str], cores: int = 0) -> None:
+    def __init__(self, profile: HostProfile, roles: dict[str, str], cores: int = 0,
+                 dc_of: dict[str, str] | None = None) -> None:
         if cores < 0:
             raise ValueError(f"cores must be >= 0 (0 = a core per node), got {cores}")
         self.profile = profile
         self.roles = dict(roles)
+        #: wall seconds per CPU second of the profile's host (its other processes' share)
+        self.stretch = profile.cpu_stretch
+        #: node -> DC: a message between DCs is shaped in the real runtime
+        self.dc_of = dict(dc_of or {})
         self.cores_free_s: list[float] | None = [0.0] * cores if cores else None
         self._free_s: dict[str, float] = {}
         #: CPU seconds booked per node (reported in summary.json)
@@ -92,6 +101,7 @@ class NodeCpus:
             start = now_s + wakeup_s
         if cost_s <= 0.0:
             return start  # nothing to do, but not before the node's earlier work
+        cost_s *= self.stretch
         cores = self.cores_free_s
         if cores is not None:
             i = min(range(len(cores)), key=cores.__getitem__)
@@ -104,12 +114,22 @@ class NodeCpus:
         return end
 
     # ------------------------------------------------------------------ costs
+    def crosses_dcs(self, msg: Any) -> bool:
+        """Whether ``msg`` goes between DCs (shaped over sockets; inside a DC it is not). A
+        node of no known DC is taken to share the other's."""
+        dc_of = self.dc_of
+        a, b = dc_of.get(msg.src), dc_of.get(msg.dst)
+        return a is not None and b is not None and a != b
+
     def send_cost_s(self, msg: Any) -> float:
         """What ``msg.src`` pays to send ``msg`` (a BATCH: what its messages cost)."""
         p = self.profile
-        if msg.batch is not None:
-            return sum(self.send_cost_s(m) for m in msg.batch) + p.send_cost_s(0)
+        if msg.batch is not None:  # one frame: shaped once
+            shaped = p.shaped_send_s * (len(msg.batch) - 1) if self.crosses_dcs(msg) else 0.0
+            return sum(self.send_cost_s(m) for m in msg.batch) + p.send_cost_s(0) - shaped
         cost = p.send_cost_s(msg.nbytes)
+        if self.crosses_dcs(msg):
+            cost += p.shaped_send_s
         meta = msg.meta
         codec = meta.get("codec") if meta else None
         dense = _dense_bytes(meta) if codec else _payload_bytes(msg)
@@ -170,8 +190,10 @@ class ChargedFabric(SimFabric):
         now = self._clock()
         cpus = self.cpus
         profile = cpus.profile
-        end = cpus.occupy(msg.dst, now + profile.timer_late_s, cpus.recv_cost_s(msg),
-                          profile.wakeup_s)
+        if cpus.crosses_dcs(msg):
+            end = cpus.occupy(msg.dst, now + profile.shaped_late_s, cpus.recv_cost_s(msg))
+        else:
+            end = cpus.occupy(msg.dst, now, cpus.recv_cost_s(msg), profile.wakeup_s)
         if end <= now:
             self._deliver_now(msg)
         else:

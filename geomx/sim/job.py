@@ -115,7 +115,7 @@ def _fabric(s: Scenario, plan: JobPlan, network: Network, loop: VirtualTimeLoop)
         return SimFabric(network)
     from geomx.host_profile import load_profile
 
-    cpus = NodeCpus(load_profile(s.host.profile), plan.roles, s.host.cores)
+    cpus = NodeCpus(load_profile(s.host.profile), plan.roles, s.host.cores, plan.job.dc_of)
     return ChargedFabric(network, cpus, loop.time, loop.call_at_plain)
 
 

@@ -13,7 +13,8 @@ from geomx.scenario import ScenarioError, load_scenario
 from tests.helpers.paths import QUICKSTART
 
 PROFILE = HostProfile(size_bytes=(64, 1000, 100_000), send_s=(1e-5, 2e-5, 1.2e-4),
-                      recv_s=(2e-5, 3e-5, 2.3e-4), wakeup_s=1.5e-4, timer_late_s=2e-4,
+                      recv_s=(2e-5, 3e-5, 2.3e-4), wakeup_s=1.5e-4, shaped_send_s=2.5e-4,
+                      shaped_late_s=5e-4, cpu_stretch=1.25,
                       codecs={"fp16": CodecCost(1e-10, 2e-10), "bsc": CodecCost(5e-10, 0.0)},
                       kvstore_call_s=7e-6, kvstore_call_s_per_byte=4e-11,
                       server_push_s=1.8e-5, server_push_s_per_byte=3e-10,
@@ -52,6 +53,8 @@ def test_message_costs_interpolate_between_classes_and_extend_past_the_last():
     ("[server]\npush_ms = 2.0\n", "server.push_ms"),
     ("[kvstore]\ncall_s = true\n", "kvstore.call_s"),
     ("format = 7\n", "format"),
+    ("[cpu]\nstretch = 0.5\n", "cpu.stretch"),
+    ("[message]\nshaped_late_s = -1.0\n", "message.shaped_late_s"),
     ("[gpu]\nx = 1\n", "gpu"),
 ])
 def test_a_bad_profile_is_refused_in_one_line_naming_the_field(tmp_path, text, field):
@@ -89,4 +92,5 @@ def test_a_scenario_finds_its_profile_next_to_it(tmp_path):
 def test_parse_profile_defaults_to_charging_nothing():
     p = parse_profile({})
     assert p.send_cost_s(10**6) == p.recv_cost_s(10**6) == 0.0
-    assert p.push_cost_s(10**6) == p.wakeup_s == p.timer_late_s == 0.0
+    assert p.push_cost_s(10**6) == p.wakeup_s == p.shaped_late_s == p.shaped_send_s == 0.0
+    assert p.cpu_stretch == 1.0

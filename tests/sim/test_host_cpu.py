@@ -18,7 +18,7 @@ from geomx.wire import Kind, Message, Payload
 
 import numpy as np
 
-SEND_S, RECV_S, LATE_S, WAKE_S = 0.001, 0.002, 0.0005, 0.0003
+SEND_S, RECV_S, LATE_S, WAKE_S, SHAPED_S = 0.001, 0.002, 0.0005, 0.0003, 0.0007
 FLAT = HostProfile(size_bytes=(0,), send_s=(SEND_S,), recv_s=(RECV_S,))
 
 
@@ -30,14 +30,16 @@ def _network() -> Network:
     return net
 
 
-def _ping_pong(profile: HostProfile | None, rounds: int) -> float:
+def _ping_pong(profile: HostProfile | None, rounds: int,
+               dc_of: dict[str, str] | None = None) -> float:
     """``a`` sends ``rounds`` requests to ``b``, one at a time; ``b`` answers each. The
     emulated seconds it takes."""
     async def main() -> float:
         loop = asyncio.get_running_loop()
         net = _network()
         fabric = (SimFabric(net) if profile is None else
-                  ChargedFabric(net, NodeCpus(profile, {}), loop.time, loop.call_at_plain))
+                  ChargedFabric(net, NodeCpus(profile, {}, dc_of=dc_of), loop.time,
+                                loop.call_at_plain))
         a, b = fabric.transport("a"), fabric.transport("b")
 
         async def echo() -> None:
@@ -60,11 +62,16 @@ def test_a_two_node_exchange_grows_by_exactly_the_profiles_costs():
     charged = _ping_pong(FLAT, 10)
     # each round: two messages, each paying its sender's and its receiver's CPU
     assert charged - plain == pytest.approx(10 * 2 * (SEND_S + RECV_S), abs=1e-12)
-    late = HostProfile(size_bytes=(0,), send_s=(SEND_S,), recv_s=(RECV_S,),
-                       timer_late_s=LATE_S, wakeup_s=WAKE_S)
-    # ... and with the delays: each message arrives late and finds its receiver asleep
-    assert _ping_pong(late, 10) - plain == pytest.approx(
-        10 * 2 * (SEND_S + RECV_S + LATE_S + WAKE_S), abs=1e-12)
+    delays = HostProfile(size_bytes=(0,), send_s=(SEND_S,), recv_s=(RECV_S,),
+                         wakeup_s=WAKE_S, shaped_send_s=SHAPED_S, shaped_late_s=LATE_S,
+                         cpu_stretch=2.0)
+    # ... with the delays: inside a DC each message finds its receiver asleep; CPU takes
+    # twice its time (stretch 2)
+    assert _ping_pong(delays, 10) - plain == pytest.approx(
+        10 * 2 * (2 * (SEND_S + RECV_S) + WAKE_S), abs=1e-12)
+    # ... between DCs each pays the shaper's CPU and is handled late (no wake-up on top)
+    assert _ping_pong(delays, 10, dc_of={"a": "x", "b": "y"}) - plain == pytest.approx(
+        10 * 2 * (2 * (SEND_S + RECV_S + SHAPED_S) + LATE_S), abs=1e-12)
 
 
 def test_a_nodes_messages_queue_for_its_one_thread():
