@@ -1,13 +1,13 @@
 """``geomx calibrate``: measure what this host's CPU pays per message, codec byte, kvstore
 call and server push, and write a host profile the emulator charges (docs/calibration.md).
 
-Every figure is CPU time (``time.process_time``), not wall time: on a busy machine a
+Every CPU figure is CPU time (``time.process_time``), not wall time: on a busy machine a
 process waits longer for a core, but the work it does once it runs costs about the
-same, so a profile measured at load 1 and one measured at load 8 should agree far more
-than wall-clock figures would (docs/calibration.md gives both for this project's host).
-What waiting for a core costs is modelled separately, by ``[host] cores``.
+same. What is not CPU -- waking up, the shaper's timers -- is wall time and moves with
+the load (docs/calibration.md gives two profiles of this project's host). Sharing cores
+among the job's own nodes is modelled separately, by ``[host] cores``.
 
-Three measurements, each on the code the real runtime runs:
+The measurements, each on the code the real runtime runs:
 
 * **Messages** (real sockets on loopback, two processes, :class:`geomx.node.base.Node`
   and :class:`geomx.runtime.tcp.TcpTransport` on both sides, uvloop where installed):
@@ -15,7 +15,13 @@ Three measurements, each on the code the real runtime runs:
   answers each with an empty acknowledgement; each side's CPU per round is what it pays
   for one message of the class plus one acknowledgement. A one-way burst of empty
   messages splits the acknowledgement's cost into its send and receive parts, and from
-  there each class's send and receive costs follow.
+  there each class's send and receive costs follow. Small round trips after 5 ms of
+  quiet give the wake-up of an idle receiver; the same round trips through the real
+  shaper (:class:`geomx.runtime.shaper.Shaper`, both ways) give what a message between
+  DCs costs on top: the shaper's CPU, and how much later than the link's delay it is
+  handled.
+* **CPU stretch**: wall seconds per CPU second of short bursts of work between short
+  sleeps (more than 1 when other processes hold the cores).
 * **Codecs**: :class:`geomx.node.link_codec.LinkCodec` (what a node calls) encoding and
   decoding a 1M-element float32 tensor (256k with ``--quick``) with each built-in codec;
   CPU per dense byte.
@@ -49,8 +55,9 @@ import numpy as np
 from geomx.host_profile import CodecCost, HostProfile, load_profile, profile_to_toml
 from geomx.provenance import provenance
 
-__all__ = ["CalibrationPlan", "calibrate", "measure_messages", "measure_codecs",
-           "measure_node_code", "add_parser", "main"]
+__all__ = ["CalibrationPlan", "DEFAULT_PLAN", "QUICK_PLAN", "MessageCosts", "calibrate",
+           "measure_messages", "measure_stretch", "measure_codecs", "measure_node_code",
+           "kv_program", "summary_lines", "add_parser", "main"]
 
 ECHO = "cal:echo"
 DRIVER = "cal:driver"
@@ -60,7 +67,9 @@ DRIVER = "cal:driver"
 class CalibrationPlan:
     """How much to measure: payload sizes of the message classes, rounds per class (the
     largest class gets ``big_rounds``), repeats (each figure is the median of the
-    repeats, taken in turn), codec tensor size, kvstore/server rounds."""
+    repeats, taken in turn), codec tensor size and repeats, the kvstore/server job's
+    rounds, keys and tensor sizes, paced and shaped round trips per repeat, and bursts
+    of the CPU-stretch measurement."""
 
     payload_bytes: tuple[int, ...] = (0, 1024, 16384, 262144, 4 << 20)
     rounds: int = 2000
@@ -555,7 +564,7 @@ def summary_lines(p: HostProfile) -> list[str]:
 
 CALIBRATE_EPILOG = """\
 examples:
-  geomx calibrate --out host.toml                    # about a minute; then:
+  geomx calibrate --out host.toml                    # under a minute; then:
   geomx run scenarios/quickstart.toml --host host.toml
   geomx fidelity scenarios/netstorm_4dc.toml --host host.toml
 """

@@ -15,10 +15,10 @@ pays them (docs/calibration.md):
   receive cost (plus the codec's decode cost; plus a server's per-push or per-pull
   cost; plus the kvstore's per-byte cost of a pull reply a worker takes in);
 * a message between DCs goes through the real runtime's shaper: its sender pays the
-  shaper's CPU too (``shaped_send_s``), and it is handled
-  ``shaped_late_s`` after its link's delay (the shaper's timers on this host, the
-  receiver waking up: a delay, not CPU); a message inside a DC that finds its receiver's
-  thread idle waits ``wakeup_s`` for it to wake;
+  shaper's CPU too (``shaped_send_s``), and it is handled ``shaped_late_s`` after its
+  link's delay (the shaper's timers on this host, the receiver waking up: a delay, not
+  CPU); a message inside a DC that finds its receiver's thread idle waits ``wakeup_s``
+  for it to wake;
 * each node's CPU work is one FIFO queue (one thread), so a node's messages queue for
   its CPU as in a real process, and with ``[host] cores = N`` the nodes of the job share
   N cores: a piece of work starts when both its node's thread and a core are free;
@@ -33,7 +33,7 @@ Compute (``compute_per_iter``) is not CPU here: it is charged as before, per nod
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from geomx.sim.network import Network
 from geomx.sim.transport import SimFabric
 from geomx.wire import Kind
 
-__all__ = ["NodeCpus", "ChargedFabric", "SERVER_ROLES"]
+__all__ = ["NodeCpus", "ChargedFabric", "SERVER_ROLES", "KVSTORE_ROLES"]
 
 #: Roles whose nodes take pushes into a store (the profile's per-push cost).
 SERVER_ROLES = frozenset({"global_server", "local_server", "mesh_server"})
@@ -73,11 +73,12 @@ def _payload_bytes(msg: Any) -> int:
 class NodeCpus:
     """Each node's thread and the host's cores, as times they are next free.
 
-    ``occupy(node, now, cost_s, wakeup_s)`` books ``cost_s`` of CPU for ``node`` and returns
-    when it ends: after the node's earlier work (one thread: FIFO), or ``wakeup_s`` after
-    ``now`` when the thread is idle (a process asleep in its event loop is woken first),
-    and, with a core limit, on the core that frees first. Work is booked in the order it is asked for, which in the
-    emulator is virtual-time order, so the booking is deterministic.
+    ``occupy(node, now, cost_s, wakeup_s)`` books ``cost_s`` of CPU (times the profile's
+    stretch) for ``node`` and returns when it ends: after the node's earlier work (one
+    thread: FIFO), or ``wakeup_s`` after ``now`` when the thread is idle (a process
+    asleep in its event loop is woken first), and, with a core limit, on the core that
+    frees first. Work is booked in the order it is asked for, which in the emulator is
+    virtual-time order, so the booking is deterministic.
     """
 
     def __init__(self, profile: HostProfile, roles: dict[str, str], cores: int = 0,
@@ -170,7 +171,8 @@ class NodeCpus:
 class ChargedFabric(SimFabric):
     """A :class:`SimFabric` whose nodes pay their CPU costs (see the module docstring)."""
 
-    def __init__(self, network: Network, cpus: NodeCpus, clock: Any, call_at: Any) -> None:
+    def __init__(self, network: Network, cpus: NodeCpus, clock: Callable[[], float],
+                 call_at: Callable[[float, Callable[[Any], Any], Any], None]) -> None:
         super().__init__(network)
         self.cpus = cpus
         self._clock = clock
