@@ -88,3 +88,15 @@ def test_fidelity_runs_cases_in_turn_and_reports_medians(tmp_path, monkeypatch):
     assert rows[1]["userspace_error_calibrated"] == pytest.approx(2.2 / 1.1 - 1)
     report = json.loads((tmp_path / "fidelity.json").read_text())
     assert report["provenance"]["host_profile"] == "h.toml"
+
+
+def test_fidelity_refuses_a_bad_profile_or_repeat_before_anything_runs(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[server]\npush_s = -1\n")
+    out = tmp_path / "report"
+    assert main(["fidelity", str(QUICKSTART), "--host", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--host" in err and "server.push_s" in err and len(err.strip().splitlines()) == 1
+    assert main(["fidelity", str(QUICKSTART), "--repeat", "0", "--out", str(out)]) == 2
+    assert "--repeat 0: allowed: an integer >= 1" in capsys.readouterr().err
+    assert not out.exists()
