@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="parent folder of the run folder "
                                                  "(default: the scenario's run.out_dir)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--host", default=None, metavar="PROFILE",
+                     help="host profile from `geomx calibrate`: the emulator charges this "
+                          "host's CPU costs (the same as --set host.profile=PROFILE; "
+                          "docs/calibration.md)")
     _add_expect_args(run)
     _add_program_args(run)
     run.set_defaults(handler=_cmd_run)
@@ -189,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     from geomx.fidelity import add_parser as add_fidelity_parser
 
     add_fidelity_parser(sub)
+    from geomx.calibrate import add_parser as add_calibrate_parser
+
+    add_calibrate_parser(sub)
     return parser
 
 
@@ -280,6 +287,9 @@ def _scenario_of(args: argparse.Namespace):
     try:
         # GeoMX's switches in the environment, as `geomx node` reads them, below --set
         env_sets = [o for o, _ in switch_overrides(os.environ)]
+        host = getattr(args, "host", None)
+        if host:  # a command-line path is relative to here
+            env_sets.append(f"host.profile={os.path.abspath(host)}")
         resume = getattr(args, "resume", None)
         if resume is not None:
             if args.scenario is not None:

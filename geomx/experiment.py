@@ -127,7 +127,8 @@ def finish_run_dir(s: Scenario, run_dir: Path, summary: Summary) -> None:
         stats = ts_stats(iter_events(run_dir / "events.jsonl"), _edge_bandwidth(s))
         if stats is not None:
             summary.extra["tsengine"] = stats
-    write_summary(run_dir / "summary.json", summary, provenance=provenance())
+    charged = s.host.profile if summary.runtime == "emu" and s.host.profile else None
+    write_summary(run_dir / "summary.json", summary, provenance=provenance(host_profile=charged))
     if s.metrics.trace and s.metrics.events and (run_dir / "events.jsonl").exists():
         convert_events_file(run_dir / "events.jsonl", run_dir / "trace.json")
     if s.metrics.plot:

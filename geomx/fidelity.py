@@ -14,6 +14,12 @@ Both figures come from the evaluator's events, excluding start-up:
 * ``median_s_per_iter`` -- the median gap between consecutive ``compute`` events of the
   evaluator: the same quantity, robust to a few iterations slowed by a busy machine.
 
+With ``--host PROFILE`` (``geomx calibrate``, docs/calibration.md) each case also runs on
+the emulator charging that host profile -- the CPU and wake-up costs listed above, as
+measured on this host -- and the report gains a calibrated column and the real runs'
+error against it. ``--repeat N`` runs every case N times, the cases taking turns, and
+reports medians.
+
 ``python -m geomx.fidelity SCENARIO [--set ...]`` runs the scenario on both
 runtimes and prints them; ``geomx fidelity SCENARIO_OR_SUITE... [--shaper
 userspace,kernel]`` runs many (``scenarios/fidelity/suite.toml``: the suite's topology shapes)
@@ -73,10 +79,14 @@ def iteration_times(run_dir: str | os.PathLike, evaluator: str) -> IterationTime
 
 
 def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str | None = None,
-            shapers: Sequence[str] = ("userspace",)) -> dict[str, dict[str, float]]:
+            shapers: Sequence[str] = ("userspace",),
+            host_profile: str | None = None) -> dict[str, dict[str, float]]:
     """Run ``scenario_path`` in the emulator and over sockets with each of ``shapers``
     (``"userspace"``: the transport's own shaper; ``"kernel"``: network namespaces and
-    ``tc``, ``[real] shaper = "kernel"``); both figures for each, and real / emulated."""
+    ``tc``, ``[real] shaper = "kernel"``); both figures for each, and real / emulated.
+    With ``host_profile`` (``geomx calibrate``, docs/calibration.md) the emulator runs a
+    second time charging that profile, its nodes sharing the cores the profile recorded
+    (``[host] cores``, unless the case sets it): ``emu_calibrated`` and real / calibrated."""
     from geomx.cluster import plan_job
     from geomx.experiment import run_scenario
     from geomx.scenario import load_scenario
@@ -88,6 +98,15 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
     out: dict[str, dict[str, float]] = {}
     r = run_scenario(s, runtime="emu")
     out["emu"] = iteration_times(r.run_dir, evaluator).as_dict()
+    if host_profile:
+        # the real runs' nodes all share this host: its cores, as the profile recorded them
+        from geomx.host_profile import load_profile
+
+        cores = int(load_profile(host_profile).provenance.get("cores", 0) or 0)
+        sc = load_scenario(scenario_path, [f"host.cores={cores}", *common,
+                                           f"host.profile={host_profile}"])
+        r = run_scenario(sc, runtime="emu")
+        out["emu_calibrated"] = iteration_times(r.run_dir, evaluator).as_dict()
     for shaper in shapers:
         if shaper not in SHAPERS:
             raise ValueError(f"unknown shaper {shaper!r}; allowed: {', '.join(SHAPERS)}")
@@ -104,6 +123,10 @@ def compare(scenario_path: str, overrides: Sequence[str] = (), *, out_dir: str |
         out[key] = iteration_times(r.run_dir, evaluator).as_dict()
         out[f"{key}_over_emu"] = {k: out[key][k] / out["emu"][k]
                                   for k in ("window_s_per_iter", "median_s_per_iter")}
+        if host_profile:
+            out[f"{key}_over_emu_calibrated"] = {
+                k: out[key][k] / out["emu_calibrated"][k]
+                for k in ("window_s_per_iter", "median_s_per_iter")}
     return out
 
 
@@ -152,31 +175,34 @@ def load_cases(paths: Sequence[str], overrides: Sequence[str] = ()) -> list[Case
 
 def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",),
                out_dir: str | os.PathLike = "runs/fidelity",
-               progress: Callable[[str], None] | None = print) -> list[dict]:
+               progress: Callable[[str], None] | None = print,
+               host_profile: str | None = None, repeat: int = 1) -> list[dict]:
     """Every case in the emulator and over sockets with each shaper; writes
     ``fidelity.md`` (the table), ``fidelity.json`` (``{"provenance": ..., "cases": rows}``,
-    geomx/provenance.py) and ``fidelity.png`` into ``out_dir``."""
+    geomx/provenance.py) and ``fidelity.png`` into ``out_dir``.
+
+    ``host_profile``: also the emulator charging that profile (a calibrated column and
+    its error). ``repeat``: every case that many times, the cases taking turns (so load
+    from elsewhere hits them alike); each figure is the median over the repeats."""
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for case in cases:
-        t0 = time.perf_counter()
-        res = compare(case.scenario, case.overrides, out_dir=str(out / "runs"), shapers=shapers)
-        row = {"case": case.name, "scenario": case.scenario, "set": list(case.overrides),
-               "emu_s_per_iter": res["emu"]["window_s_per_iter"],
-               "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
-        for shaper in shapers:
-            key = "real" if shaper == "userspace" else f"real_{shaper}"
-            if key not in res:  # this shaper cannot reproduce the case (the reason is kept)
-                row[f"{shaper}_s_per_iter"] = row[f"{shaper}_error"] = None
-                row[f"{shaper}_skipped"] = res[f"{key}_skipped"]["reason"]
-                continue
-            row[f"{shaper}_s_per_iter"] = res[key]["window_s_per_iter"]
-            row[f"{shaper}_error"] = res[key]["window_s_per_iter"] / res["emu"]["window_s_per_iter"] - 1
-        rows.append(row)
-        if progress is not None:
-            progress(_row_text(row, shapers) + f"   ({time.perf_counter() - t0:.0f} s)")
-    made_by = provenance()
+    extra = {"host_profile": host_profile} if host_profile else {}
+    results: list[list[dict]] = [[] for _ in cases]
+    loads: list[list[float]] = [[] for _ in cases]
+    for rep in range(repeat):
+        for i, case in enumerate(cases):
+            t0 = time.perf_counter()
+            results[i].append(compare(case.scenario, case.overrides, out_dir=str(out / "runs"),
+                                      shapers=shapers, **extra))
+            if hasattr(os, "getloadavg"):
+                loads[i].append(os.getloadavg()[0])
+            if progress is not None and rep == repeat - 1:
+                row = _report_row(case, results[i], loads[i], shapers)
+                progress(_row_text(row, shapers) + f"   ({time.perf_counter() - t0:.0f} s)")
+    rows = [_report_row(case, results[i], loads[i], shapers) for i, case in enumerate(cases)]
+    made_by = provenance(host_profile=host_profile)
     (out / "fidelity.json").write_text(json.dumps({"provenance": made_by, "cases": rows},
                                                   indent=1))
     (out / "fidelity.md").write_text(report_table(rows, shapers) + "\n" + provenance_line(made_by)
@@ -185,37 +211,87 @@ def run_report(cases: Sequence[Case], *, shapers: Sequence[str] = ("userspace",)
     return rows
 
 
+def _report_row(case: Case, results: Sequence[dict], loads: Sequence[float],
+                shapers: Sequence[str]) -> dict:
+    """One case's row: medians over its repeats (``results``: what :func:`compare` gave)."""
+    def median_of(key: str) -> float:
+        return statistics.median(r[key]["window_s_per_iter"] for r in results)
+
+    emu = median_of("emu")
+    row: dict[str, Any] = {"case": case.name, "scenario": case.scenario,
+                           "set": list(case.overrides), "emu_s_per_iter": emu,
+                           "load_average": statistics.median(loads) if loads else None}
+    calibrated = "emu_calibrated" in results[0]
+    if calibrated:
+        row["emu_calibrated_s_per_iter"] = median_of("emu_calibrated")
+    if len(results) > 1:
+        row["repeats"] = len(results)
+        row["load_averages"] = list(loads)
+    for shaper in shapers:
+        key = "real" if shaper == "userspace" else f"real_{shaper}"
+        if key not in results[0]:  # this shaper cannot reproduce the case (the reason is kept)
+            row[f"{shaper}_s_per_iter"] = row[f"{shaper}_error"] = None
+            row[f"{shaper}_skipped"] = results[0][f"{key}_skipped"]["reason"]
+            continue
+        real = median_of(key)
+        row[f"{shaper}_s_per_iter"] = real
+        row[f"{shaper}_error"] = real / emu - 1
+        if len(results) > 1:
+            row[f"{shaper}_runs_s_per_iter"] = [r[key]["window_s_per_iter"] for r in results]
+        if calibrated:
+            row[f"{shaper}_error_calibrated"] = real / row["emu_calibrated_s_per_iter"] - 1
+    return row
+
+
+def _calibrated(rows: Sequence[dict]) -> bool:
+    return any(r.get("emu_calibrated_s_per_iter") is not None for r in rows)
+
+
 def _row_text(row: dict, shapers: Sequence[str]) -> str:
+    cal = _calibrated([row])
     cells = [f"{row['emu_s_per_iter']:.3f}"]
+    if cal:
+        cells.append(f"{row['emu_calibrated_s_per_iter']:.3f}")
     for sh in shapers:
         if row[f"{sh}_s_per_iter"] is None:
-            cells += ["n/a", "n/a"]
+            cells += ["n/a"] * (3 if cal else 2)
             continue
         cells += [f"{row[f'{sh}_s_per_iter']:.3f}", f"{row[f'{sh}_error']:+.1%}"]
+        if cal:
+            cells.append(f"{row[f'{sh}_error_calibrated']:+.1%}")
     return f"{row['case'][:60]:60s} " + " ".join(f"{c:>9s}" for c in cells)
 
 
 def report_table(rows: Sequence[dict], shapers: Sequence[str]) -> str:
-    """The report as a Markdown table (seconds per iteration, relative error)."""
-    head = "| case | emulated s/iter |"
-    rule = "|---|---:|"
+    """The report as a Markdown table (seconds per iteration, relative error); with a host
+    profile, the calibrated emulator's column and the real runs' error against it."""
+    cal = _calibrated(rows)
+    head = "| case | emulated s/iter |" + (" calibrated s/iter |" if cal else "")
+    rule = "|---|---:|" + ("---:|" if cal else "")
     for sh in shapers:
-        head += f" real ({sh}) s/iter | error |"
-        rule += "---:|---:|"
+        head += f" real ({sh}) s/iter | error |" + (" error (calibrated) |" if cal else "")
+        rule += "---:|---:|" + ("---:|" if cal else "")
     lines = [head, rule]
     for r in rows:
         line = f"| {r['case']} | {r['emu_s_per_iter']:.3f} |"
+        if cal:
+            line += f" {r['emu_calibrated_s_per_iter']:.3f} |"
         for sh in shapers:
             if r[f"{sh}_s_per_iter"] is None:
-                line += f" n/a | {r.get(f'{sh}_skipped', '')} |"
+                line += f" n/a | {r.get(f'{sh}_skipped', '')} |" + (" n/a |" if cal else "")
                 continue
             line += f" {r[f'{sh}_s_per_iter']:.3f} | {r[f'{sh}_error']:+.1%} |"
+            if cal:
+                line += f" {r[f'{sh}_error_calibrated']:+.1%} |"
         lines.append(line)
     loads = [r["load_average"] for r in rows if r.get("load_average") is not None]
     if loads:
         lines.append("")
         lines.append(f"Load average during the runs: {min(loads):.2f}-{max(loads):.2f} on "
                      f"{os.cpu_count()} CPUs (real time is wall time: a busy machine slows it).")
+    repeats = max((r.get("repeats", 1) for r in rows), default=1)
+    if repeats > 1:
+        lines.append(f"Each real figure is the median of {repeats} runs, the cases taking turns.")
     return "\n".join(lines) + "\n"
 
 
@@ -227,8 +303,10 @@ def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = [("emulated", "emu_s_per_iter")] + [(f"real ({sh})", f"{sh}_s_per_iter")
-                                                  for sh in shapers]
+    cal = _calibrated(rows)
+    series = [("emulated", "emu_s_per_iter")]
+    series += [("emulated, calibrated", "emu_calibrated_s_per_iter")] if cal else []
+    series += [(f"real ({sh})", f"{sh}_s_per_iter") for sh in shapers]
     labels = [r["case"].split(":")[0][:22] for r in rows]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(6.0, 1.1 * len(rows) + 2), 6.4),
                                       sharex=True)
@@ -240,14 +318,19 @@ def plot_report(rows: Sequence[dict], shapers: Sequence[str], path: str | os.Pat
     top.set_ylabel("seconds per iteration")
     top.set_title("Real runtime vs emulator, per iteration")
     top.legend(fontsize=8)
-    width = 0.8 / len(shapers)
-    for i, sh in enumerate(shapers):
-        xs = [j + (i - (len(shapers) - 1) / 2) * width for j in range(len(rows))]
-        bottom.bar(xs, [100 * (r[f"{sh}_error"] or 0.0) for r in rows], width,
-                   label=f"real ({sh})", color=f"C{i + 1}")
+    errors = [(f"real ({sh})", f"{sh}_error") for sh in shapers]
+    errors += [(f"real ({sh}) vs calibrated", f"{sh}_error_calibrated")
+               for sh in shapers] if cal else []
+    width = 0.8 / len(errors)
+    for i, (label, key) in enumerate(errors):
+        xs = [j + (i - (len(errors) - 1) / 2) * width for j in range(len(rows))]
+        bottom.bar(xs, [100 * (r.get(key) or 0.0) for r in rows], width,
+                   label=label, color=f"C{i + 1}")
     bottom.axhspan(-10, 10, color="0.9", zorder=0)
     bottom.axhline(0, color="0.3", lw=0.8)
     bottom.set_ylabel("real / emulated - 1 (%)")
+    if len(errors) > 1:
+        bottom.legend(fontsize=8)
     bottom.set_xticks(range(len(rows)))
     bottom.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     fig.tight_layout()
@@ -259,6 +342,7 @@ FIDELITY_EPILOG = """\
 examples:
   geomx fidelity scenarios/quickstart.toml --set run.iterations=60 --set run.target_accuracy=0
   geomx fidelity scenarios/fidelity/suite.toml                     # the suite: every WAN shape
+  geomx fidelity scenarios/netstorm_4dc.toml --host host.toml --repeat 5   # with a calibrated column
   sudo geomx fidelity scenarios/fidelity/asym3.toml --shaper userspace,kernel
 """
 
@@ -279,6 +363,11 @@ def add_parser(sub: Any, add_scenario_args: Callable[[Any], None] | None = None)
     p.add_argument("--shaper", default="userspace",
                    help="comma-separated: userspace, kernel (kernel needs root; default userspace)")
     p.add_argument("--out", default="runs/fidelity", help="report folder (default runs/fidelity)")
+    p.add_argument("--host", default=None, metavar="PROFILE",
+                   help="host profile from `geomx calibrate`: adds the emulator charging it "
+                        "(a calibrated column and the real runs' error against it)")
+    p.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run every case N times, the cases taking turns; report medians")
     p.set_defaults(handler=_cli)
 
 
@@ -289,18 +378,32 @@ def _cli(args: Any) -> int:
         print(f"geomx fidelity: --shaper {args.shaper!r}: allowed: {', '.join(SHAPERS)}",
               file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print(f"geomx fidelity: --repeat {args.repeat}: allowed: an integer >= 1",
+              file=sys.stderr)
+        return 2
     from geomx.scenario import ScenarioError, load_scenario
 
+    host = os.path.abspath(args.host) if args.host else None
     try:
+        if host:
+            from geomx.host_profile import ProfileError, load_profile
+
+            try:
+                load_profile(host)
+            except ProfileError as e:
+                raise ValueError(f"--host {e}") from None
         cases = load_cases(args.scenarios, args.overrides)
         for case in cases:  # refuse a bad case before hours of runs, not after
             load_scenario(case.scenario, list(case.overrides))
     except (ValueError, ScenarioError, FileNotFoundError) as e:
         print(f"geomx fidelity: {e}", file=sys.stderr)
         return 2
-    head = f"{'case':60s} {'emu':>9s}" + "".join(f" {sh[:9]:>9s} {'error':>9s}" for sh in shapers)
+    head = f"{'case':60s} {'emu':>9s}" + (f" {'emu cal':>9s}" if host else "")
+    head += "".join(f" {sh[:9]:>9s} {'error':>9s}" + (f" {'err cal':>9s}" if host else "")
+                    for sh in shapers)
     print(head)
-    run_report(cases, shapers=shapers, out_dir=args.out)
+    run_report(cases, shapers=shapers, out_dir=args.out, host_profile=host, repeat=args.repeat)
     print(f"report: {Path(args.out) / 'fidelity.md'} (and fidelity.json, fidelity.png)")
     return 0
 

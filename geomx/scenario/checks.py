@@ -623,3 +623,17 @@ def _check_algorithm(s: Scenario) -> None:
             f"run.epochs is for models; training.algorithm = {name!r} counts "
             f"{info.iteration}s in run.iterations; allowed: epochs = 0",
             path="run.epochs", value=s.run.epochs, allowed="0")
+
+
+@scenario_check
+def _check_host_profile(s: Scenario) -> None:
+    """``[host] profile``: the file exists and is a profile this geomx reads."""
+    if not s.host.profile:
+        return
+    from geomx.host_profile import ProfileError, load_profile
+
+    try:
+        load_profile(s.host.profile)
+    except ProfileError as e:
+        raise ScenarioError(f"{e}; allowed: \"\" or a file written by `geomx calibrate --out "
+                            "FILE`", path="host.profile", value=s.host.profile) from None

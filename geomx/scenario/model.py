@@ -16,6 +16,7 @@ from typing import Any
 from geomx.scenario.checkpoint import CheckpointConfig
 from geomx.scenario.codec import CodecConfig
 from geomx.scenario.expect import ExpectConfig
+from geomx.scenario.host import HostConfig
 from geomx.scenario.sweep import SweepConfig
 from geomx.scenario.errors import quote_list
 from geomx.scenario.kinds import settings_of
@@ -72,6 +73,7 @@ class Scenario:
     checkpoint: CheckpointConfig = _section("checkpoint", CheckpointConfig)
     real: RealConfig = _section("real", RealConfig)
     security: SecurityConfig = _section("security", SecurityConfig)
+    host: HostConfig = _section("host", HostConfig)
     expect: ExpectConfig = _section("expect", ExpectConfig)
     sweep: SweepConfig = _section("sweep", SweepConfig)
     source: str = dataclasses.field(default="<defaults>", compare=False)

@@ -141,6 +141,7 @@ def _resolve_paths(s: Scenario, base_dir: Path | None) -> Scenario:
                                    tls_key=_resolve_relative(sec.tls_key, base_dir),
                                    tls_ca=_resolve_relative(sec.tls_ca, base_dir))
     topology = dataclasses.replace(s.topology, kind=_resolve_program(s.topology.kind, base_dir))
+    host = dataclasses.replace(s.host, profile=_resolve_relative(s.host.profile, base_dir))
     return dataclasses.replace(s, wans=wans, training=training, security=security,
-                               topology=topology)
+                               topology=topology, host=host)
 

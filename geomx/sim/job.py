@@ -28,6 +28,7 @@ from geomx.scenario import Scenario
 from geomx.sim.job_network import (
     build_network, counters_from_network, schedule_link_faults, transfer_recorder,
 )
+from geomx.sim.cpu import ChargedFabric, NodeCpus
 from geomx.sim.loop import EmulationDeadlock, VirtualTimeLoop, cancel_remaining, new_virtual_loop
 from geomx.sim.network import Network
 from geomx.sim.services import EmuServices
@@ -101,10 +102,21 @@ def assemble_job(s: Scenario, run_dir: Path, *, progress: bool) -> EmulatedJob:
     writer, bar, dgt_tally = _follow_events(s, plan, run_dir, recorder, network, wall0_s,
                                             progress)
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of, clock=loop.time)
-    fabric = SimFabric(network)
+    fabric = _fabric(s, plan, network, loop)
     nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
     return EmulatedJob(s, plan, run_dir, start_s, loop, network, recorder, writer, bar,
                        dgt_tally, services, fabric, nodes, wall0_s)
+
+
+def _fabric(s: Scenario, plan: JobPlan, network: Network, loop: VirtualTimeLoop) -> SimFabric:
+    """The plain fabric, or with ``[host] profile`` one whose nodes pay the profile's CPU
+    costs (geomx/sim/cpu.py, docs/calibration.md)."""
+    if not s.host.profile:
+        return SimFabric(network)
+    from geomx.host_profile import load_profile
+
+    cpus = NodeCpus(load_profile(s.host.profile), plan.roles, s.host.cores, plan.job.dc_of)
+    return ChargedFabric(network, cpus, loop.time, loop.call_at_plain)
 
 
 def _follow_events(s: Scenario, plan: JobPlan, run_dir: Path, recorder: EventRecorder,
@@ -191,6 +203,8 @@ def summarise(job: EmulatedJob, wall_s: float) -> Summary:
                "emulated_over_wall": emulated_s / wall_s if wall_s > 0 else None,
                "link_capacity_bps": {k: l.capacity_bps for k, l in network.links.items()},
                **({"dgt": job.dgt_tally.as_dict()} if job.dgt_tally.seen else {}),
+               **({"host_cpu_busy_s": dict(sorted(job.fabric.cpus.busy_s.items()))}
+                  if isinstance(job.fabric, ChargedFabric) else {}),
                },
     )
     if final.get("accuracy") is not None:

@@ -180,7 +180,7 @@ class SimFabric:
         self._inboxes: dict[str, _Inbox] = {}
         #: dropped messages by (reason, destination)
         self.undeliverable: Counter[tuple[str, str]] = Counter()
-        self._deliver = self._deliver_impl  # one bound method, reused per message
+        self._deliver = self.deliver  # one bound method, reused per message
         self._transmit = network.transmit
 
     def transport(self, name: str) -> SimTransport:
@@ -206,7 +206,9 @@ class SimFabric:
                         msg.channel, reason)
         self.undeliverable[key] += 1
 
-    def _deliver_impl(self, msg: Any) -> None:
+    def deliver(self, msg: Any) -> None:
+        """Put a message the network delivered into its destination's inbox (or drop and
+        count it); the network calls it at the message's arrival time."""
         inbox = self._inboxes.get(msg.dst)
         if inbox is None:
             self._drop(msg, "destination not open (closed or never started)")
