@@ -201,6 +201,8 @@ bandwidth = "{mbit}Mbps"
 latency = "0ms"
 [topology]
 kind = "{topology}"
+[membership]
+heartbeat_timeout = "60s"
 [training]
 program = "{program}"
 dataset = "synthetic"
@@ -210,7 +212,8 @@ shaper = "{shaper}"
 """
 
 
-def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None) -> dict:
+def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None,
+              sets: tuple[str, ...] = ()) -> dict:
     from geomx.experiment import run_scenario
     from geomx.metrics import load_run
     from geomx.scenario import load_scenario
@@ -226,7 +229,7 @@ def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None) -> dict:
         path = Path(tmp) / "torch_vs_ddp.toml"
         path.write_text(text)
         s = load_scenario(path, [f"run.out_dir={tmp}",
-                                 "training.program_args=" + json.dumps(prog_args)])
+                                 "training.program_args=" + json.dumps(prog_args), *sets])
         r = run_scenario(s, runtime="real", progress=False)
         rows = [e for e in load_run(r.run_dir).events()
                 if e.get("ev") == "eval" and "comm_ms" in e]
