@@ -48,14 +48,15 @@ from geomx.wire import Message
 _LCM_1_TO_16 = 720_720
 #: Int keys must stay below this; ``slice_key(k, i) = k + i * SLICE_KEY_STRIDE``.
 SLICE_KEY_STRIDE = _LCM_1_TO_16 * 1000 + 1
-#: The slices of int keys stay below this; those of string keys lie above it.
-_STRING_SLICES_BASE = 1 << 62
-#: Largest slice index that keeps an int key's slice key below the string keys' slices.
-MAX_SLICES_PER_KEY = (_STRING_SLICES_BASE - 1) // SLICE_KEY_STRIDE
-
 #: String keys: ``STRING_KEY_BASE + crc32(name)`` (geomx/node/kv_state.py), a 2**32 range.
 STRING_KEY_BASE = 1 << 40
 _STRING_KEY_SPAN = 1 << 32
+#: The slices of int keys stay below 2**62; those of string keys lie above, from this
+#: base, which is ``STRING_KEY_BASE + 1`` modulo 720720 so that slice 1 of a string key
+#: goes to the server after slice 0's, like every later slice.
+_STRING_SLICES_BASE = (1 << 62) + (STRING_KEY_BASE + 1 - (1 << 62)) % _LCM_1_TO_16
+#: Largest slice index that keeps an int key's slice key below the string keys' slices.
+MAX_SLICES_PER_KEY = ((1 << 62) - 1) // SLICE_KEY_STRIDE
 #: Stride between the slices of a string key: more than the span of string keys (so no
 #: two string keys' slices meet) and 1 modulo 720720, like :data:`SLICE_KEY_STRIDE`.
 STRING_SLICE_STRIDE = -(-_STRING_KEY_SPAN // _LCM_1_TO_16) * _LCM_1_TO_16 + 1
