@@ -63,7 +63,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``backward_passes_per_step``: the backward passes each ``step()`` accumulates (their
     gradients add up in ``p.grad``, as in Horovod; more passes than that before a
     ``step()`` is an error). ``server_optimizer``: run the optimizer on the global
-    servers (``torch.optim.SGD`` only) and pull weights.
+    servers (``torch.optim.SGD`` only) and pull weights. ``send_during_backward``: send
+    each gradient from its backward hook where that changes no emulated time
+    (docs/torch.md, "Sending during the backward pass"); False sends all from ``step()``
+    (needed to change gradients between ``backward()`` and ``step()``).
 
     ``step()`` blocks in a synchronous ``def main(kv, ctx)``; in an ``async def main``
     use ``await optimizer.step_async()``. The wrapped optimizer's ``param_groups`` and
@@ -73,7 +76,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                  compression: Any = Compression.none, backward_passes_per_step: int = 1,
-                 *, server_optimizer: bool = False, stage_through_host: bool = False):
+                 *, server_optimizer: bool = False, stage_through_host: bool = False,
+                 send_during_backward: bool = True):
         s = session()
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.state = optimizer.state
@@ -101,8 +105,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._index = {id(p): k for k, p in enumerate(self._params)}
         self._compute_mark = s.compute_calls
         #: the thread that calls step() (the program's), once gradients may be sent from
-        #: the backward pass (:meth:`_start_early`); None until then
+        #: the backward pass (:meth:`_start_early`); None until then or when not wanted
         self._early_thread: int | None = None
+        self._send_during_backward = bool(send_during_backward)
+        #: parameter index -> the gradient sent from the backward pass, and its version
+        self._sent: dict[int, tuple[torch.Tensor, int]] = {}
         for n, p in zip(self._names, self._params):
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._count_pass)
@@ -151,6 +158,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 or not p.grad.is_contiguous() or not rounds.can_start_early(k)):
             return
         rounds.start_early(k, p.grad)
+        self._sent[k] = (p.grad, p.grad._version)
+
+    def _check_sent(self) -> None:
+        """A gradient sent from the backward pass must be the one ``step()`` would send:
+        changed since (clipped, scaled), what the servers got is stale -- an error."""
+        sent, self._sent = self._sent, {}
+        for k, (grad, version) in sent.items():
+            now = self._params[k].grad
+            if now is not grad or grad._version != version:
+                raise TorchAPIError(
+                    f"parameter {self._names[k]!r} on node {self._s.node_name}: its gradient "
+                    "changed between backward() and step() (gradient clipping?), after the "
+                    "backward pass had sent it; pass DistributedOptimizer(..., "
+                    "send_during_backward=False) to send gradients from step()")
 
     # ------------------------------------------------------------------ step
     def step(self, closure: Any = None) -> Any:
@@ -193,8 +214,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             buffers = HostBuffers(self._params, stage=self._stage)
             self._rounds = rounds_for(s, self._names, self._params, buffers, self.optimizer,
                                       pull_weights=self.server_optimizer)
-            if float(s.node.compute_s_per_iter) == 0.0 and s.compute_calls == 0:
+            if (self._send_during_backward and float(s.node.compute_s_per_iter) == 0.0
+                    and s.compute_calls == 0):
                 self._early_thread = threading.get_ident()
+        self._check_sent()
         if s.compute_calls == self._compute_mark:
             waiting = s.charge(max(1, passes))
             if waiting is not None:
