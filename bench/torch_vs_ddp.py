@@ -3,8 +3,9 @@
 A communication-heavy model (an MLP of ``--params`` parameters, 25M by default) trains on
 2 workers, once with ``torch.nn.parallel.DistributedDataParallel`` over gloo and once with
 ``geomx.torch.DistributedOptimizer`` (``--runtime real``: one process per node, real
-sockets), with a flat parameter server and with HiPS (a local server per DC). Both run
-on this host's loopback, unshaped; then, with ``--shaped-mbit`` (100 by default) and
+sockets) in each configuration of :data:`LOOPBACK` and :data:`SHAPED` (a flat parameter
+server with one or two global servers, P3's slicing, HiPS with a local server per DC).
+Both run on this host's loopback, unshaped; then, with ``--shaped-mbit`` (100 by default) and
 root, both again across a ``tc tbf``-shaped veth link -- DDP's two ranks in two network
 namespaces (geomx/runtime/netns.py), geomx's workers in their DCs' namespaces
 (``[real] shaper = "kernel"``, geomx/runtime/kernel_wan.py) -- DDP with its
@@ -24,7 +25,11 @@ sending each gradient from its hook), so the ratio compares what each leaves exp
 a value on a loaded machine is noisy, which is why each figure is the median of
 ``--iterations`` iterations after ``--warmup``.
 
-Run: ``python bench/torch_vs_ddp.py`` (``--quick`` for a 2M-parameter smoke run).
+Each part prints every configuration against DDP, then the best geomx one with its
+ratio and the issue's target, and what the wire or the loopback costs by itself.
+
+Run: ``python bench/torch_vs_ddp.py --repeat 2`` (``--quick`` for a 2M-parameter smoke
+run).
 """
 
 from __future__ import annotations
@@ -186,7 +191,7 @@ trace = false
 [[dc]]
 name = "central"
 central = true
-global_servers = {servers}
+global_servers = 1
 workers = 0
 [[dc]]
 name = "a"
@@ -228,7 +233,6 @@ def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None,
 
     with tempfile.TemporaryDirectory() as tmp:
         text = SCENARIO.format(iterations=args.warmup + args.iterations, topology=topology,
-                               servers=1,
                                program=f"{HERE}:geomx_main", mbit=mbit or 100000,
                                shape="true" if mbit else "false",
                                shaper="kernel" if mbit else "userspace")
