@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tests.helpers.events import run_events
-from tests.torch.helpers import pushes, run
+from tests.torch.helpers import PROGRAM, pushes, run
 
 
 def test_host_staging_buffers_copy_both_ways():
@@ -91,6 +91,10 @@ def test_gradients_leave_during_backward_only_when_no_compute_is_charged(tmp_pat
     # the first step sets the exchange up; from the second on every gradient of the
     # 4 parameters leaves from its backward hook
     assert [n for _, n, _ in rows] == [0, 4, 4, 4, 4]
+    # a synchronous program sends from the same hooks (its thread makes the kvstore calls)
+    sync = run(tmp_path / "sync", [*free, f"training.program={PROGRAM}:sync_main"],
+               program=False, args=["--sgd", "--report-early"], iterations=5)
+    assert _early_rows(sync) == rows
     # the same training as when every gradient waits for step() (staged tensors do)
     late = run(tmp_path / "late", free, args=["--sgd", "--report-early", "--stage"],
                iterations=5)
