@@ -114,6 +114,11 @@ class GlobalServer(Node):
         else:
             self.pushers = [job.local_server_of[d] for d in job.party_dcs]
         self._pullers = set(self.pushers) | {job.master_worker}
+        #: a flat PS's workers learn a codec the master worker set with
+        #: ``set_gradient_compression`` from this server's next reply to each of them (a
+        #: local server does it for its workers under HiPS)
+        self._commanded_codec: dict[str, Any] | None = None
+        self._codec_told: set[str] = set()
         self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
         #: the transfer schedulers' side (geomx/policy/scheduling.py): pushes in blocks or
         #: merged, replies fused or broadcast (None: one push, one acknowledgement)
@@ -175,6 +180,9 @@ class GlobalServer(Node):
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
             self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
+            if self.job.mode == "flat_ps":
+                self._commanded_codec = dict(msg.meta["config"])
+                self._codec_told.clear()
             self.record("command", cmd=cmd)
             if self.rank == 0 and self.job.mode == "hips":
                 # GeoMX: global server 0 forwards it to every local server; acknowledged
@@ -248,7 +256,7 @@ class GlobalServer(Node):
             self.record("init", key=msg.key, part=msg.part)
             if self.sched is not None:
                 self.sched.on_key_ready(msg.key, msg.part)
-        self.post(msg.reply(Kind.INIT_ACK))
+        self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
             self._serve_pull(pull, slot)
@@ -378,9 +386,18 @@ class GlobalServer(Node):
                 payloads, meta = self._pull_payloads(msg, slot)
                 self.post(msg.answer(_PUSH_ACK, slot.version, meta, payloads))
                 return
-        self.post(msg.answer(_PUSH_ACK, slot.version,
-                             self.reply_meta(slot.version, msg.key, msg.part,
-                                             round_=self.policy.reply_round(msg, slot))))
+        self.post(msg.answer(_PUSH_ACK, slot.version, self._tell_codec(
+            msg.src, self.reply_meta(slot.version, msg.key, msg.part,
+                                     round_=self.policy.reply_round(msg, slot)))))
+
+    def _tell_codec(self, dst: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """``meta``, with the master worker's codec when ``dst`` is a flat-PS worker that
+        has not been told it yet."""
+        if (self._commanded_codec is not None and dst not in self._codec_told
+                and dst in self._pusher_set):
+            self._codec_told.add(dst)
+            meta["codec_config"] = self._commanded_codec
+        return meta
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):
@@ -425,7 +442,7 @@ class GlobalServer(Node):
             handover = self.policy.handover(msg.key, msg.part)
             if handover is not None:
                 meta["handover"] = handover
-        return payloads, meta
+        return payloads, self._tell_codec(msg.src, meta)
 
     # ------------------------------------------------------------------ checkpoints
     def reply_meta(self, version: int, key: int, part: int, *,

@@ -49,15 +49,28 @@ class Rounds:
         the same model."""
         raise NotImplementedError
 
-    def _push(self, values: list[np.ndarray]) -> list[Any]:
+    def _push(self, values: list[np.ndarray], skip: Any = ()) -> list[Any]:
         # the last layer's gradient is ready first; the earliest layer goes first on the
         # wire (priority -k, as the built-in trainer's sides push)
         return [self.kv.push(self.names[k], values[k], priority=-k)
-                for k in reversed(range(len(values)))]
+                for k in reversed(range(len(values))) if k not in skip]
 
-    def _pull(self, outs: list[np.ndarray]) -> list[Any]:
+    def _pull(self, outs: list[np.ndarray], skip: Any = ()) -> list[Any]:
         return [self.kv.pull(self.names[k], out=outs[k], priority=-k)
-                for k in range(len(outs))]
+                for k in range(len(outs)) if k not in skip]
+
+    def can_start_early(self, index: int) -> bool:
+        """Whether parameter ``index``'s exchange may start from its backward hook, before
+        ``step()`` (only rounds of gradients can)."""
+        return False
+
+    def start_early(self, index: int, grad: torch.Tensor) -> None:
+        """Start parameter ``index``'s exchange with its finished gradient ``grad``."""
+        raise NotImplementedError
+
+    def started_early(self) -> list[int]:
+        """The parameters whose exchange started before this step."""
+        return []
 
     def _local_step(self) -> None:
         self.optimizer.step()
@@ -76,15 +89,33 @@ class GradientRounds(Rounds):
         self.pull_weights = pull_weights
         self._agg = [_host_like(p, st) for p, st in zip(self.params, self.buffers.staged)]
         self._agg_np = [a.numpy() for a in self._agg]
+        #: parameter index -> the push and pull its backward hook started this step
+        self._early: dict[int, list[Any]] = {}
+
+    def can_start_early(self, index: int) -> bool:
+        # a host tensor's gradient is read where it lies; weights pulled from a server
+        # optimizer land in the model, which the rest of the backward pass still reads
+        return not self.pull_weights and not self.buffers.staged[index]
+
+    def start_early(self, index: int, grad: torch.Tensor) -> None:
+        name = self.names[index]
+        self._early[index] = [self.kv.push(name, grad.detach().numpy(), priority=-index),
+                              self.kv.pull(name, out=self._agg_np[index], priority=-index)]
+
+    def started_early(self) -> list[int]:
+        return sorted(self._early)
 
     def step(self, iteration: int) -> Operation[bool]:
-        grads = self.buffers.grads_from_device([p.grad for p in self.params])
+        early, self._early = self._early, {}
+        grads = self.buffers.grads_from_device([None if k in early else p.grad
+                                                for k, p in enumerate(self.params)])
         if self.pull_weights:
             waits = self._push(grads) + self._pull(self.buffers.writable_weights())
             yield waits
             self.buffers.weights_to_device()
             return True
-        waits = self._push(grads) + self._pull(self._agg_np)
+        waits = [w for ws in early.values() for w in ws]
+        waits += self._push(grads, skip=early) + self._pull(self._agg_np, skip=early)
         yield waits
         mean = 1.0 / self.kv.num_all_workers
         with torch.no_grad():

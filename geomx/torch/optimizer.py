@@ -14,6 +14,7 @@ program called ``ctx.compute`` itself since the previous step.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,7 +63,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``backward_passes_per_step``: the backward passes each ``step()`` accumulates (their
     gradients add up in ``p.grad``, as in Horovod; more passes than that before a
     ``step()`` is an error). ``server_optimizer``: run the optimizer on the global
-    servers (``torch.optim.SGD`` only) and pull weights.
+    servers (``torch.optim.SGD`` only) and pull weights. ``send_during_backward``: send
+    each gradient from its backward hook where that changes no emulated time
+    (docs/torch.md, "Sending during the backward pass"); False sends all from ``step()``
+    (needed to change gradients between ``backward()`` and ``step()``).
 
     ``step()`` blocks in a synchronous ``def main(kv, ctx)``; in an ``async def main``
     use ``await optimizer.step_async()``. The wrapped optimizer's ``param_groups`` and
@@ -72,7 +76,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, optimizer: torch.optim.Optimizer,
                  named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
                  compression: Any = Compression.none, backward_passes_per_step: int = 1,
-                 *, server_optimizer: bool = False, stage_through_host: bool = False):
+                 *, server_optimizer: bool = False, stage_through_host: bool = False,
+                 send_during_backward: bool = True):
         s = session()
         super().__init__(optimizer.param_groups, optimizer.defaults)
         self.state = optimizer.state
@@ -97,7 +102,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._rounds: Rounds | None = None
         self._iteration = 0
         self._passes = {id(p): 0 for p in self._params}
+        self._index = {id(p): k for k, p in enumerate(self._params)}
         self._compute_mark = s.compute_calls
+        #: the thread that calls step() (the program's), once gradients may be sent from
+        #: the backward pass (:meth:`_start_early`); None until then or when not wanted
+        self._early_thread: int | None = None
+        self._send_during_backward = bool(send_during_backward)
+        #: parameter index -> the gradient sent from the backward pass, and its version
+        self._sent: dict[int, tuple[torch.Tensor, int]] = {}
         for n, p in zip(self._names, self._params):
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._count_pass)
@@ -127,7 +139,39 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return [n for n, _ in chosen], [p for _, p in chosen]
 
     def _count_pass(self, p: torch.Tensor) -> None:
-        self._passes[id(p)] = self._passes.get(id(p), 0) + 1
+        passes = self._passes[id(p)] = self._passes.get(id(p), 0) + 1
+        if passes == self.backward_passes_per_step and self._early_thread is not None:
+            self._start_early(p)
+
+    def _start_early(self, p: torch.Tensor) -> None:
+        """Send ``p``'s finished gradient while the backward pass goes on with the layers
+        before it, as Horovod and BytePS do from the same hook; ``step()`` then sends the
+        rest and waits. Only where that changes no emulated time: the scenario charges
+        this worker no per-iteration compute and the program charges none itself (a
+        gradient must not leave before the compute that makes it is over), and only from
+        the program's own thread (a device's autograd thread cannot call the kvstore)."""
+        k = self._index[id(p)]
+        rounds = self._rounds
+        if (rounds is None or threading.get_ident() != self._early_thread
+                or self._s.compute_calls != self._compute_mark
+                or p.grad is None or tuple(p.grad.shape) != self._shapes[k]
+                or not p.grad.is_contiguous() or not rounds.can_start_early(k)):
+            return
+        rounds.start_early(k, p.grad)
+        self._sent[k] = (p.grad, p.grad._version)
+
+    def _check_sent(self) -> None:
+        """A gradient sent from the backward pass must be the one ``step()`` would send:
+        changed since (clipped, scaled), what the servers got is stale -- an error."""
+        sent, self._sent = self._sent, {}
+        for k, (grad, version) in sent.items():
+            now = self._params[k].grad
+            if now is not grad or grad._version != version:
+                raise TorchAPIError(
+                    f"parameter {self._names[k]!r} on node {self._s.node_name}: its gradient "
+                    "changed between backward() and step() (gradient clipping?), after the "
+                    "backward pass had sent it; pass DistributedOptimizer(..., "
+                    "send_during_backward=False) to send gradients from step()")
 
     # ------------------------------------------------------------------ step
     def step(self, closure: Any = None) -> Any:
@@ -170,6 +214,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             buffers = HostBuffers(self._params, stage=self._stage)
             self._rounds = rounds_for(s, self._names, self._params, buffers, self.optimizer,
                                       pull_weights=self.server_optimizer)
+            if (self._send_during_backward and float(s.node.compute_s_per_iter) == 0.0
+                    and s.compute_calls == 0):
+                self._early_thread = threading.get_ident()
+        self._check_sent()
         if s.compute_calls == self._compute_mark:
             waiting = s.charge(max(1, passes))
             if waiting is not None:
@@ -198,6 +246,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for k in self._passes:
             self._passes[k] = 0
         return passes
+
+    @property
+    def started_in_backward(self) -> tuple[str, ...]:
+        """The parameters whose exchange the backward pass has already started this step
+        (their gradients are on their way while the earlier layers' are computed)."""
+        rounds = self._rounds
+        return tuple(self._names[k] for k in rounds.started_early()) if rounds else ()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)

@@ -14,8 +14,8 @@ import pytest
 
 from geomx.experiment import run_scenario
 from geomx.node.base import Node
-from geomx.sched.p3 import (MAX_SLICES_PER_KEY, P3Error, slice_key, slices_of,
-                            split_slice_key)
+from geomx.sched.p3 import (MAX_SLICES_PER_KEY, SLICE_KEY_STRIDE, P3Error, slice_key,
+                            slices_of, split_slice_key)
 from geomx.sched.placement import place
 from geomx.scenario import ScenarioError
 from geomx.transport import TransportDefaults
@@ -307,3 +307,24 @@ def test_p3_over_sockets_reaches_the_emulators_accuracy(scenario_of):
     pulls = [e for e in ev if e["ev"] == "send" and e["msg"] == "PULL" and e["src"].startswith("w:")]
     assert len(pulls) == 4 * 8  # workers x slices of the 4 keys
     assert real.summary.extra["p3"]["slices"] == 4 * 40 * 8
+
+
+def test_string_keys_slice_into_a_range_of_their_own():
+    # a geomx.torch parameter's key is STRING_KEY_BASE + crc32(name) (geomx/node/kv_state.py)
+    from geomx.node.kv_state import STRING_KEY_BASE
+
+    lo, hi = STRING_KEY_BASE, STRING_KEY_BASE + 2**32 - 1
+    for key in (lo, lo + 12345, hi):
+        sl = slices_of(key, 4000, 1000)
+        assert sl[0].skey == key  # slice 0 is the key itself
+        assert [split_slice_key(s.skey) for s in sl] == [(key, i) for i in range(4)]
+        assert all(s.skey >= 1 << 62 for s in sl[1:]) and all(s.skey < 2**63 for s in sl)
+        homes = [place(s.skey, s.size, 4, 1_000_000)[0].server for s in sl]
+        assert sorted(homes) == [0, 1, 2, 3]  # round robin, as for int keys
+    # no slice of one string key is a slice of another, or of an int key
+    a = {s.skey for s in slices_of(lo, 10_000, 10)}
+    b = {s.skey for s in slices_of(lo + 1, 10_000, 10)}
+    c = {s.skey for s in slices_of(SLICE_KEY_STRIDE - 1, 10_000, 10)}
+    assert not (a & b) and not (a & c) and not (b & c)
+    with pytest.raises(P3Error, match="out of range"):
+        slice_key(hi + 1, 1)

@@ -33,7 +33,8 @@ async def main(kv, ctx):
         opt = torch.optim.Adam(model.parameters())
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression="zstd" if case == "compression" else "none",
-                                   server_optimizer=case == "server_adam")
+                                   server_optimizer=case == "server_adam",
+                                   send_during_backward=case != "clip_from_step")
     await hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if hvd.is_master():
         return
@@ -47,6 +48,8 @@ async def main(kv, ctx):
         if case == "two_passes":
             nn.functional.cross_entropy(model(torch.from_numpy(data.x_train[idx])),
                                         torch.from_numpy(data.y_train[idx])).backward()
+        if case in ("clip", "clip_from_step"):
+            nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
         if case == "blocking_step":
             opt.step()
         if case == "shape_change" and it == 3 and ctx.node_name == UNLUCKY:

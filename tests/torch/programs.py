@@ -2,7 +2,9 @@
 Horovod user writes one, with ``geomx.torch``. Options (``training.program_args``):
 ``--sgd`` (momentum SGD; with ``--server`` it runs on the servers), ``--stage`` (CPU
 tensors through the host staging buffers GPU tensors take), ``--fp16``, ``--passes N``
-(backward passes per step), ``--sync`` (``def main``: a synchronous program)."""
+(backward passes per step), ``--sync`` (``def main``: a synchronous program),
+``--report-early`` (after each backward pass, report how many parameters' exchanges it
+started, and the model's digest)."""
 
 import argparse
 
@@ -20,6 +22,7 @@ def setup(kv, ctx):
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--passes", type=int, default=1)
     p.add_argument("--bn", action="store_true", help="a BatchNorm layer (an int64 buffer)")
+    p.add_argument("--report-early", action="store_true")
     args, _ = p.parse_known_args(ctx.args)
     hvd.init(kv, ctx)
     torch.set_num_threads(1)
@@ -45,6 +48,11 @@ def digest(model):
     """A checksum of the model's state (weights and buffers)."""
     return float(sum(t.double().sum().item() * (i + 1)
                      for i, t in enumerate(model.state_dict().values())))
+
+
+def report_early(ctx, args, opt, model, it):
+    if args.report_early:
+        ctx.report(it, early=len(opt.started_in_backward), digest=digest(model))
 
 
 def loss_of(model, data, idx):
@@ -73,6 +81,7 @@ async def main(kv, ctx):
         for _ in range(args.passes):
             loss = loss_of(model, data, batches.next())
             loss.backward()
+        report_early(ctx, args, opt, model, it)
         await opt.step_async()
         evaluate(ctx, model, data, it, loss)
 
@@ -91,5 +100,6 @@ def sync_main(kv, ctx):
         for _ in range(args.passes):
             loss = loss_of(model, data, batches.next())
             loss.backward()
+        report_early(ctx, args, opt, model, it)
         opt.step()
         evaluate(ctx, model, data, it, loss)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from tests.helpers.events import run_events
-from tests.torch.helpers import pushes, run
+from tests.torch.helpers import PROGRAM, pushes, run
 
 
 def test_host_staging_buffers_copy_both_ways():
@@ -77,3 +77,52 @@ def test_broadcast_under_fp16_carries_integer_buffers(tmp_path):
     r = run(tmp_path, [], args=["--bn", "--fp16"], iterations=2)
     workers = {n: d for n, d in _start_digests(r).items() if n.startswith("w:")}
     assert len(workers) == 4 and len(set(workers.values())) == 1
+
+
+def _early_rows(r, node="w:party-a:0"):
+    return [(e["iteration"], e["early"], e["digest"]) for e in run_events(r.run_dir, "eval")
+            if e["node"] == node and "early" in e]
+
+
+def test_gradients_leave_during_backward_only_when_no_compute_is_charged(tmp_path):
+    free = ["dc.1.compute_per_iter=0ms", "dc.2.compute_per_iter=0ms"]
+    early = run(tmp_path / "early", free, args=["--sgd", "--report-early"], iterations=5)
+    rows = _early_rows(early)
+    # the first step sets the exchange up; from the second on every gradient of the
+    # 4 parameters leaves from its backward hook
+    assert [n for _, n, _ in rows] == [0, 4, 4, 4, 4]
+    # a synchronous program sends from the same hooks (its thread makes the kvstore calls)
+    sync = run(tmp_path / "sync", [*free, f"training.program={PROGRAM}:sync_main"],
+               program=False, args=["--sgd", "--report-early"], iterations=5)
+    assert _early_rows(sync) == rows
+    # the same training as when every gradient waits for step() (staged tensors do)
+    late = run(tmp_path / "late", free, args=["--sgd", "--report-early", "--stage"],
+               iterations=5)
+    assert [n for _, n, _ in _early_rows(late)] == [0] * 5
+    assert [d for *_, d in _early_rows(late)] == [d for *_, d in rows]
+    assert pushes(late.run_dir) == pushes(early.run_dir)
+    # the scenario charges compute (quickstart: 10 ms per iteration): gradients wait for it
+    charged = run(tmp_path / "charged", [], args=["--sgd", "--report-early"], iterations=3)
+    assert [n for _, n, _ in _early_rows(charged)] == [0, 0, 0]
+
+
+def test_parameters_train_under_p3_slicing(tmp_path):
+    # parameter names are string keys; P3 slices them like int keys
+    whole = run(tmp_path / "whole", [], args=["--sgd"], iterations=4)
+    sliced = run(tmp_path / "sliced", ["sched.p3=true", "sched.p3_slice_elements=1000"],
+                 args=["--sgd"], iterations=4)
+    assert pushes(sliced.run_dir)["w"] > pushes(whole.run_dir)["w"]  # 4160-element weights
+    assert sliced.summary.final_accuracy == whole.summary.final_accuracy
+
+
+def test_fp16_compression_reaches_a_flat_ps_workers_pushes(tmp_path):
+    # without local servers, the global server tells the workers the master's codec
+    flat = ["topology.kind=flat"]
+    dense = run(tmp_path / "a", flat, iterations=4)
+    half = run(tmp_path / "b", flat, args=["--fp16"], iterations=4)
+
+    def pushed(r):
+        return sum(e["bytes"] for e in run_events(r.run_dir, "xfer")
+                   if e.get("msg") == "PUSH" and e["src"].startswith("w:") and e["key"] >= 0)
+
+    assert 0.45 < pushed(half) / pushed(dense) < 0.6

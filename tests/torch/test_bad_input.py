@@ -4,6 +4,7 @@ finishes in a few emulated seconds), or the fix."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,17 @@ def test_an_unknown_compression_lists_the_allowed_ones(tmp_path):
 def test_a_blocking_step_in_an_async_program_names_the_call_to_use(tmp_path):
     msg = _fails(tmp_path, "blocking_step")
     assert "await optimizer.step_async()" in msg
+
+
+FREE = ["dc.1.compute_per_iter=0ms", "dc.2.compute_per_iter=0ms"]
+
+
+def test_a_gradient_changed_after_the_backward_pass_sent_it_is_named(tmp_path):
+    # no compute charged: gradients leave from the backward hooks, before the clipping
+    msg = _fails(tmp_path, "clip", FREE)
+    assert "changed between backward() and step()" in msg and "send_during_backward=False" in msg
+    assert re.search(r"parameter '[13]\.(weight|bias)' on node w:party-[ab]:[01]", msg), msg
+    # sent from step(), the clipped gradients are what the servers get
+    r = run(tmp_path / "late", [f"training.program={BAD}", *FREE], program=False,
+            args=["--case", "clip_from_step"], iterations=6)
+    assert r.summary.iterations == 6
