@@ -329,7 +329,7 @@ class MeshServer(Node):
         pick = 0
         if len(routes) > 1:
             pick = self.topology.pick_route(rnd.plan, routes, self._send_queue,
-                                            payload.nbytes)
+                                            payload.nbytes, self.now())
         route = routes[pick]
         if pick:
             self.aux_sends += 1

@@ -132,10 +132,12 @@ class MeshTopology(Topology):
         cannot carry a plan (the controller keeps the previous one)."""
 
     def pick_route(self, plan: MeshPlan, routes: Sequence[Sequence[str]],
-                   queue: Callable[[str], SendQueue], chunk_bytes: int) -> int:
+                   queue: Callable[[str], SendQueue], chunk_bytes: int,
+                   now_s: float) -> int:
         """Which of ``routes`` (one tree edge's, main route first) a chunk of
-        ``chunk_bytes`` leaves on, as an index; ``queue(dc)`` is this server's send queue
-        to the neighbouring DC ``dc``. Default: the queue rule of docs/papers.md §1 (b)
+        ``chunk_bytes`` leaves on at ``now_s`` (the node's clock), as an index;
+        ``queue(dc)`` is this server's send queue to the neighbouring DC ``dc``. Each
+        server has its own topology object, which may remember its earlier choices. Default: the queue rule of docs/papers.md §1 (b)
         Step 5: the main route unless its first-hop queue holds more than 2·L messages
         waiting, then the first auxiliary route whose first-hop queue holds fewer than L
         (:data:`~geomx.policy.mesh_plan.AUX_QUEUE_LIMIT`)."""

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 from geomx.policy.mesh_plan import MeshPlan
 from geomx.policy.options import PolicyOptions
 from geomx.policy.topology import MeshTopology, MeshView, SendQueue
-from geomx.topology.netstorm_multipath import AUX_RULES, pick_by_arrival
+from geomx.topology.netstorm_multipath import AUX_RULES, Detours, pick_by_arrival
 from geomx.topology.netstorm_plan import DEFAULT_MAX_AUX, plan_netstorm
 
 __all__ = ["NetStorm", "NetStormOptions"]
@@ -75,6 +75,10 @@ class NetStorm(MeshTopology):
                                    multipath=bool(netstorm.multipath), cost=str(netstorm.cost),
                                    awareness=bool(netstorm.awareness)))
 
+    def __init__(self, options: NetStormOptions | None = None) -> None:
+        super().__init__(options)
+        self._detours: Detours | None = None  # this server's chunks on auxiliary routes
+
     @property
     def measures_links(self) -> bool:
         return self.options.awareness
@@ -91,9 +95,12 @@ class NetStorm(MeshTopology):
                              max_aux=o.max_aux, aux_rule=o.aux_rule)
 
     def pick_route(self, plan: MeshPlan, routes: Sequence[Sequence[str]],
-                   queue: Callable[[str], SendQueue], chunk_bytes: int) -> int:
+                   queue: Callable[[str], SendQueue], chunk_bytes: int,
+                   now_s: float) -> int:
         """The route of earliest expected arrival (``aux_rule = "arrival"``), or the
         authors' queue rule (``"queue"``, the base class's)."""
         if self.options.aux_rule == "queue":
-            return super().pick_route(plan, routes, queue, chunk_bytes)
-        return pick_by_arrival(plan, routes, queue, chunk_bytes)
+            return super().pick_route(plan, routes, queue, chunk_bytes, now_s)
+        if self._detours is None or self._detours.plan_id != plan.plan_id:
+            self._detours = Detours(plan.plan_id)
+        return pick_by_arrival(plan, routes, queue, chunk_bytes, now_s, self._detours)

@@ -18,8 +18,9 @@ default) keeps the mechanism and fixes both:
 * **earliest expected arrival** (:func:`pick_by_arrival`): a chunk takes the route on
   which it is expected to arrive first: the queue ahead of it on the first hop (its
   bytes at that link's rate, or a round trip per send window of messages, whichever is
-  longer), then the chunk's store-and-forward time and delay on every hop, at the rates
-  the plan was made from (the measured ones once awareness has reported). The main route wins ties, so a chunk leaves it only when the
+  longer), on the later hops the chunks this sender already put there (which only it
+  sends there), and on every hop the chunk's store-and-forward time and delay, at the
+  rates the plan was made from (the measured ones once awareness has reported). The main route wins ties, so a chunk leaves it only when the
   detour is expected to deliver it sooner, which is what splits a pair's chunks over its
   routes in proportion to their rates once the main queue builds up.
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from geomx.policy.mesh_plan import MeshPlan, route_key
@@ -38,7 +40,7 @@ from geomx.policy.topology import SendQueue
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["AUX_RULES", "idle_aux_routes", "pick_by_arrival", "tree_links"]
+__all__ = ["AUX_RULES", "Detours", "idle_aux_routes", "pick_by_arrival", "tree_links"]
 
 #: A tree link busy for more than this fraction of the busiest link's time per iteration
 #: is not idle: auxiliary routes do not cross it past their first hop.
@@ -97,14 +99,28 @@ def idle_aux_routes(g: nx.DiGraph, src: str, dst: str, main: list[str], max_aux:
     return out
 
 
+@dataclass
+class Detours:
+    """What one server has put on its auxiliary routes under plan ``plan_id``: until when
+    each link past a route's first hop is expected to be busy with those chunks. Those
+    links carry no tree traffic and serve this pair alone (:func:`idle_aux_routes`), so
+    the sender's own account of them is their queue."""
+
+    plan_id: int
+    busy_until_s: dict[str, float] = field(default_factory=dict)
+
+
 def expected_arrival_s(plan: MeshPlan, route: Sequence[str], first: SendQueue,
-                       chunk_bytes: int) -> float | None:
-    """When a chunk put on ``route`` now is expected at its end, in seconds from now; None
-    when the plan has no rate for a hop. On the first hop it waits for the queue ahead of
-    it (``first``): for its bytes at the link's rate, or, when that is shorter, for one
-    round trip per ``window`` of messages ahead (each must be acknowledged before the next
-    window goes). Then, on every hop, the chunk's store-and-forward time and the delay."""
-    t = 0.0
+                       chunk_bytes: int, now_s: float,
+                       detours: Detours | None = None) -> float | None:
+    """When a chunk put on ``route`` at ``now_s`` is expected at its end (on the same
+    clock); None when the plan has no rate for a hop. On the first hop it waits for the
+    queue ahead of it (``first``): for its bytes at the link's rate, or, when that is
+    longer, for one round trip per ``window`` of messages ahead (each window must be
+    acknowledged before the next goes). On every further hop it waits until the chunks
+    this sender put there before have gone (``detours``). Each hop costs the chunk's
+    store-and-forward time and the hop's delay."""
+    t = now_s
     for i, (u, v) in enumerate(zip(route, route[1:])):
         k = route_key(u, v)
         bps = plan.rates_bps.get(k, 0.0)
@@ -114,21 +130,41 @@ def expected_arrival_s(plan: MeshPlan, route: Sequence[str], first: SendQueue,
         if i == 0:
             ahead = first.waiting + first.in_flight
             t += max(first.bytes * 8.0 / bps, (ahead // first.window) * 2.0 * delay_s)
+        elif detours is not None:
+            t = max(t, detours.busy_until_s.get(k, t))
         t += chunk_bytes * 8.0 / bps + delay_s
     return t
 
 
+def _book(plan: MeshPlan, route: Sequence[str], first: SendQueue, chunk_bytes: int,
+          now_s: float, detours: Detours) -> None:
+    """Note the chunk just put on ``route`` in ``detours``: the links past its first hop
+    are busy with it until it is expected to have left them."""
+    t = expected_arrival_s(plan, route[:2], first, chunk_bytes, now_s)
+    assert t is not None
+    for u, v in zip(route[1:], route[2:]):
+        k = route_key(u, v)
+        start = max(t, detours.busy_until_s.get(k, t))
+        detours.busy_until_s[k] = start + chunk_bytes * 8.0 / plan.rates_bps[k]
+        t = detours.busy_until_s[k] + plan.delays_s.get(k, 0.0)
+
+
 def pick_by_arrival(plan: MeshPlan, routes: Sequence[Sequence[str]],
-                    queue: Callable[[str], SendQueue], chunk_bytes: int) -> int:
+                    queue: Callable[[str], SendQueue], chunk_bytes: int, now_s: float,
+                    detours: Detours | None = None) -> int:
     """The index of the route on which a chunk of ``chunk_bytes`` is expected to arrive
-    first (``queue(dc)``: the send queue to the neighbour ``dc``); the main route (0) on
-    ties and whenever its arrival cannot be estimated."""
-    best_t = expected_arrival_s(plan, routes[0], queue(routes[0][1]), chunk_bytes)
+    first (``queue(dc)``: the send queue to the neighbour ``dc``; ``detours``: this
+    sender's chunks already on auxiliary routes, updated with this one's); the main route
+    (0) on ties and whenever its arrival cannot be estimated."""
+    best_t = expected_arrival_s(plan, routes[0], queue(routes[0][1]), chunk_bytes, now_s,
+                                detours)
     if best_t is None:
         return 0
     best = 0
     for i, route in enumerate(routes[1:], start=1):
-        t = expected_arrival_s(plan, route, queue(route[1]), chunk_bytes)
+        t = expected_arrival_s(plan, route, queue(route[1]), chunk_bytes, now_s, detours)
         if t is not None and t < best_t:
             best, best_t = i, t
+    if best and detours is not None:
+        _book(plan, routes[best], queue(routes[best][1]), chunk_bytes, now_s, detours)
     return best

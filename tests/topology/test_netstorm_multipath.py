@@ -10,7 +10,7 @@ from geomx.experiment import run_scenario
 from geomx.metrics.progress import read_progress
 from geomx.scenario import parse_scenario
 from geomx.policy.topology import SendQueue
-from geomx.topology.netstorm_multipath import pick_by_arrival, tree_links
+from geomx.topology.netstorm_multipath import Detours, pick_by_arrival, tree_links
 from geomx.topology.netstorm_plan import Link, plan_netstorm
 
 from tests.helpers.events import run_events
@@ -73,15 +73,23 @@ def test_a_chunk_takes_the_route_it_is_expected_to_arrive_on_first():
     chunk = 1_000_000
     idle, one = SendQueue(0, 0, 0, 2), SendQueue(0, 1, chunk, 2)
     # main: (backlog + 1 MB) at 100 Mbit/s; detour: 1 MB at 80 then at 1000 Mbit/s (0.108 s)
-    assert pick_by_arrival(plan, routes, lambda dc: idle, chunk) == 0
-    assert pick_by_arrival(plan, routes, lambda dc: idle if dc == "c" else one, chunk) == 1
-    assert pick_by_arrival(plan, routes, lambda dc: one, chunk) == 0  # both queued
+    assert pick_by_arrival(plan, routes, lambda dc: idle, chunk, 0.0) == 0
+    assert pick_by_arrival(plan, routes, lambda dc: idle if dc == "c" else one, chunk, 0.0) == 1
+    assert pick_by_arrival(plan, routes, lambda dc: one, chunk, 0.0) == 0  # both queued
+    # a detour's later hops are this sender's alone: its own chunks queue there
+    down = plan.routes_of("a", "b")
+    assert down == [["a", "b"], ["a", "c", "b"]]
+    detours = Detours(plan.plan_id)
+    busy = SendQueue(2, 2, 4 * chunk, 2)  # main: 4 MB ahead, arrives at 0.40 s
+    picks = [pick_by_arrival(plan, down, lambda dc: idle if dc == "c" else busy, chunk,
+                             0.0, detours) for _ in range(4)]
+    assert picks == [1, 1, 1, 0]  # c -> b (80 Mbit/s) delivers at 0.108, 0.208, 0.308 s
     # tiny messages: a window of one waits a round trip per message ahead, not its bytes
     far = [Link("a", "b", 0.05), Link("a", "c"), Link("b", "c")]
     plan = plan_netstorm(["a", "b", "c"], far, rates, roots=1)
     tiny = 300
     ahead = SendQueue(4, 1, 5 * tiny, 1)
-    assert pick_by_arrival(plan, routes, lambda dc: idle if dc == "c" else ahead, tiny) == 1
+    assert pick_by_arrival(plan, routes, lambda dc: idle if dc == "c" else ahead, tiny, 0.0) == 1
 
 
 def test_multipath_moves_chunks_onto_the_idle_path_and_rounds_get_faster(tmp_path):
