@@ -98,8 +98,9 @@ def test_multipath_moves_chunks_onto_the_idle_path_and_rounds_get_faster(tmp_pat
     assert nodes["ns:b"].aux_sends > 0
     # without multipath b-c carries only the random first plan and the probes
     assert on.bytes_per_link["b->c"] > 3 * off.bytes_per_link["b->c"]
-    # 100 + 80 Mbit/s out of b instead of 100: measured 2.21 against 2.74 s/iteration
-    assert on_s < 0.85 * off_s
+    # 100 + 80 Mbit/s out of b and into it instead of 100: the paper's +65% regime
+    # (measured 1.713 against 2.743 s/iteration, +60%)
+    assert off_s / on_s - 1 > 0.5
 
 
 #: a-c (300 Mbit/s) is in the trees; when it fails the network reroutes a-c traffic over
