@@ -254,7 +254,7 @@ def _idle_paths(out: Path) -> tuple[dict[str, float], int]:
     per_iter: dict[str, float] = {}
     aux = 0
     for name, sets in (("no multipath", ["netstorm.multipath=false"]),
-                       (QUEUE_RULE, ["topology.options.aux_rule=queue"]),
+                       (QUEUE_RULE, list(netstorm.AUTHORS_RULE)),
                        ("multipath", [])):
         nodes: dict[str, Any] = {}
         r = run_scenario(load_scenario(netstorm.IDLE_PATHS, [
@@ -274,7 +274,7 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
     want = ("mxnet", "random plan", "awareness", "netstorm")
     per_iter: dict[str, float] = {}
     summaries: dict[str, Any] = {}
-    systems = [*netstorm.SYSTEMS, (QUEUE_RULE, ("topology.options.aux_rule=queue",))]
+    systems = [*netstorm.SYSTEMS, (QUEUE_RULE, netstorm.AUTHORS_RULE)]
     for name, sets in systems:
         if name not in (*want, QUEUE_RULE):
             continue

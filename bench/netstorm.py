@@ -70,6 +70,10 @@ PAPER_MULTIPATH_GAIN = 0.65
 #: connected (three 500 Mbit/s links), hosts the global server and gives up its worker.
 HIPS_ON_MESH = ("topology.kind=hips", "dc.dc5.central=true", "dc.dc5.workers=0")
 
+#: the authors' multipath (their queue-length rule over any interior-disjoint path, and no
+#: probes: passive measurement only), for comparison with geomx's
+AUTHORS_RULE = ("topology.options.aux_rule=queue", "topology.options.probe_after_s=0")
+
 SYSTEMS: list[tuple[str, tuple[str, ...]]] = [
     ("mxnet", ("topology.kind=mxnet",)),
     ("mlnet", ("topology.kind=mlnet",)),
@@ -169,7 +173,7 @@ def idle_paths_table(out: str, extra: list[str]) -> dict[str, float]:
           f"12; capacity bound +{idle_capacity_bound(IDLE_PATHS):.0%} ==")
     per_iter: dict[str, float] = {}
     for name, sets in (("no multipath", ("netstorm.multipath=false",)),
-                       ("authors' queue rule", ("topology.options.aux_rule=queue",)),
+                       ("authors' queue rule", AUTHORS_RULE),
                        ("idle links, arrival", ())):
         _, rows = _run(IDLE_PATHS, out, sets, list(extra))
         k = len(rows) // 2
