@@ -12,7 +12,7 @@ default) keeps the mechanism and fixes both:
 
 * **idle routes only** (:func:`idle_aux_routes`): past its first hop an auxiliary route
   uses only link directions the plan's trees keep busy for at most half the time of the
-  busiest one (:func:`tree_links`; a link off the trees carries nothing of theirs) and
+  busiest one (:func:`busy_links`; a link off the trees carries nothing of theirs) and
   that no other pair's auxiliary route uses past its first hop. The first hop may be a
   busy link: the sender sees that queue, relayed chunks included, and counts it;
 * **earliest expected arrival** (:func:`pick_by_arrival`): a chunk takes the route on
@@ -20,9 +20,9 @@ default) keeps the mechanism and fixes both:
   bytes at that link's rate, or a round trip per send window of messages, whichever is
   longer), on the later hops the chunks this sender already put there (which only it
   sends there), and on every hop the chunk's store-and-forward time and delay, at the
-  rates the plan was made from (the measured ones once awareness has reported). The main route wins ties, so a chunk leaves it only when the
-  detour is expected to deliver it sooner, which is what splits a pair's chunks over its
-  routes in proportion to their rates once the main queue builds up.
+  rates the plan was made from (the measured ones once awareness has reported). The main
+  route wins ties, so a chunk leaves it only when the detour is expected to deliver it
+  sooner: a pair's chunks spread over its routes so that they finish together.
 
 ``aux_rule = "queue"`` is the authors' rule, for comparison.
 """
@@ -40,7 +40,7 @@ from geomx.policy.topology import SendQueue
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["AUX_RULES", "Detours", "idle_aux_routes", "pick_by_arrival", "tree_links"]
+__all__ = ["AUX_RULES", "Detours", "busy_links", "idle_aux_routes", "pick_by_arrival"]
 
 #: A tree link busy for more than this fraction of the busiest link's time per iteration
 #: is not idle: auxiliary routes do not cross it past their first hop.
@@ -51,7 +51,7 @@ BUSY_FRACTION = 0.5
 AUX_RULES = ("arrival", "queue")
 
 
-def tree_links(parent: Mapping[str, Mapping[str, str]], perf: Mapping[str, float],
+def busy_links(parent: Mapping[str, Mapping[str, str]], perf: Mapping[str, float],
                rates_bps: Mapping[tuple[str, str], float]) -> set[tuple[str, str]]:
     """The directed links the plan's trees keep busy: those whose time per iteration
     (root r's share of the model up or down each edge of r's tree, at the edge's rate) is

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from geomx.policy.mesh_plan import (AUX_QUEUE_LIMIT, Chunk, Link, MeshPlan, chunk_table,
                                    initial_rates, route_key)
-from geomx.topology.netstorm_multipath import AUX_RULES, idle_aux_routes, tree_links
+from geomx.topology.netstorm_multipath import AUX_RULES, busy_links, idle_aux_routes
 
 if TYPE_CHECKING:  # networkx (~0.15 s to import) loads only when a mesh is planned
     import networkx as nx
@@ -201,22 +201,23 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                              if multipath and not idle else [main])
     if idle:
         # slowest main routes first: they get the idle links before faster ones do
-        busy = tree_links(parent, perf, rates_bps)
+        busy = busy_links(parent, perf, rates_bps)
         for k in sorted(routes, key=lambda k: (-_path_cost(g, routes[k][0]), k)):
             main = routes[k][0]
             routes[k] = idle_aux_routes(g, main[0], main[-1], main, max_aux, busy)
             for aux in routes[k][1:]:
                 busy.update(zip(aux[1:], aux[2:]))  # an idle link serves one pair only
-    plan = MeshPlan(plan_id=plan_id, dcs=dcs, perf=perf, parent=parent, routes=routes,
-                    kind="netstorm")
-    if idle:
+    rates: dict[str, float] = {}
+    delays: dict[str, float] = {}
+    if idle:  # what the servers weigh the routes by
         delay = {}
         for ln in links:
             delay[(ln.a, ln.b)] = delay[(ln.b, ln.a)] = ln.delay_s
-        plan.rates_bps = {route_key(u, v): bw for (u, v), bw in rates_bps.items() if bw > 0}
-        plan.delays_s = {route_key(u, v): delay.get((u, v), 0.0)
-                         for (u, v), bw in rates_bps.items() if bw > 0}
-    return plan
+        live = [(u, v, bw) for (u, v), bw in rates_bps.items() if bw > 0]
+        rates = {route_key(u, v): bw for u, v, bw in live}
+        delays = {route_key(u, v): delay.get((u, v), 0.0) for u, v, _ in live}
+    return MeshPlan(plan_id=plan_id, dcs=dcs, perf=perf, parent=parent, routes=routes,
+                    kind="netstorm", rates_bps=rates, delays_s=delays)
 
 
 def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,

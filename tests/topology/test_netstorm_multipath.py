@@ -10,7 +10,7 @@ from geomx.experiment import run_scenario
 from geomx.metrics.progress import read_progress
 from geomx.scenario import parse_scenario
 from geomx.policy.topology import SendQueue
-from geomx.topology.netstorm_multipath import Detours, pick_by_arrival, tree_links
+from geomx.topology.netstorm_multipath import Detours, busy_links, pick_by_arrival
 from geomx.topology.netstorm_plan import Link, plan_netstorm
 
 from tests.helpers.events import run_events
@@ -53,7 +53,7 @@ def test_auxiliary_routes_leave_the_busy_tree_links_after_their_first_hop():
     for a, b, mbps in AUTHORS:
         rates[(a, b)] = rates[(b, a)] = mbps * 1e6
     plan = plan_netstorm([str(i) for i in range(1, 10)], links, rates)
-    busy = tree_links(plan.parent, plan.perf, rates)
+    busy = busy_links(plan.parent, plan.perf, rates)
     assert busy == {e for e, bw in rates.items() if bw == 500e6}  # every 500 Mbit/s link
     aux = [r for routes in plan.routes.values() for r in routes[1:]]
     assert aux  # some, over the 100 Mbit/s links the trees leave idle
