@@ -61,6 +61,8 @@ WORKLOADS: list[tuple[str, str, str, tuple[str, ...], tuple[int, int]]] = [
 ]
 
 OFF = ("sched.tsengine_inter=false", "sched.tsengine_intra=false")
+#: the workloads TSEngine loses on, whose one-way delays per round delay_cost counts
+DELAY_COST = ("heterogeneous, no in-cast", "quickstart (tsengine.toml)")
 
 
 def _run(name: str, overrides: list[str], out: Path) -> Any:
@@ -166,6 +168,9 @@ def rows(quick: bool = False, out: Path | None = None) -> list[dict[str, Any]]:
             row.update(root_load(ts.get("inter", {})))
             if name == "tsengine_hetero.toml":
                 row.update(fast_edge_share(ts, fast_mbps=100.0))
+            if label in DELAY_COST:
+                row["delay_cost"] = delay_cost(name, base, out, row["off_s_per_iter"],
+                                               row["on_s_per_iter"])
             result.append(row)
             print(f"  {label}: {row['wall_s']:.1f} s wall", file=sys.stderr)
     return result
@@ -194,6 +199,13 @@ def table(rs: list[dict[str, Any]]) -> str:
             lines.append(f"  global server per key and round: {r['gs_in_per_round']:.2f} merged "
                          f"pushes in, {r['gs_out_per_round']:.2f} relays out (star: one per "
                          "party DC each way)")
+        if "delay_cost" in r:
+            d = r["delay_cost"]
+            lines.append(
+                f"  one-way WAN delays per round (d = {d['delay_s'] * 1e3:g} ms): star "
+                f"{d['star_delays_per_round']:.1f}, TSEngine {d['ts_delays_per_round']:.1f} "
+                f"(+{d['extra_s']:.3f} s); at 0.1 ms {d['speedup_near_zero_delay']:.2f}x; "
+                f"the star's in-cast at the root {d['root_incast_s'] * 1e3:.3f} ms")
         if "fast_share_exploit" in r:
             lines.append(
                 f"  first hop of each round from the global server to a party behind a "

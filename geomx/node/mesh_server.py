@@ -129,6 +129,9 @@ class MeshServer(Node):
         self.relayed = 0
         self.rejected = 0
         self._probe_data: np.ndarray | None = None
+        #: data messages queued per neighbouring server, and their count at the last PROBE
+        self._data_sent: dict[str, int] = {}
+        self._data_at_probe: dict[str, int] = {}
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
@@ -338,6 +341,8 @@ class MeshServer(Node):
                                 "plan": rnd.plan.plan_id}
         if stop:
             meta["stop"] = True
+        self._data_sent[self.server_of[route[1]]] = \
+            self._data_sent.get(self.server_of[route[1]], 0) + 1
         self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[1]], key=ch.key,
                                 part=ch.index, version=rnd.version, meta=meta,
                                 payloads=[payload], channel=DATA_CHANNEL))
@@ -352,10 +357,18 @@ class MeshServer(Node):
     def _on_probe(self, msg: Message) -> None:
         """The controller asks for a measurement of the link to a neighbouring DC: send it
         ``report_samples`` messages of ``report_bytes`` (no data; the receiver times them
-        like chunks and drops them) through that neighbour's queue."""
+        like chunks and drops them) through that neighbour's queue, unless chunks went
+        that way since the previous PROBE."""
         to = msg.meta.get("to")
         if msg.src != self.controller or to not in self.server_of or to == self.dc:
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="bad PROBE")
+            return
+        server = self.server_of[to]
+        sent = self._data_sent.get(server, 0)
+        if sent != self._data_at_probe.get(server, 0):
+            # chunks crossed the link since the last PROBE (too small to be samples): it is
+            # in use, not planned around; probe it only once it has carried nothing
+            self._data_at_probe[server] = sent
             return
         if self._probe_data is None:  # real bytes: over sockets a phantom would not travel
             self._probe_data = np.zeros(max(1, self.meter.report_bytes // 4), np.float32)
@@ -387,7 +400,9 @@ class MeshServer(Node):
             self.relayed += 1
             meta = {k: v for k, v in msg.meta.items() if k != "ts"}
             meta["hop"] = hop + 1
-            self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[hop + 1]],
+            nxt = self.server_of[route[hop + 1]]
+            self._data_sent[nxt] = self._data_sent.get(nxt, 0) + 1
+            self.queues.put(Message(Kind.RELAY, self.name, nxt,
                                     key=msg.key, part=msg.part, version=msg.version, meta=meta,
                                     payloads=list(msg.payloads), channel=DATA_CHANNEL))
             return
