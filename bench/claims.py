@@ -548,7 +548,7 @@ def losses(rows: list[ClaimRow]) -> str:
             "auxiliary routes only over links the trees leave idle past the first hop and "
             "sends each chunk where it is expected to arrive first, counting its own chunks "
             "already on the detour (geomx/topology/netstorm_multipath.py; the authors' rule "
-            "is `[topology.options] aux_rule = \"queue\"`): "
+            "is `[topology.options] aux_rule = \"queue\"`, `probe_after_s = 0`): "
             f"{m.ours:+.1%} ({t['netstorm']:.3f} s/iteration). The paper's +65% is out of "
             "reach on that table by its own condition: the idle links add at most "
             f"{m.detail['idle_capacity_bound']:+.0%} to the capacity of the leaf DCs every "
