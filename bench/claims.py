@@ -66,14 +66,19 @@ REASONS: dict[str, str] = {
                      "iterations",
     "mpq_accuracy": "sparsification delays 99% of each large gradient as momentum-corrected "
                     "residuals, so at equal iterations it trails the dense run",
-    "netstorm_vs_mxnet": "multipath costs time on this table (its auxiliary routes cross "
-                         "100 Mbit/s links); NETSTORM with awareness alone is inside the band",
+    "netstorm_vs_mxnet": "multipath gains little on this table (its idle links are 100 Mbit/s "
+                         "beside 500 Mbit/s trees); NETSTORM with awareness alone is inside "
+                         "the band",
     "netstorm_awareness": "the random first plan routes over 100 Mbit/s links that the "
                           "measured plan avoids, so measuring gains far more than on the "
                           "paper's testbed",
-    "netstorm_multipath": "every auxiliary route leaves the 500 Mbit/s spanning tree and "
-                          "crosses a 100 Mbit/s link, so a chunk moved off the queued main "
-                          "route arrives later",
+    "netstorm_multipath": "the links this table's trees leave idle are 100 Mbit/s beside "
+                          "500 Mbit/s tree links: they add at most a fifth to the capacity of "
+                          "the leaf DCs a round waits on, so auxiliary routes can gain at most "
+                          "+20% here, not +65% (and, over idle links only, they lose nothing)",
+    "netstorm_multipath_idle": "the idle 80 Mbit/s path adds at most +80% to b's 100 Mbit/s "
+                               "tree link, and the up and down halves of a round do not "
+                               "overlap perfectly",
     "dgt": "DGT thins only the push; the whole pull stays on the reliable channel, which "
            "bounds the saving",
     "p3_resnet50": "nothing left to overlap: communication is small next to compute",
@@ -81,16 +86,25 @@ REASONS: dict[str, str] = {
                 "cannot hide its transfer",
     "tsengine_incast": "no shared bottleneck: merging saves no bytes on a shared link while "
                        "the overlay adds serial hops",
-    "tsengine_no_incast": "no shared bottleneck: merging saves no bytes on a shared link "
-                          "while the overlay adds serial hops",
-    "tsengine_latency": "latency-bound shape: TSEngine's extra hops and scheduler round "
-                        "trips cost more than its merge saves",
+    "tsengine_no_incast": "TSEngine's design, without a shared bottleneck to relieve: the "
+                          "root takes the parties' merges one at a time (pairwise merging) "
+                          "where the star's pushes run in parallel, and each merge and relay "
+                          "first waits for the coordinator; it stays slower with every WAN "
+                          "delay cut to 0.1 ms",
+    "tsengine_latency": "TSEngine's design on a latency-bound shape: every merge and relay "
+                        "first waits for the coordinator a WAN round trip away, the root "
+                        "merges one sender at a time and a holder relays to one receiver at "
+                        "a time; that adds more one-way delays per round than the star's "
+                        "whole round has, against microseconds of in-cast merging could save",
     "esync": "little heterogeneity: fast workers have few extra local steps to take",
     "hfa": "small model on a fast WAN: HFA cuts WAN bytes but needs more iterations to the "
            "target than the communication it saves",
     "dcasgd": "little staleness: the delay-compensation term is negligible next to the "
               "gradient, so DC-ASGD trains like plain asynchronous SGD",
 }
+
+#: the authors' multipath rule, run beside geomx's on the NETSTORM meshes
+QUEUE_RULE = "authors' queue rule"
 
 _QUIET = ("run.progress=false", "metrics.plot=false", "metrics.events=false",
           "metrics.trace=false")
@@ -227,9 +241,31 @@ def _slow_link_bytes(summary: Any, slow_bps: float = 100e6) -> int:
 
 
 def _awareness_alone_in_band(per_iter: dict[str, float], lo: float, hi: float) -> bool:
-    """NETSTORM without multipath is inside the band against MXNET, and multipath slows it."""
+    """NETSTORM without multipath is inside the band against MXNET, and multipath gains at
+    most what the idle links bound it to."""
     return bool(lo <= per_iter["mxnet"] / per_iter["awareness"] <= hi
-                and per_iter["netstorm"] > per_iter["awareness"])
+                and per_iter["awareness"] / per_iter["netstorm"] - 1
+                <= netstorm.idle_capacity_bound(netstorm.STATIC))
+
+
+def _idle_paths(out: Path) -> tuple[dict[str, float], int]:
+    """s/iteration (second half) on netstorm_idle_paths.toml without multipath, with the
+    authors' queue rule and with geomx's; and the chunks geomx's rule sent on detours."""
+    per_iter: dict[str, float] = {}
+    aux = 0
+    for name, sets in (("no multipath", ["netstorm.multipath=false"]),
+                       (QUEUE_RULE, list(netstorm.AUTHORS_RULE)),
+                       ("multipath", [])):
+        nodes: dict[str, Any] = {}
+        r = run_scenario(load_scenario(netstorm.IDLE_PATHS, [
+            *sets, f"run.out_dir={out}", *_QUIET]),
+            inspect=lambda ns: nodes.update({n.name: n for n in ns}))
+        rows = read_progress(r.run_dir / "progress.csv")
+        k = len(rows) // 2
+        per_iter[name] = (rows[-1].t - rows[k - 1].t) / (len(rows) - k)
+        if name == "multipath":
+            aux = sum(n.aux_sends for n in nodes.values() if hasattr(n, "aux_sends"))
+    return per_iter, aux
 
 
 def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
@@ -238,8 +274,9 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
     want = ("mxnet", "random plan", "awareness", "netstorm")
     per_iter: dict[str, float] = {}
     summaries: dict[str, Any] = {}
-    for name, sets in netstorm.SYSTEMS:
-        if name not in want:
+    systems = [*netstorm.SYSTEMS, (QUEUE_RULE, netstorm.AUTHORS_RULE)]
+    for name, sets in systems:
+        if name not in (*want, QUEUE_RULE):
             continue
         summary, prog = netstorm._run(netstorm.STATIC, str(out), sets, [f"run.iterations={n}"])
         k = n // 2
@@ -251,6 +288,10 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
     aware = per_iter["random plan"] / per_iter["awareness"] - 1
     multi = per_iter["awareness"] / per_iter["netstorm"] - 1
     lo, hi = netstorm.PAPER_SPEEDUP
+    bound = netstorm.idle_capacity_bound(path)
+    idle, idle_aux = _idle_paths(out)
+    idle_gain = idle["no multipath"] / idle["multipath"] - 1
+    idle_bound = netstorm.idle_capacity_bound(netstorm.IDLE_PATHS)
     src = "docs/papers.md §1 (c)"
     it = f"run.iterations={n}"
     return [
@@ -267,11 +308,23 @@ def netstorm_rows(out: Path, quick: bool) -> list[ClaimRow]:
              unit="%", scenario=_cmd(path, [it, *sets["awareness"]])
              + "  (vs. --set netstorm.awareness=false)"),
         _row("netstorm_multipath", multi,
-             witness=bool(multi < 0 and _slow_link_bytes(summaries["netstorm"])
+             witness=bool(-0.01 <= multi <= bound <= 0.2
+                          and _slow_link_bytes(summaries["netstorm"])
                           > _slow_link_bytes(summaries["awareness"])),
-             claim="NETSTORM multipath on top of awareness",
+             claim="NETSTORM multipath on top of awareness (authors' table)",
              source=f"{src}, summary", paper="about +65%", band_lo=0.55, band_hi=0.75,
-             unit="%", scenario=_cmd(path, [it]) + "  (vs. --set netstorm.multipath=false)"),
+             unit="%", scenario=_cmd(path, [it]) + "  (vs. --set netstorm.multipath=false)",
+             detail={"idle_capacity_bound": bound, "s_per_iteration": per_iter,
+                     "queue_rule_gain": per_iter["awareness"] / per_iter[QUEUE_RULE] - 1}),
+        _row("netstorm_multipath_idle", idle_gain,
+             witness=bool(0 < idle_gain <= idle_bound and idle_aux > 0),
+             claim="NETSTORM multipath, a tree link beside an idle path (3 DCs: 100 Mbit/s "
+                   "a-b, idle 80 Mbit/s b-c)",
+             source=f"{src}, summary", paper="about +65%", band_lo=0.55, band_hi=0.75,
+             unit="%", scenario=_cmd(netstorm.IDLE_PATHS, [])
+             + "  (vs. --set netstorm.multipath=false)",
+             detail={"idle_capacity_bound": idle_bound, "s_per_iteration": idle,
+                     "queue_rule_gain": idle["no multipath"] / idle[QUEUE_RULE] - 1}),
     ]
 
 
@@ -328,12 +381,21 @@ def tsengine_rows(out: Path, quick: bool) -> list[ClaimRow]:
         speed = (off.emulated_seconds / off.iterations) / (on.emulated_seconds / on.iterations)
         s = load_scenario(SCEN / name, base)
         key = keys[label]
+        detail: dict[str, Any] = {}
+        witness = True
+        if key != "tsengine_incast":
+            star_s = off.emulated_seconds / off.iterations
+            ts_s = on.emulated_seconds / on.iterations
+            detail = sched_tsengine.delay_cost(name, base, out, star_s, ts_s)
         if key == "tsengine_latency":
-            witness = _latency_bound(s)
-        else:
+            witness = bool(_latency_bound(s) and detail["extra_delays_per_round"]
+                           > detail["star_delays_per_round"]
+                           and detail["extra_s"] > 100 * detail["root_incast_s"])
+        elif key == "tsengine_no_incast":
             central = next(d for d in s.dcs if d.central)
-            witness = central.lan_bandwidth_bps >= sum(w.bandwidth_bps for w in s.wans)
-        rows.append(_row(key, speed, witness=witness,
+            witness = bool(central.lan_bandwidth_bps >= sum(w.bandwidth_bps for w in s.wans)
+                           and detail["speedup_near_zero_delay"] < 1.0)
+        rows.append(_row(key, speed, witness=witness, detail=detail,
                          claim=f"TSEngine vs the star, s/iteration: {label} ({setting})",
                          source="docs/papers.md §2 (c) (no figure: faster than the PS)",
                          paper="faster", band_lo=1.0, band_hi=INF, unit="x",
@@ -468,6 +530,67 @@ def curve_notes(curve: claims_geomx.Curve) -> str:
     return "\n".join(lines)
 
 
+def losses(rows: list[ClaimRow]) -> str:
+    """Where a mechanism loses, and whether the loss is the paper's design or was ours:
+    the figures behind the NETSTORM multipath and TSEngine rows (their ``detail``)."""
+    by = {r.key: r for r in rows}
+    out = ["## Where a mechanism loses: the paper's design or ours", ""]
+    m, idle = by.get("netstorm_multipath"), by.get("netstorm_multipath_idle")
+    if m and idle:
+        t, ti = m.detail["s_per_iteration"], idle.detail["s_per_iteration"]
+        out += [
+            "**NETSTORM multipath (was ours; fixed).** The authors' rule sends a chunk down "
+            "any interior-disjoint path once the main first-hop queue holds more than two "
+            "messages; on their static table every such path crosses a 100 Mbit/s link and "
+            "rejoins the 500 Mbit/s trees: "
+            f"{m.detail['queue_rule_gain']:+.1%} ({t[QUEUE_RULE]:.3f} "
+            f"against {t['awareness']:.3f} s/iteration without multipath). geomx plans "
+            "auxiliary routes only over links the trees leave idle past the first hop and "
+            "sends each chunk where it is expected to arrive first, counting its own chunks "
+            "already on the detour (geomx/topology/netstorm_multipath.py; the authors' rule "
+            "is `[topology.options] aux_rule = \"queue\"`, `probe_after_s = 0`): "
+            f"{m.ours:+.1%} ({t['netstorm']:.3f} s/iteration). The paper's +65% is out of "
+            "reach on that table by its own condition: the idle links add at most "
+            f"{m.detail['idle_capacity_bound']:+.0%} to the capacity of the leaf DCs every "
+            "round waits on. Where the trees leave a comparable path idle "
+            "(`scenarios/netstorm_idle_paths.toml`, capacity bound "
+            f"{idle.detail['idle_capacity_bound']:+.0%}): {ti['no multipath']:.3f} -> "
+            f"{ti['multipath']:.3f} s/iteration, {idle.ours:+.1%}; the authors' rule "
+            f"{idle.detail['queue_rule_gain']:+.1%}.", ""]
+    out += [
+        "**NETSTORM after a link fault (was ours; fixed).** Passive awareness measures only "
+        "links that carry chunks, so a link planned around while it was down kept its last "
+        "(slow) estimate and was never used again. The controller probes every link "
+        "direction no report covered for `[topology.options] probe_after_s` (10 s): a few "
+        "measurement-sized messages over that link alone. "
+        "tests/topology/test_netstorm_multipath.py: a link down from 3 s to 8 s is planned "
+        "around, probed after it returns and back in the trees; without probes it never "
+        "returns.", ""]
+    for key, shape in (("tsengine_latency", "Latency-bound quickstart"),
+                       ("tsengine_no_incast", "No shared bottleneck")):
+        r = by.get(key)
+        if not r or not r.detail:
+            continue
+        d = r.detail
+        out += [
+            f"**TSEngine, {shape.lower()} (the paper's design).** With every WAN delay cut "
+            "to 0.1 ms a round splits into a + b·d (d the one-way delay, "
+            f"{d['delay_s'] * 1e3:g} ms here): the star's b is "
+            f"{d['star_delays_per_round']:.1f}, TSEngine's {d['ts_delays_per_round']:.1f}, "
+            f"+{d['extra_delays_per_round']:.1f} delays or {d['extra_s']:.3f} s a round, "
+            "against at most the star's in-cast at the root that merging can save "
+            f"({d['root_incast_s'] * 1e3:.3f} ms). Every merge and relay first asks the "
+            "coordinator (in the central DC), the root is paired with one sender at a time "
+            "and a holder relays to one receiver at a time, waiting for each "
+            "acknowledgement (its throughput goes with the next ask): docs/papers.md §2 (b). "
+            f"{r.ours:.2f}x as written, {d['speedup_near_zero_delay']:.2f}x at 0.1 ms.", ""]
+    inc = by.get("tsengine_incast")
+    if inc:
+        out += [f"TSEngine wins where the bytes it keeps off a shared bottleneck outweigh "
+                f"those delays: the 8-DC in-cast, {inc.ours:.2f}x.", ""]
+    return "\n".join(out)
+
+
 def plot(rows: list[ClaimRow], curve: claims_geomx.Curve, path: Path) -> None:
     import matplotlib
 
@@ -517,7 +640,7 @@ def write(rows: list[ClaimRow], curve: claims_geomx.Curve, out: Path, command: s
           "\"faster\" (≥ 1.00x). A row outside its band carries its fixed reason from "
           "`REASONS` in bench/claims.py, and the run checks the measured fact that reason "
           "rests on (`witness` in claims.json). The scenario column is `geomx run` arguments; "
-          "the comparison run is named after it.", "", table(rows), "",
+          "the comparison run is named after it.", "", table(rows), "", losses(rows),
           "## GeoMX against vanilla MXNet, by WAN bandwidth", "", curve_table(curve), "",
           curve_notes(curve), "", "![claims](claims.png)", ""]
     (out / "claims.md").write_text("\n".join(md))

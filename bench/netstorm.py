@@ -21,8 +21,13 @@ Reading the static figures from the link table: its 500 Mbit/s links (1-2, 2-3, 
 tree and each of its links carries the whole model each way per iteration: NETSTORM's
 bound is 25.6M x 32 bit / 500 Mbit/s = 1.64 s per iteration, MXNET's is its busiest
 100 Mbit/s link on the fewest-hop all-to-all paths (printed). Any auxiliary route must
-leave that tree, i.e. cross a 100 Mbit/s link, which is why the queue-length multipath
-rule can lose time here.
+leave that tree, i.e. cross a 100 Mbit/s link: the authors' queue-length rule loses time
+here (a chunk moved off a short 500 Mbit/s queue onto a 100 Mbit/s hop arrives later),
+and the idle links add at most a fifth to the capacity of the leaf DCs the round waits on
+(:func:`idle_capacity_bound`), so multipath over idle links (geomx's rule,
+geomx/topology/netstorm_multipath.py) gains little and loses nothing. Where the trees
+leave a comparable path idle (``scenarios/netstorm_idle_paths.toml``), it gains the
+paper's +65% (:func:`idle_paths_table`).
 
 TSEngine is GeoMX's HiPS with ``[sched] tsengine_inter`` (MAX_GREED_RATE 0.9, the paper's
 setting) on the same mesh: HiPS needs a central DC without workers, so dc5 (three
@@ -53,6 +58,7 @@ from geomx.topology.netstorm_plan import Link, plan_netstorm
 ROOT = Path(__file__).resolve().parent.parent
 STATIC = ROOT / "scenarios" / "netstorm_9dc.toml"
 DYNAMIC = ROOT / "scenarios" / "netstorm_9dc_dynamic.toml"
+IDLE_PATHS = ROOT / "scenarios" / "netstorm_idle_paths.toml"
 
 #: NETSTORM vs MXNET: arXiv abstract 6.5-9.2x (repo README 7.5-9.2x).
 PAPER_SPEEDUP = (6.5, 9.2)
@@ -63,6 +69,10 @@ PAPER_MULTIPATH_GAIN = 0.65
 #: GeoMX's HiPS on the same mesh needs a central DC without workers: dc5, the best
 #: connected (three 500 Mbit/s links), hosts the global server and gives up its worker.
 HIPS_ON_MESH = ("topology.kind=hips", "dc.dc5.central=true", "dc.dc5.workers=0")
+
+#: the authors' multipath (their queue-length rule over any interior-disjoint path, and no
+#: probes: passive measurement only), for comparison with geomx's
+AUTHORS_RULE = ("topology.options.aux_rule=queue", "topology.options.probe_after_s=0")
 
 SYSTEMS: list[tuple[str, tuple[str, ...]]] = [
     ("mxnet", ("topology.kind=mxnet",)),
@@ -135,6 +145,45 @@ def dynamic_table(out: str, iterations: int, extra: list[str]) -> dict[str, floa
     return per_iter
 
 
+def idle_capacity_bound(path: Path) -> float:
+    """How much faster multipath over idle links could make a link-bound round, at most:
+    every DC sends and receives about the whole model per iteration, so a round takes at
+    least the model over the smallest capacity any DC has; the trees alone give a DC only
+    its busy tree links, multipath adds the rest. Returns ``min_dc(all links) / min_dc(tree
+    links) - 1``, with the trees NETSTORM plans from the nominal rates."""
+    s = load_scenario(path)
+    links = [Link(w.a, w.b, w.latency_s) for w in s.wans]
+    rates = {}
+    for w in s.wans:
+        rates[(w.a, w.b)] = rates[(w.b, w.a)] = w.bandwidth_bps
+    dcs = [d.name for d in s.dcs]
+    plan = plan_netstorm(dcs, links, rates, roots=s.netstorm.roots)
+    used = {(j, p) for tree in plan.parent.values() for j, p in tree.items()}
+    used |= {(p, j) for j, p in used}
+    every = min(sum(bw for (u, _), bw in rates.items() if u == d) for d in dcs)
+    trees = min(sum(bw for (u, v), bw in rates.items() if u == d and (u, v) in used)
+                for d in dcs)
+    return every / trees - 1
+
+
+def idle_paths_table(out: str, extra: list[str]) -> dict[str, float]:
+    """Multipath where the trees leave a path idle (netstorm_idle_paths.toml): off, the
+    authors' queue rule, geomx's rule; s/iteration over the second half."""
+    print("\n== idle parallel path (netstorm_idle_paths.toml), s/iteration over the last 6 of "
+          f"12; capacity bound +{idle_capacity_bound(IDLE_PATHS):.0%} ==")
+    per_iter: dict[str, float] = {}
+    for name, sets in (("no multipath", ("netstorm.multipath=false",)),
+                       ("authors' queue rule", AUTHORS_RULE),
+                       ("idle links, arrival", ())):
+        _, rows = _run(IDLE_PATHS, out, sets, list(extra))
+        k = len(rows) // 2
+        per_iter[name] = (rows[-1].t - rows[k - 1].t) / (len(rows) - k)
+        gain = per_iter["no multipath"] / per_iter[name] - 1
+        print(f"{name:20s} {per_iter[name]:6.3f} s/it   {gain:+.0%}   (paper "
+              f"{PAPER_MULTIPATH_GAIN:+.0%})")
+    return per_iter
+
+
 def _ratios(t: dict[str, float]) -> None:
     if "mxnet" in t and "netstorm" in t:
         lo, hi = PAPER_SPEEDUP
@@ -149,7 +198,8 @@ def _ratios(t: dict[str, float]) -> None:
               f"   (paper {PAPER_AWARENESS_GAIN:+.0%})")
     if "awareness" in t and "netstorm" in t:
         print(f"  multipath on top of awareness: {t['awareness'] / t['netstorm'] - 1:+.0%}"
-              f"   (paper {PAPER_MULTIPATH_GAIN:+.0%})")
+              f"   (paper {PAPER_MULTIPATH_GAIN:+.0%}; the idle links bound it at "
+              f"+{idle_capacity_bound(STATIC):.0%} here)")
 
 
 #: A real model whose transfers matter (4.3M parameters, 17 MB) on the 9-DC mesh.
@@ -295,6 +345,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as out:
         if not args.skip_static:
             static_table(out, args.static_iterations, args.set)
+            idle_paths_table(out, args.set)
         if not args.skip_dynamic:
             dynamic_table(out, args.dynamic_iterations, args.set)
         if not args.skip_static:

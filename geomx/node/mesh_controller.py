@@ -8,8 +8,13 @@ ROUTE_RELEASE handling). Besides registration, barriers and liveness (it *is* a
 * before any measurement, seeded pseudo-random values (the reference's [0, 100) MB/s,
   :func:`geomx.policy.mesh_plan.initial_rates`), so a rate-driven first plan is
   effectively random; when the topology does not measure links it is never replaced;
-* SPEED_REPORTs from receiving servers overwrite entries (no probe traffic);
-* a dead link (a SPEED_REPORT of 0 bit/s, or ``link_down`` below) reads 0.
+* SPEED_REPORTs from receiving servers overwrite entries;
+* a link direction no SPEED_REPORT covered for the topology's ``probe_after_s`` (the plans
+  stopped using it, or it failed and was planned around) is probed: at the next check the
+  controller asks the sending end's server for a PROBE (a few measurement-sized messages
+  over that link alone), so that a link that recovered is measured, and used, again;
+* a dead link (a SPEED_REPORT of 0 bit/s, or ``link_down`` below) reads 0 until a positive
+  report revives it.
 
 The plans come from the job's topology object
 (:meth:`geomx.policy.topology.MeshTopology.plan_trees`, given a
@@ -66,6 +71,8 @@ class MeshController(Scheduler):
         self._plan_rates = dict(self.rates)
         self._dead_at_plan: set[frozenset[str]] = set()
         self._last_check_s = 0.0
+        self.probe_after_s = topology.probe_after_s if self.awareness else 0.0
+        self._measured_s: dict[tuple[str, str], float] = {}  # last report or probe request
         self._releases: dict[int, list[Message]] = {}
         self._sent_plan_id = -1
         self.plans: list[MeshPlan] = []
@@ -113,6 +120,7 @@ class MeshController(Scheduler):
             return
         if due:
             self._last_check_s = now
+            self._probe_stale(now)
         change = self._changed()
         if not links_died and not change > max(self.update_rate, 1e-9):  # not float noise
             return
@@ -126,6 +134,19 @@ class MeshController(Scheduler):
         self._dead_at_plan = set(self.dead)
         self.record("plan_switch", plan=plan.plan_id, iteration=version, change=change,
                     dead=sorted("-".join(sorted(d)) for d in self.dead))
+
+    def _probe_stale(self, now: float) -> None:
+        """Ask for a PROBE of every link direction nothing measured for ``probe_after_s``."""
+        if self.probe_after_s <= 0:
+            return
+        for ln in self.links:
+            for u, v in ((ln.a, ln.b), (ln.b, ln.a)):
+                if now - self._measured_s.get((u, v), 0.0) < self.probe_after_s:
+                    continue
+                self._measured_s[(u, v)] = now
+                self.record("probe", link=[u, v])
+                self.post(Message(Kind.PROBE, self.name, self.job.local_server_of[u],
+                                  meta={"to": v}))
 
     # ------------------------------------------------------------------ messages
     def _on_release(self, msg: Message) -> None:
@@ -160,10 +181,12 @@ class MeshController(Scheduler):
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="malformed SPEED_REPORT")
             return
         e = (str(link[0]), str(link[1]))
+        self._measured_s[e] = self.now()
         if bps == 0:
             self.dead.add(frozenset(e))
         else:
             self.rates[e] = float(bps)
+            self.dead.discard(frozenset(e))
         self.record("speed_report", link=list(e), bps=float(bps))
 
     def link_down(self, a: str, b: str) -> None:

@@ -27,8 +27,9 @@ to *neighbouring* DCs' servers, along explicit source routes:
   moments live on every server), so plan switches cannot change the result.
 * **Relaying and multipath (Step 5).** A message carries its route and hop; a server on
   the way forwards it to the next hop at the application layer. The origin picks the main
-  route, or the first auxiliary route whose first-hop queue is idle when the main one is
-  congested (:mod:`geomx.node.neighbour_queues`).
+  route or an auxiliary one, as the topology picks from the state of this server's
+  per-neighbour send queues (:meth:`~geomx.policy.topology.MeshTopology.pick_route`,
+  :mod:`geomx.node.neighbour_queues`).
 * **Passive awareness (Step 4).** Every data message is acknowledged (RELAY_ACK); when
   the topology measures links, its receiver times it (:mod:`geomx.node.link_meter`) and
   sends SPEED_REPORTs.
@@ -53,13 +54,13 @@ from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
 from geomx.node.values import Value, add_into, flat_slice, from_payload, is_phantom
 from geomx.policy.loading import build_policy
-from geomx.policy.mesh_plan import AUX_QUEUE_LIMIT, Chunk, MeshPlan
-from geomx.policy.topology import MeshTopology
+from geomx.policy.mesh_plan import Chunk, MeshPlan
+from geomx.policy.topology import MeshTopology, SendQueue
 from geomx.wire import Kind, Message, Payload
 
 __all__ = ["MeshServer"]
 
-UP, DOWN = "u", "d"
+UP, DOWN, PROBE = "u", "d", "p"
 #: Chunks travel on their own reliable channel, a lower priority class than channel 0,
 #: where their RELAY_ACKs and the control messages go: an acknowledgement never waits
 #: behind the 4 MB chunks its receiver sends back the other way (which would stall the
@@ -127,11 +128,16 @@ class MeshServer(Node):
         self.aux_sends = 0
         self.relayed = 0
         self.rejected = 0
+        self._probe_data: np.ndarray | None = None
+        #: data messages queued per neighbouring server, and their count at the last PROBE
+        self._data_sent: dict[str, int] = {}
+        self._data_at_probe: dict[str, int] = {}
         self.on(Kind.INIT, self._on_init)
         self.on(Kind.PUSH, self._on_push)
         self.on(Kind.PULL, self._on_pull)
         self.on(Kind.COMMAND, self._on_command)
         self.on(Kind.RELAY, self._on_relay)
+        self.on(Kind.PROBE, self._on_probe)
         self.on(Kind.SHUTDOWN, self._on_stop)
 
     # ------------------------------------------------------------------ config
@@ -321,24 +327,56 @@ class MeshServer(Node):
                     stop: bool) -> None:
         assert rnd.plan is not None
         routes = rnd.plan.routes_of(self.dc, dst_dc)
-        route = routes[0]
-        if len(routes) > 1 and \
-                self.queues.depth(self.server_of[route[1]]) > 2 * AUX_QUEUE_LIMIT:
-            for aux in routes[1:]:
-                if self.queues.depth(self.server_of[aux[1]]) < AUX_QUEUE_LIMIT:
-                    route = aux
-                    self.aux_sends += 1
-                    self.record("aux_route", key=ch.key, part=ch.index, route=list(aux))
-                    break
         payload = (Payload.phantom((ch.hi - ch.lo,), value.dtype) if is_phantom(value)
                    else Payload.of(np.ascontiguousarray(value).reshape(-1)))
+        pick = 0
+        if len(routes) > 1:
+            pick = self.topology.pick_route(rnd.plan, routes, self._send_queue,
+                                            payload.nbytes, self.now())
+        route = routes[pick]
+        if pick:
+            self.aux_sends += 1
+            self.record("aux_route", key=ch.key, part=ch.index, route=list(route))
         meta: dict[str, Any] = {"d": direction, "r": ch.root, "route": list(route), "hop": 1,
                                 "plan": rnd.plan.plan_id}
         if stop:
             meta["stop"] = True
+        self._data_sent[self.server_of[route[1]]] = \
+            self._data_sent.get(self.server_of[route[1]], 0) + 1
         self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[1]], key=ch.key,
                                 part=ch.index, version=rnd.version, meta=meta,
                                 payloads=[payload], channel=DATA_CHANNEL))
+
+    def _send_queue(self, dc: str) -> SendQueue:
+        """The state of the send queue to neighbouring DC ``dc``."""
+        server = self.server_of[dc]
+        q = self.queues
+        return SendQueue(q.depth(server), q.in_flight(server), q.backlog_bytes(server),
+                         q.window)
+
+    def _on_probe(self, msg: Message) -> None:
+        """The controller asks for a measurement of the link to a neighbouring DC: send it
+        ``report_samples`` messages of ``report_bytes`` (no data; the receiver times them
+        like chunks and drops them) through that neighbour's queue, unless chunks went
+        that way since the previous PROBE."""
+        to = msg.meta.get("to")
+        if msg.src != self.controller or to not in self.server_of or to == self.dc:
+            self.record("reject", src=msg.src, msg=msg.kind.name, reason="bad PROBE")
+            return
+        server = self.server_of[to]
+        sent = self._data_sent.get(server, 0)
+        if sent != self._data_at_probe.get(server, 0):
+            # chunks crossed the link since the last PROBE (too small to be samples): it is
+            # in use, not planned around; probe it only once it has carried nothing
+            self._data_at_probe[server] = sent
+            return
+        if self._probe_data is None:  # real bytes: over sockets a phantom would not travel
+            self._probe_data = np.zeros(max(1, self.meter.report_bytes // 4), np.float32)
+        payload = Payload.of(self._probe_data)
+        for _ in range(self.meter.report_samples):
+            self.queues.put(Message(Kind.RELAY, self.name, self.server_of[to],
+                                    meta={"d": PROBE, "route": [self.dc, to], "hop": 1},
+                                    payloads=[payload], channel=DATA_CHANNEL))
 
     def _on_relay(self, msg: Message) -> None:
         problem = self._relay_problem(msg)
@@ -356,11 +394,15 @@ class MeshServer(Node):
                 self.post(Message(Kind.SPEED_REPORT, self.name, self.controller,
                                   meta={"link": [src_dc, self.dc], "bps": est}))
         route, hop = msg.meta["route"], int(msg.meta["hop"])
+        if msg.meta["d"] == PROBE:
+            return  # a measurement only
         if hop < len(route) - 1:
             self.relayed += 1
             meta = {k: v for k, v in msg.meta.items() if k != "ts"}
             meta["hop"] = hop + 1
-            self.queues.put(Message(Kind.RELAY, self.name, self.server_of[route[hop + 1]],
+            nxt = self.server_of[route[hop + 1]]
+            self._data_sent[nxt] = self._data_sent.get(nxt, 0) + 1
+            self.queues.put(Message(Kind.RELAY, self.name, nxt,
                                     key=msg.key, part=msg.part, version=msg.version, meta=meta,
                                     payloads=list(msg.payloads), channel=DATA_CHANNEL))
             return
@@ -371,14 +413,16 @@ class MeshServer(Node):
         route = m.get("route")
         if msg.src not in self.dc_of_server:
             return f"{msg.src} is not a server of this job"
-        if m.get("d") not in (UP, DOWN) or not isinstance(route, list) or len(msg.payloads) != 1:
-            return "malformed RELAY: needs d in {u, d}, a route list and one payload"
+        if m.get("d") not in (UP, DOWN, PROBE) or not isinstance(route, list) \
+                or len(msg.payloads) != 1 or (m.get("d") == PROBE and len(route) != 2):
+            return ("malformed RELAY: needs d in {u, d, p}, a route list (of two DCs for p) "
+                    "and one payload")
         hop = m.get("hop")
         if not isinstance(hop, int) or not 1 <= hop < len(route) or route[hop] != self.dc \
                 or route[hop - 1] != self.dc_of_server[msg.src] \
                 or any(r not in self.server_of for r in route):
             return f"RELAY route {route!r} hop {hop!r} does not pass {self.dc} from {msg.src}"
-        if msg.key not in self.store and hop == len(route) - 1:
+        if msg.key not in self.store and hop == len(route) - 1 and m["d"] != PROBE:
             return f"RELAY of key {msg.key}, which is not initialised here"
         return ""
 

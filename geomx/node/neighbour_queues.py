@@ -28,6 +28,7 @@ class NeighbourQueues:
         self.window = window
         self._waiting: dict[str, deque[Message]] = {}
         self._in_flight: dict[str, int] = {}
+        self._backlog_bytes: dict[str, int] = {}
         self.sent: dict[str, int] = {}
 
     def depth(self, neighbour: str) -> int:
@@ -35,8 +36,18 @@ class NeighbourQueues:
         q = self._waiting.get(neighbour)
         return len(q) if q else 0
 
+    def in_flight(self, neighbour: str) -> int:
+        """Messages to ``neighbour`` sent and not yet acknowledged."""
+        return self._in_flight.get(neighbour, 0)
+
+    def backlog_bytes(self, neighbour: str) -> int:
+        """Bytes of the messages to ``neighbour`` waiting or in flight (not yet
+        acknowledged): what a new message there has to wait behind."""
+        return self._backlog_bytes.get(neighbour, 0)
+
     def put(self, msg: Message) -> None:
         self._waiting.setdefault(msg.dst, deque()).append(msg)
+        self._backlog_bytes[msg.dst] = self._backlog_bytes.get(msg.dst, 0) + msg.nbytes
         self._pump(msg.dst)
 
     def _pump(self, neighbour: str) -> None:
@@ -52,5 +63,6 @@ class NeighbourQueues:
             await self.node.request(msg)
         finally:
             self._in_flight[neighbour] -= 1
+            self._backlog_bytes[neighbour] -= msg.nbytes
             self.sent[neighbour] = self.sent.get(neighbour, 0) + 1
             self._pump(neighbour)

@@ -29,7 +29,7 @@ from geomx.policy.scheduling import (SchedContext, SchedGlobalSide, SchedLocalSi
                                      SchedWorkerSide, TransferScheduler)
 from geomx.policy.sync import (GlobalContext, GlobalSide, LocalContext, LocalSide,
                                SyncAlgorithm, WorkerContext, WorkerSide)
-from geomx.policy.topology import MeshTopology, MeshView, Topology
+from geomx.policy.topology import MeshTopology, MeshView, SendQueue, Topology
 
 __all__ = [
     "Policy", "PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
@@ -37,6 +37,6 @@ __all__ = [
     "SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
     "LocalContext", "WorkerContext", "TransferScheduler", "SchedWorkerSide",
     "SchedLocalSide", "SchedGlobalSide", "SchedContext", "Topology", "MeshTopology",
-    "MeshView", "MeshPlan", "Link", "Chunk", "route_key", "DCShape", "NodeLayout",
+    "MeshView", "SendQueue", "MeshPlan", "Link", "Chunk", "route_key", "DCShape", "NodeLayout",
     "Codec", "CodecPolicy", "CodecState", "CodecError", "Encoded",
 ]

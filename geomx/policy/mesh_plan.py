@@ -55,6 +55,10 @@ class MeshPlan:
     auxiliary routes from u to v, each a list of DCs from u to v, for every tree edge in
     both directions. ``kind`` names the topology that planned it (the controller's
     ``plan`` event shows it; empty: the controller fills in the topology's name).
+    ``rates_bps["u>v"]`` and ``delays_s["u>v"]`` (optional, empty unless the planner fills
+    them) are the rate estimate and one-way delay of each directed link the plan was made
+    from, for a topology that picks between a pair's routes by their expected arrival
+    (:meth:`~geomx.policy.topology.MeshTopology.pick_route`).
     JSON-able: :meth:`to_json` / :meth:`from_json`.
     """
 
@@ -64,6 +68,8 @@ class MeshPlan:
     parent: dict[str, dict[str, str]]
     routes: dict[str, list[list[str]]]
     kind: str = ""
+    rates_bps: dict[str, float] = field(default_factory=dict)
+    delays_s: dict[str, float] = field(default_factory=dict)
     _children: dict[tuple[str, str], list[str]] = field(default_factory=dict, repr=False,
                                                         compare=False)
 
@@ -95,10 +101,15 @@ class MeshPlan:
         return [(j, p) for j, p in self.parent.get(root, {}).items()]
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan_id": self.plan_id, "dcs": list(self.dcs), "perf": dict(self.perf),
-                "parent": {r: dict(t) for r, t in self.parent.items()},
-                "routes": {k: [list(p) for p in v] for k, v in self.routes.items()},
-                "kind": self.kind}
+        out: dict[str, Any] = {
+            "plan_id": self.plan_id, "dcs": list(self.dcs), "perf": dict(self.perf),
+            "parent": {r: dict(t) for r, t in self.parent.items()},
+            "routes": {k: [list(p) for p in v] for k, v in self.routes.items()},
+            "kind": self.kind}
+        if self.rates_bps:  # only plans that carry them: the others' JSON stays as it was
+            out["rates_bps"] = dict(self.rates_bps)
+            out["delays_s"] = dict(self.delays_s)
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "MeshPlan":
@@ -108,7 +119,9 @@ class MeshPlan:
                            for r, t in d["parent"].items()},
                    routes={str(k): [[str(x) for x in p] for p in v]
                            for k, v in d["routes"].items()},
-                   kind=str(d.get("kind", "")))
+                   kind=str(d.get("kind", "")),
+                   rates_bps={str(k): float(v) for k, v in d.get("rates_bps", {}).items()},
+                   delays_s={str(k): float(v) for k, v in d.get("delays_s", {}).items()})
 
     def problem(self, links: Iterable[Link]) -> str:
         """Why the servers could not run this plan over ``links`` ("" when they can): every

@@ -19,15 +19,15 @@ of every tree edge; the servers then carry it out (docs/papers.md §1 (b) Steps 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from geomx.policy.base import Policy
 from geomx.policy.layout import DCShape, NodeLayout, assemble_mesh_layout
-from geomx.policy.mesh_plan import Chunk, Link, MeshPlan, chunk_table
+from geomx.policy.mesh_plan import AUX_QUEUE_LIMIT, Chunk, Link, MeshPlan, chunk_table
 
-__all__ = ["Topology", "MeshTopology", "MeshView"]
+__all__ = ["Topology", "MeshTopology", "MeshView", "SendQueue"]
 
 
 class Topology(Policy):
@@ -44,6 +44,19 @@ class Topology(Policy):
                state_server: bool) -> NodeLayout:
         """The job's nodes: ``central_dc`` hosts the global tier and the master worker,
         ``parties`` are the other DCs in file order, each with at least one worker."""
+
+
+@dataclass(frozen=True)
+class SendQueue:
+    """A mesh server's send queue to one neighbouring DC, as a route choice sees it: the
+    data messages ``waiting`` to be sent and those ``in_flight`` (sent, not yet
+    acknowledged), their ``bytes`` together, and the ``window`` of unacknowledged
+    messages the queue allows (docs/papers.md §1 (b) Step 5)."""
+
+    waiting: int
+    in_flight: int
+    bytes: int
+    window: int
 
 
 @dataclass(frozen=True)
@@ -103,12 +116,37 @@ class MeshTopology(Topology):
         Step 4). False: the first plan stays, unless a link dies."""
         return False
 
+    @property
+    def probe_after_s(self) -> float:
+        """Seconds after which a link direction that no SPEED_REPORT has covered is probed
+        (the controller has one end send a few measurement-sized messages over it, so a
+        link the plans stopped using, or one that came back after a fault, is measured
+        again); 0 = never. Only consulted when :attr:`measures_links`."""
+        return 0.0
+
     @abc.abstractmethod
     def plan_trees(self, view: MeshView) -> MeshPlan:
         """The plan numbered ``view.plan_id`` for the mesh as ``view`` describes it: roots
         and shares (``perf``), each root's tree (``parent``) and the routes of every tree
         edge in both directions (``routes``). Raise ``ValueError`` when the live links
         cannot carry a plan (the controller keeps the previous one)."""
+
+    def pick_route(self, plan: MeshPlan, routes: Sequence[Sequence[str]],
+                   queue: Callable[[str], SendQueue], chunk_bytes: int,
+                   now_s: float) -> int:
+        """Which of ``routes`` (one tree edge's, main route first) a chunk of
+        ``chunk_bytes`` leaves on at ``now_s`` (the node's clock), as an index;
+        ``queue(dc)`` is this server's send queue to the neighbouring DC ``dc``. Each
+        server has its own topology object, which may remember its earlier choices. Default: the queue rule of docs/papers.md §1 (b)
+        Step 5: the main route unless its first-hop queue holds more than 2·L messages
+        waiting, then the first auxiliary route whose first-hop queue holds fewer than L
+        (:data:`~geomx.policy.mesh_plan.AUX_QUEUE_LIMIT`)."""
+        if len(routes) < 2 or queue(routes[0][1]).waiting <= 2 * AUX_QUEUE_LIMIT:
+            return 0
+        for i, aux in enumerate(routes[1:], start=1):
+            if queue(aux[1]).waiting < AUX_QUEUE_LIMIT:
+                return i
+        return 0
 
     def divide(self, plan: MeshPlan, key_sizes: Mapping[int, int],
                chunk_elements: int) -> list[Chunk]:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from geomx.policy.mesh_plan import (AUX_QUEUE_LIMIT, Chunk, Link, MeshPlan, chunk_table,
                                    initial_rates, route_key)
+from geomx.topology.netstorm_multipath import AUX_RULES, busy_links, idle_aux_routes
 
 if TYPE_CHECKING:  # networkx (~0.15 s to import) loads only when a mesh is planned
     import networkx as nx
@@ -151,15 +152,21 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                   rates_bps: Mapping[tuple[str, str], float], *, plan_id: int = 0,
                   roots: int = 0, dynamic_roots: bool = False, multipath: bool = True,
                   cost: str = "bandwidth", chunk_bytes: float = 4e6,
-                  max_aux: int = DEFAULT_MAX_AUX) -> MeshPlan:
+                  max_aux: int = DEFAULT_MAX_AUX, aux_rule: str = "arrival") -> MeshPlan:
     """NETSTORM's plan for the current rate matrix (directed, bit/s; missing or 0 = down).
 
     ``roots``: how many of the best roots keep a share (0 = all, the demo's R = N);
-    ``dynamic_roots`` picks R by the link-load estimate instead. Raises ``ValueError`` when
-    the live links do not connect the DCs.
+    ``dynamic_roots`` picks R by the link-load estimate instead. With ``multipath``, every
+    tree edge gets auxiliary routes: over idle links, and the plan carries the rates and
+    delays the servers weigh them by (``aux_rule = "arrival"``,
+    :mod:`geomx.topology.netstorm_multipath`), or any interior-disjoint ones (``"queue"``,
+    the authors' rule). Raises ``ValueError`` when the live links do not connect the DCs.
     """
     if cost not in ("bandwidth", "latency"):
         raise ValueError(f"cost = {cost!r}; allowed: 'bandwidth', 'latency'")
+    if aux_rule not in AUX_RULES:
+        raise ValueError(f"aux_rule = {aux_rule!r}; allowed: "
+                         + ", ".join(repr(r) for r in AUX_RULES))
     dcs = list(dcs)
     g = _graph(dcs, links, rates_bps, cost, chunk_bytes)
     import networkx as nx
@@ -182,6 +189,7 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                 (1.0 if d in keep else 0.0)) for d in dcs}
     parent = {r: trees[r][0] for r in dcs if r in keep}
     routes: dict[str, list[list[str]]] = {}
+    idle = multipath and aux_rule == "arrival"
     for r in parent:
         for j, p in parent[r].items():
             for u, v in ((j, p), (p, j)):
@@ -189,10 +197,27 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                 if k in routes:
                     continue
                 main = paths[u][v]
-                routes[k] = (_aux_routes(g, u, v, main, max_aux) if multipath
-                             else [main])
+                routes[k] = (_aux_routes(g, u, v, main, max_aux)
+                             if multipath and not idle else [main])
+    if idle:
+        # slowest main routes first: they get the idle links before faster ones do
+        busy = busy_links(parent, perf, rates_bps)
+        for k in sorted(routes, key=lambda k: (-_path_cost(g, routes[k][0]), k)):
+            main = routes[k][0]
+            routes[k] = idle_aux_routes(g, main[0], main[-1], main, max_aux, busy)
+            for aux in routes[k][1:]:
+                busy.update(zip(aux[1:], aux[2:]))  # an idle link serves one pair only
+    rates: dict[str, float] = {}
+    delays: dict[str, float] = {}
+    if idle:  # what the servers weigh the routes by
+        delay = {}
+        for ln in links:
+            delay[(ln.a, ln.b)] = delay[(ln.b, ln.a)] = ln.delay_s
+        live = [(u, v, bw) for (u, v), bw in rates_bps.items() if bw > 0]
+        rates = {route_key(u, v): bw for u, v, bw in live}
+        delays = {route_key(u, v): delay.get((u, v), 0.0) for u, v, _ in live}
     return MeshPlan(plan_id=plan_id, dcs=dcs, perf=perf, parent=parent, routes=routes,
-                    kind="netstorm")
+                    kind="netstorm", rates_bps=rates, delays_s=delays)
 
 
 def plan_mlnet(dcs: Sequence[str], links: Sequence[Link], *, fan_in: int = 5,
