@@ -12,7 +12,9 @@ off the syntax tree of every module under ``geomx/``:
    that declares ``_field`` (``__eq__`` comparing two instances): a reader cannot tell
    from the syntax that ``other`` is of the same class, so the rule stays simple and
    such a site is either rewritten or counted. A standard-library function whose
-   documented name has an underscore (``os._exit``) is public and does not count.
+   documented name has an underscore (``os._exit``) is public and does not count, nor
+   does the one underscored attribute torch offers with no public spelling
+   (:data:`LIBRARY_PUBLIC`, in geomx/torch only).
 2. **Foreign public write**: an assignment ``x.name = ...`` / ``x.name += ...`` /
    ``x.name: T = ...`` whose ``x`` is not ``self``/``cls``, whose ``name`` is public,
    is declared by a class of another geomx module and by no class of this one. A
@@ -40,6 +42,11 @@ ROOT = Path(__file__).resolve().parents[1]
 OWNER_NAMES = frozenset({"self", "cls"})
 #: Standard-library functions whose documented public name starts with an underscore.
 STDLIB_PUBLIC = frozenset({"os._exit", "sys._getframe"})
+#: Underscored attributes of a library's objects that the library itself offers as the
+#: way to ask (no public spelling exists), by the folder whose modules use that library:
+#: torch's ``Tensor._version``, the in-place version counter autograd's own checks read
+#: (geomx.torch uses it to see a gradient changed after it was sent).
+LIBRARY_PUBLIC = {"geomx/torch/": frozenset({"_version"})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +126,12 @@ def scan_module(path: Path, root: Path, declared_elsewhere: set[str]) -> list[Si
     rel = path.relative_to(root).as_posix()
     tree = ast.parse(path.read_text(), filename=rel)
     sites: list[Site] = []
+    library = frozenset().union(*(names for folder, names in LIBRARY_PUBLIC.items()
+                                  if rel.startswith(folder)))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_private(node.attr) \
-                and not _is_owner(node.value) and ast.unparse(node) not in STDLIB_PUBLIC:
+                and not _is_owner(node.value) and ast.unparse(node) not in STDLIB_PUBLIC \
+                and node.attr not in library:
             sites.append(Site(rel, node.lineno, "private", ast.unparse(node)))
         elif isinstance(node, ast.ImportFrom) and _from_geomx(node):
             sites.extend(Site(rel, node.lineno, "private",
