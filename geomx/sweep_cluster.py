@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ CLUSTER_ENV = "GEOMX_CLUSTER"
 INSTALL_HINT = "pip install 'geomx[cluster]' (or: pip install 'distributed>=2024.1')"
 #: Seconds to reach the scheduler, and again for a first worker to join it.
 CONNECT_TIMEOUT_S = 5.0
+#: how long points may wait with no worker in the cluster before they are reported failed
+#: (a sweep never waits forever for workers that are all gone)
+NO_WORKER_GRACE_S = 30.0
+#: how long fetching a finished point's result may take; longer means the worker that
+#: held it has gone, and the scheduler is running the point again
+GATHER_TIMEOUT_S = 10.0
 
 
 class ClusterError(RuntimeError):
@@ -337,6 +344,9 @@ class ClusterPool:
         """Run `tasks`; call `on_done(task, result, None)` when one returns and
         `on_done(task, None, error)` when it failed twice (the second time on another
         worker when there is one). `on_tick(running)` is called as the count changes.
+        A finished point whose worker went away before its result was fetched runs
+        again; points that find no worker for :data:`NO_WORKER_GRACE_S` are reported
+        failed, so a cluster whose workers all died ends the sweep instead of hanging it.
         Ctrl-C (or any exception) cancels every task still queued or running."""
         distributed = self._distributed
         for task in tasks:
@@ -346,6 +356,7 @@ class ClusterPool:
             threads = sum(i["nthreads"] for i in self._workers_info().values())
             last_running = min(len(tasks), threads)
             on_tick(last_running)
+        no_worker_since: float | None = None
         try:
             while self._futures:
                 try:
@@ -356,12 +367,17 @@ class ClusterPool:
                     done = set()
                 for fut in done:
                     task = self._futures.pop(fut)
-                    if on_tick is not None and last_running > len(self._futures):
-                        last_running = len(self._futures)
-                        on_tick(last_running)
                     error = self._error(fut)
                     if error is None:
-                        on_done(task, fut.result(), None)
+                        try:
+                            result = fut.result(timeout=GATHER_TIMEOUT_S)
+                        except TimeoutError:  # lost with its worker: it runs again
+                            self._futures[fut] = task
+                            continue
+                        if on_tick is not None and last_running > len(self._futures):
+                            last_running = len(self._futures)
+                            on_tick(last_running)
+                        on_done(task, result, None)
                         continue
                     worker, text = error
                     if not worker:  # the scheduler has retried it already, or lost it
@@ -372,6 +388,16 @@ class ClusterPool:
                     else:
                         tried = " and then ".join((*task.failed_on, worker))
                         on_done(task, None, f"{text} (tried on {tried})")
+                if self._futures and not self._workers_info():
+                    now = time.monotonic()
+                    no_worker_since = now if no_worker_since is None else no_worker_since
+                    if now - no_worker_since >= NO_WORKER_GRACE_S:
+                        self._fail_all(on_done, f"no Dask worker was left to run it for "
+                                       f"{NO_WORKER_GRACE_S:.0f} s (every worker has gone; "
+                                       "start workers and run the sweep again: finished "
+                                       "points are kept)")
+                else:
+                    no_worker_since = None
                 if on_tick is not None:
                     n = self.running()
                     if n != last_running:
@@ -381,6 +407,15 @@ class ClusterPool:
             self.client.cancel(list(self._futures), force=True)
             self._futures.clear()
             raise
+
+    def _fail_all(self, on_done: Callable[[ClusterTask, Any, str | None], None],
+                  error: str) -> None:
+        """Report every point still queued as failed with ``error``, and cancel it."""
+        pending = list(self._futures.items())
+        self._futures.clear()
+        self.client.cancel([fut for fut, _ in pending], force=True)
+        for _, task in pending:
+            on_done(task, None, error)
 
     def _error(self, fut: Any) -> tuple[str, str] | None:
         """(worker, one line) for a failed future, None for a finished one; a task whose

@@ -24,6 +24,7 @@ import distributed  # the `test` extra installs it: these tests run, never skip
 from geomx.cli import main
 from geomx.metrics.sweep_results import read_sweep
 from geomx.sweep import GridAxis, run_sweep
+from geomx import sweep_cluster
 from geomx.sweep_cluster import ClusterError, ClusterPool
 
 from tests.helpers.paths import ROOT
@@ -401,10 +402,14 @@ def test_a_point_that_kills_its_workers_is_reported_by_name(cluster, tmp_path, c
     (allowed-failures = 1), takes it too, and is reported; the other point is done."""
     cluster.start_worker("w3")
     cluster.wait_for(2)
+    # the deadly point waits a second before it ends its worker: moved to the worker that
+    # has just finished the other point, it lets that point's result be fetched first (a
+    # result lost with its worker runs again: the next test)
     (tmp_path / "deadly.py").write_text(
-        "import os\n\n"
+        "import os, time\n\n"
         "async def main(kv, ctx):\n"
         "    if ctx.args == ['--die']:\n"
+        "        time.sleep(1.0)\n"
         "        os._exit(1)\n")
     scenario = tmp_path / "job.toml"
     scenario.write_text(QUICKSTART.read_text().replace(
@@ -420,3 +425,27 @@ def test_a_point_that_kills_its_workers_is_reported_by_name(cluster, tmp_path, c
     assert len(failed) == 1 and "program_args=" in failed[0], failed
     assert "the worker running it died, 2 times" in failed[0], failed[0]
     assert list(read_sweep(out)["status"]) == ["done", "failed"]
+
+
+def test_a_sweep_whose_workers_are_all_gone_ends_and_names_the_points(cluster, tmp_path,
+                                                                       capsys, monkeypatch):
+    """A worker joins, and the first point ends it: no worker is left, so the points wait
+    for one only NO_WORKER_GRACE_S, are reported failed, and the sweep ends instead of
+    waiting forever."""
+    monkeypatch.setattr(sweep_cluster, "NO_WORKER_GRACE_S", 3.0)
+    cluster.start_worker("w4")
+    cluster.wait_for(1)
+    (tmp_path / "deadly.py").write_text("import os\n\nasync def main(kv, ctx):\n"
+                                        "    os._exit(1)\n")
+    scenario = tmp_path / "job.toml"
+    scenario.write_text(QUICKSTART.read_text().replace(
+        "[training]\n", "[training]\nprogram = \"deadly.py:main\"\n"))
+    out = tmp_path / "sweep"
+    argv = ["sweep", str(scenario), "--grid", "run.seed=1,2", "--out", str(out), "--quiet",
+            "--no-plots", "--cluster", cluster.address, *[a for s in BASE for a in ("--set", s)]]
+    assert main(argv) == 1
+    failed = [line for line in capsys.readouterr().err.splitlines()
+              if line.startswith("failed: ")]
+    assert len(failed) == 2 and all("no Dask worker was left to run it for 3 s" in f
+                                    for f in failed), failed
+    assert list(read_sweep(out)["status"]) == ["failed", "failed"]
