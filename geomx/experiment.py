@@ -66,11 +66,13 @@ def make_run_dir(out_dir: str | os.PathLike, name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = base / f"{name}-{stamp}"
     n = 1
-    while path.exists():
-        n += 1
-        path = base / f"{name}-{stamp}-{n}"
-    path.mkdir()
-    return path
+    while True:  # mkdir claims the name: of two runs started in one second, the second gets -2
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
+            path = base / f"{name}-{stamp}-{n}"
 
 
 def resume_scenario(run_dir: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()

@@ -6,6 +6,8 @@ leaving no process behind."""
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import pytest
 
@@ -68,11 +70,21 @@ def test_a_codec_that_raises_over_sockets_stops_every_process(lab, tmp_path):
     scenario.write_text((EXAMPLES / "dgc.toml").read_text().split("[codec]")[0]
                         + '[codec]\ntype = "boom.py:Boom"\n[codec.options]\nafter = 3\n')
     s = load_scenario(scenario, ["metrics.plot=false", "metrics.trace=false"])
+    # processes this test process already had (another test's, in the same pytest
+    # worker) are not this job's
+    before = set(descendants(os.getpid()))
     with pytest.raises(JobFailed) as info:
         run_scenario(s, runtime="real", out_dir=tmp_path, progress=False)
     assert f"codec policy '{lab / 'boom.py'}:Boom' raised in encode() at boom.py:" in str(info.value)
-    import os
-    assert descendants(os.getpid()) == []
+    left = [p for p in descendants(os.getpid()) if p not in before]
+    assert left == [], [_command_line(p) for p in left]
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return f"{pid}: gone"
 
 
 @pytest.mark.slow
