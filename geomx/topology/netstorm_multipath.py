@@ -73,7 +73,12 @@ def idle_aux_routes(g: nx.DiGraph, src: str, dst: str, main: list[str], max_aux:
                     busy: set[tuple[str, str]]) -> list[list[str]]:
     """``main`` then up to ``max_aux`` auxiliary routes from ``src`` to ``dst`` in cost
     order, each interior-disjoint from the routes before it and, past its first hop, off
-    the ``busy`` link directions (one Dijkstra per route, the used interiors hidden)."""
+    the ``busy`` link directions (an empty set: the authors' routes).
+
+    Accepting, in increasing cost, each path whose interior avoids the interiors accepted
+    so far (the authors' greedy rule over their exhaustive list) is the same as repeatedly
+    taking the cheapest path that avoids them: one Dijkstra per accepted route, with the
+    used interior nodes (and an already used direct link) hidden."""
     import networkx as nx
 
     out = [main]

@@ -71,36 +71,6 @@ def _path_cost(g: nx.DiGraph, path: Sequence[str]) -> float:
     return sum(g[u][v]["weight"] for u, v in zip(path, path[1:]))
 
 
-def _aux_routes(g: nx.DiGraph, src: str, dst: str, main: list[str], max_aux: int) -> list[list[str]]:
-    """Main route first, then interior-node-disjoint auxiliary routes in cost order.
-
-    Accepting, in increasing cost, each path whose interior avoids the interiors accepted
-    so far (the repo's greedy rule over its exhaustive list) is the same as repeatedly
-    taking the cheapest path that avoids them: one Dijkstra per accepted route, with the
-    used interior nodes (and an already used direct link) hidden."""
-    out = [main]
-    hidden_nodes = set(main[1:-1])
-    hidden_edges = {(src, dst)} if len(main) == 2 else set()
-
-    def weight(u: str, v: str, d: dict[str, Any]) -> float | None:
-        if v in hidden_nodes or u in hidden_nodes or (u, v) in hidden_edges:
-            return None
-        return d["weight"]
-
-    import networkx as nx
-
-    for _ in range(max_aux):
-        try:
-            _, path = nx.bidirectional_dijkstra(g, src, dst, weight=weight)
-        except nx.NetworkXNoPath:
-            break
-        out.append(list(path))
-        if len(path) == 2:
-            hidden_edges.add((src, dst))
-        hidden_nodes |= set(path[1:-1])
-    return out
-
-
 def _fapt(root: str, dcs: Sequence[str], paths: Mapping[str, Mapping[str, list[str]]],
           g: nx.DiGraph) -> tuple[dict[str, str], float] | None:
     """Root ``root``'s tree (parent of every other DC) and its aggregate-forward time T_r,
@@ -197,7 +167,7 @@ def plan_netstorm(dcs: Sequence[str], links: Sequence[Link],
                 if k in routes:
                     continue
                 main = paths[u][v]
-                routes[k] = (_aux_routes(g, u, v, main, max_aux)
+                routes[k] = (idle_aux_routes(g, u, v, main, max_aux, set())
                              if multipath and not idle else [main])
     if idle:
         # slowest main routes first: they get the idle links before faster ones do
