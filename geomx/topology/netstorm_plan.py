@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from geomx.policy.mesh_plan import (AUX_QUEUE_LIMIT, Chunk, Link, MeshPlan, chunk_table,
                                    initial_rates, route_key)
