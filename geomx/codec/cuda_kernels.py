@@ -30,9 +30,11 @@ import numpy as np
 from numba import cuda
 
 from . import bits
-from .cudasim import simulator_enabled
+from .cudasim import check_target_loads, simulator_enabled
 
 _SIM = simulator_enabled()
+if not _SIM:
+    check_target_loads()
 #: Threads per block; a compile-time constant for the shared-memory scan. Smaller in the
 #: simulator, where every thread is a Python thread.
 TPB = 32 if _SIM else 256

@@ -34,3 +34,27 @@ def test_cuda_kernels_pass_in_the_simulator():
     passed = re.search(r"(\d+) passed", out)
     assert passed and int(passed.group(1)) >= MIN_TESTS, out[-2000:]
     assert not re.search(r"\d+ skipped", out), out[-2000:]
+
+
+def test_a_cuda_target_that_cannot_load_is_named_with_its_fix():
+    """numba-cuda under numpy 2.5 fails every kernel's first launch deep inside numba
+    (``module 'numpy' has no attribute 'row_stack'``, seen on an H200): the kernels'
+    module says so in one line, with what to install, when it is imported (on a real
+    GPU; the simulator has no such target to check)."""
+    import numpy as np
+
+    from geomx.codec import cudasim
+
+    def broken(name):
+        raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+
+    def absent(name):
+        raise ImportError(f"No module named {name!r}")
+
+    with pytest.raises(ImportError) as info:
+        cudasim.check_target_loads(broken)
+    assert str(info.value).startswith(f"Numba's CUDA target does not load under numpy "
+                                      f"{np.__version__} (module 'numpy' has no attribute "
+                                      "'row_stack')")
+    assert "numpy<2.5" in str(info.value)
+    cudasim.check_target_loads(absent)  # nothing to check: no error
