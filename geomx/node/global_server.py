@@ -27,7 +27,7 @@ from typing import Any
 
 from geomx.node.base import Node, NodeFailure
 from geomx.node import checkpoint as ckpt
-from geomx.node.link_codec import LinkCodec
+from geomx.node.link_codec import CodecNotice, LinkCodec
 from geomx.node.sched_context import SchedNodeContext
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
@@ -117,8 +117,7 @@ class GlobalServer(Node):
         #: a flat PS's workers learn a codec the master worker set with
         #: ``set_gradient_compression`` from this server's next reply to each of them (a
         #: local server does it for its workers under HiPS)
-        self._commanded_codec: dict[str, Any] | None = None
-        self._codec_told: set[str] = set()
+        self.codec_notice = CodecNotice()
         self._pusher_set = frozenset(self.pushers)  # per-push membership, O(1) at any scale
         #: the transfer schedulers' side (geomx/policy/scheduling.py): pushes in blocks or
         #: merged, replies fused or broadcast (None: one push, one acknowledgement)
@@ -181,8 +180,7 @@ class GlobalServer(Node):
         elif cmd == "set_gradient_compression":
             self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
             if self.job.mode == "flat_ps":
-                self._commanded_codec = dict(msg.meta["config"])
-                self._codec_told.clear()
+                self.codec_notice.command(msg.meta["config"])
             self.record("command", cmd=cmd)
             if self.rank == 0 and self.job.mode == "hips":
                 # GeoMX: global server 0 forwards it to every local server; acknowledged
@@ -393,11 +391,7 @@ class GlobalServer(Node):
     def _tell_codec(self, dst: str, meta: dict[str, Any]) -> dict[str, Any]:
         """``meta``, with the master worker's codec when ``dst`` is a flat-PS worker that
         has not been told it yet."""
-        if (self._commanded_codec is not None and dst not in self._codec_told
-                and dst in self._pusher_set):
-            self._codec_told.add(dst)
-            meta["codec_config"] = self._commanded_codec
-        return meta
+        return self.codec_notice.tell(dst, meta) if dst in self._pusher_set else meta
 
     def _on_pull(self, msg: Message) -> None:
         if self._park(msg):

@@ -35,6 +35,28 @@ def _policy(config: dict[str, Any]):
     return codec_from_config(config)
 
 
+class CodecNotice:
+    """The codec the master worker set (``set_gradient_compression``), told once to each
+    worker of a server: GeoMX's workers learn it from their server's next reply (the
+    ``codec_config`` of its meta), not from a message of their own."""
+
+    def __init__(self) -> None:
+        self.config: dict[str, Any] | None = None
+        self._told: set[str] = set()
+
+    def command(self, config: dict[str, Any]) -> None:
+        """A new codec: every worker is to be told again."""
+        self.config = dict(config)
+        self._told.clear()
+
+    def tell(self, worker: str, meta: dict[str, Any]) -> dict[str, Any]:
+        """``meta``, with the codec when ``worker`` has not been told it yet."""
+        if self.config is not None and worker not in self._told:
+            self._told.add(worker)
+            meta["codec_config"] = self.config
+        return meta
+
+
 class LinkCodec:
     """Encode/decode values on one node for a tier ("lan": worker<->local server, "wan":
     local<->global server, or worker<->global server in the flat-PS baseline)."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from geomx.node.base import Node
 from geomx.node import checkpoint as ckpt
-from geomx.node.link_codec import LinkCodec
+from geomx.node.link_codec import CodecNotice, LinkCodec
 from geomx.node.sched_context import SchedNodeContext
 from geomx.node.scheduler import leave, register
 from geomx.node.spec import JobSpec
@@ -111,8 +111,7 @@ class LocalServer(Node):
         self.on(Kind.PULL, self._on_pull)
         self.on(Kind.SHUTDOWN, self._on_stop)
         self.on(Kind.COMMAND, self._on_command)
-        self._commanded_codec: dict[str, Any] | None = None
-        self._codec_told: set[str] = set()
+        self.codec_notice = CodecNotice()
         #: the transfer schedulers' side (geomx/policy/scheduling.py): how the DC's sum
         #: travels to the global tier and back (None: push each part, then pull)
         self.sched: SchedLocalSide | None = local_side_of(
@@ -161,16 +160,9 @@ class LocalServer(Node):
             return
         config = dict(msg.meta["config"])
         self.codec = LinkCodec(config, num_dcs=len(self.job.party_dcs))
-        self._commanded_codec = config
-        self._codec_told.clear()
+        self.codec_notice.command(config)
         self.record("command", cmd="set_gradient_compression")
         self.post(msg.reply(Kind.COMMAND_ACK))
-
-    def _tell_codec(self, worker: str, meta: dict[str, Any]) -> dict[str, Any]:
-        if self._commanded_codec is not None and worker not in self._codec_told:
-            self._codec_told.add(worker)
-            meta["codec_config"] = self._commanded_codec
-        return meta
 
     def _parts(self, key: int, slot: LocalSlot):
         if slot.parts is None:
@@ -191,12 +183,12 @@ class LocalServer(Node):
             return
         p = msg.payloads[0]
         if msg.key in self.slots:
-            self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+            self.post(msg.reply(Kind.INIT_ACK, meta=self.codec_notice.tell(msg.src, {})))
             return
         slot = LocalSlot(shape=p.shape, dtype=p.dtype, phantom=p.is_phantom, key=msg.key)
         slot.store = from_payload(p)
         self.slots[msg.key] = slot
-        self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+        self.post(msg.reply(Kind.INIT_ACK, meta=self.codec_notice.tell(msg.src, {})))
         self.spawn(self._initialise(msg.key, slot))
 
     def before_resend(self, server: str) -> None:
@@ -488,11 +480,11 @@ class LocalServer(Node):
                 # push/pull fusion: the acknowledgement carries the new value
                 payloads, meta = self.codec.encode_pull(req.key, slot.store, tier="lan")
                 meta.update(reply_meta)
-                self.post(req.answer(_PUSH_ACK, slot.round, self._tell_codec(req.src, meta),
-                                     payloads))
+                self.post(req.answer(_PUSH_ACK, slot.round,
+                                     self.codec_notice.tell(req.src, meta), payloads))
             else:
                 self.post(req.answer(_PUSH_ACK, slot.round,
-                                     self._tell_codec(req.src, dict(reply_meta))))
+                                     self.codec_notice.tell(req.src, dict(reply_meta))))
         if round_:
             self._answered_checkpoint_round(round_, slot.key)
 
@@ -611,7 +603,7 @@ class LocalServer(Node):
         payloads, meta = self.codec.encode_pull(msg.key, slot.store, tier="lan")
         if self.global_stop:
             meta["stop"] = True
-        self._tell_codec(msg.src, meta)
+        self.codec_notice.tell(msg.src, meta)
         self.post(msg.answer(_PULL_REPLY, slot.round, meta, payloads))
 
     # ------------------------------------------------------------------ lifecycle
