@@ -21,6 +21,12 @@ recovers servers from theirs):
   renames it; the node whose file completes the set writes ``manifest.json`` the same
   way. A checkpoint without a manifest is incomplete and never loaded, so a crash while
   writing leaves the previous checkpoint as the latest complete one.
+* **Lost workers.** With ``[membership] on_worker_loss = "continue"`` a local server's
+  file names its DC's live workers at that round (meta ``live``); the set is complete
+  with the servers' files and those workers' files, and the manifest lists the others
+  as ``lost``. Resuming starts every process of the job again: a worker the checkpoint
+  lists as lost has no file and comes back as a rejoined one does (docs/reliability.md),
+  from the model of the checkpoint's round.
 """
 
 from __future__ import annotations
@@ -187,6 +193,12 @@ def write_node_file(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, A
     atomic_write(path, lambda f: np.savez(f, **{META_ARRAY: blob}, **arrays))
 
 
+def read_node_meta(path: Path) -> dict[str, Any]:
+    """A node file's JSON meta alone (its arrays stay on disk)."""
+    with np.load(path, allow_pickle=False) as z:
+        return json.loads(bytes(z[META_ARRAY]).decode())
+
+
 def read_node_file(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A node file's JSON meta and its arrays (no pickle)."""
     with np.load(path, allow_pickle=False) as z:
@@ -252,6 +264,14 @@ class NodeCheckpoints:
         self.dir = Path(settings["dir"]) if settings.get("dir") else None
         self.resume_from = Path(settings["resume_from"]) if settings.get("resume_from") else None
         self.nodes = expected_nodes(job)
+        #: a local server's file -> its DC's workers (whose files it may excuse as lost)
+        workers_of = getattr(job, "workers_of", None) or {}
+        self.dc_workers: dict[str, list[str]] = (
+            {job.local_server_of[d]: list(workers_of.get(d, ())) for d in job.party_dcs}
+            if job.mode == "hips" else {})
+        #: resuming: this worker was lost when the checkpoint was taken (it has no file)
+        #: and comes back as a rejoined worker does
+        self.rejoins = False
         self.last_t = float(settings.get("start_t", 0.0))
 
     @property
@@ -279,16 +299,33 @@ class NodeCheckpoints:
         tree = pack(state, arrays, "state")
         path = round_dir / file_name(self.node)
         write_node_file(path, arrays, {"node": self.node, "round": round_, "state": tree, **meta})
-        if all((round_dir / file_name(n)).is_file() for n in self.nodes):
-            self._complete(round_dir, round_)
+        needed = self._needed(round_dir)
+        if needed is not None and all((round_dir / file_name(n)).is_file() for n in needed):
+            self._complete(round_dir, round_, needed)
         return path
 
-    def _complete(self, round_dir: Path, round_: int) -> None:
+    def _needed(self, round_dir: Path) -> list[str] | None:
+        """The nodes whose files complete ``round_dir``: every node but the workers a
+        local server's file names as not live; None while a local server's file is
+        missing (it says which of its workers count)."""
+        lost: set[str] = set()
+        for server, workers in self.dc_workers.items():
+            path = round_dir / file_name(server)
+            if not path.is_file():
+                return None
+            live = read_node_meta(path).get("live")
+            if live is not None:
+                lost.update(w for w in workers if w not in live)
+        return [n for n in self.nodes if n not in lost]
+
+    def _complete(self, round_dir: Path, round_: int, needed: list[str]) -> None:
         times = []
-        for n in self.nodes:
-            m, _ = read_node_file(round_dir / file_name(n))
-            times.append(float(m.get("t", 0.0)))
-        manifest = {"round": round_, "nodes": self.nodes, "t": max(times)}
+        for n in needed:
+            times.append(float(read_node_meta(round_dir / file_name(n)).get("t", 0.0)))
+        manifest: dict[str, Any] = {"round": round_, "nodes": needed, "t": max(times)}
+        lost = [n for n in self.nodes if n not in needed]
+        if lost:
+            manifest["lost"] = lost
         data = json.dumps(manifest, sort_keys=True, indent=1).encode()
         atomic_write(round_dir / MANIFEST, lambda f: f.write(data))
         assert self.dir is not None
@@ -303,8 +340,11 @@ class NodeCheckpoints:
         """This node's saved state tree, meta and arrays when the run resumes, else None."""
         if self.resume_from is None:
             return None
-        read_manifest(self.resume_from)
+        manifest = read_manifest(self.resume_from)
         path = self.resume_from / file_name(self.node)
+        if not path.is_file() and self.node in manifest.get("lost", []):
+            self.rejoins = True
+            return None
         if not path.is_file():
             raise CheckpointError(f"{self.resume_from} has no file for {self.node}; the job's "
                                   "nodes differ from the checkpoint's")

@@ -500,7 +500,8 @@ class LocalServer(Node):
                  for k, s in sorted(self.slots.items())]
         state = {"slots": slots, "codec": ckpt.codec_states(self.codec),
                  "sched": ckpt.sched_state(self.sched)}
-        path = self.ckpt.save(round_, state, {"t": self.now()})
+        # the workers whose files the round needs (a lost one has none)
+        path = self.ckpt.save(round_, state, {"t": self.now(), "live": self.live})
         self.record("checkpoint", round=round_, file=path.name)
 
     def _restore_slot(self, key: int, slot: LocalSlot) -> None:

@@ -217,9 +217,10 @@ async def train_program(node: Any, spec: TrainSpec) -> dict[str, Any]:
     if loaded is not None:
         it, next_eval, losses, last_eval = restore_worker(node, loaded, params, sync, stream)
         node.iteration = it
-    if node.rejoining:
-        # a restarted worker (geomx/node/restart.py) pulled the current model of round
-        # ``seen_version``: it trains from the next round on, to the job's last iteration
+    if node.rejoining or saver.rejoins:
+        # a restarted worker (geomx/node/restart.py), or one the resumed checkpoint had
+        # lost, pulled the current model of round ``seen_version``: it trains from the
+        # next round on, to the job's last iteration
         it = node.state.seen_version
         next_eval = (it // spec.eval_every + 1) * spec.eval_every if spec.eval_every > 0 else 0
         node.iteration = it

@@ -121,6 +121,49 @@ def test_layered_worker_loss_and_restart(tmp_path: Path) -> None:
     assert r.summary.iterations == 60 and r.summary.final_accuracy > 0.9
 
 
+# --------------------------------------------------------------------------- checkpoints
+def test_checkpoints_with_a_lost_worker_complete_and_resume(tmp_path: Path) -> None:
+    """``w:party-a:1`` dies at 1 s and its DC goes on: the checkpoints after that are
+    complete without its file (the local server's file names the live workers), and a
+    run resumed from round 30 brings the worker back, as a rejoined one, from the
+    checkpoint's model; the resumed run is the same bits twice."""
+    sets = [*QUIET, *LOSS, "checkpoint.every=5", "membership.on_worker_loss=continue",
+            "fault.0.node=w:party-a:1", "fault.0.at=1s"]
+    first = run_scenario(load_scenario(QUICKSTART, [*sets, "run.iterations=30"]),
+                         out_dir=tmp_path)
+    lost_at = [e["t"] for e in run_events(first.run_dir) if e["ev"] == "worker_lost"]
+    assert lost_at and lost_at[0] < 5.0  # well before round 30
+    from geomx.node import checkpoint as ckpt
+
+    assert ckpt.complete_rounds(first.run_dir / "checkpoints") == [25, 30]
+    manifest = ckpt.read_manifest(ckpt.latest_checkpoint(first.run_dir))
+    assert manifest["lost"] == ["w:party-a:1"] and "w:party-a:1" not in manifest["nodes"]
+    finals = []
+    for _ in range(2):
+        params: dict[str, list[np.ndarray]] = {}
+        nodes: dict = {}
+
+        def grab(ns, params=params, nodes=nodes):
+            _params(params)(ns)
+            nodes.update({n.name: n for n in ns})
+
+        second = run_scenario(resume_scenario(first.run_dir, ["run.iterations=60"]),
+                              out_dir=tmp_path, inspect=grab)
+        finals.append(params)
+    events = run_events(second.run_dir)
+    restored = {e["node"] for e in events if e["ev"] == "restore"}
+    assert restored == {"gs:0", "ls:party-a", "ls:party-b", "w:party-a:0", "w:party-b:0",
+                        "w:party-b:1"}
+    (back,) = [e for e in events if e["ev"] == "rejoined"]
+    assert back["node"] == "w:party-a:1" and back["iteration"] == 30
+    keys = len(nodes["gs:0"].slots)
+    # the returning worker's push is in every round after the checkpoint's
+    assert nodes["ls:party-a"].applied == {"w:party-a:0": keys * 30, "w:party-a:1": keys * 30}
+    assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
+    assert second.summary.iterations == 60 and second.summary.final_accuracy > 0.9
+    assert _bitwise_equal(*finals)
+
+
 # --------------------------------------------------------------------------- ESync
 ESYNC = ["sync.algorithm=esync", "training.worker_optimizer=adam",
          "dc.party-b.compute_per_iter=30ms"]
