@@ -425,7 +425,9 @@ class GlobalServer(Node):
         # the reply sends the store itself, frozen (no snapshot copy per pull): the next
         # in-place update copies it first (apply_update's thaw), so queued replies and
         # the resend window keep the value they were given
-        payloads, meta = self.codec.encode_pull(msg.key, freeze(slot.store), tier="wan",
+        value = self.policy.initial_value(msg.key, msg.part, slot) \
+            if msg.meta.get("initial") else slot.store
+        payloads, meta = self.codec.encode_pull(msg.key, freeze(value), tier="wan",
                                                 weights=dense)
         round_ = self.policy.reply_round(msg, slot)
         meta.update(self.reply_meta(slot.version, msg.key, msg.part, round_=round_))

@@ -568,8 +568,10 @@ class LocalServer(Node):
             self._restore_slot(key, slot)
         if self.taking_over:
             # the global tier has applied ``global_version`` rounds of this key (of
-            # every part, at least); this DC's next round is the one after
-            slot.round = slot.answered = slot.global_version
+            # every part, at least); the sync side says which DC round that is, and
+            # this DC's next round is the one after
+            self.policy.taken_over(self.sync_ctx, key, slot, slot.global_version)
+            slot.answered = slot.round
             slot.ckpt_round = 0
             self.record("takeover_init", key=key, round=slot.round)
         if self.sched is not None:

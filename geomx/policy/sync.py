@@ -258,6 +258,14 @@ class GlobalSide(abc.ABC):
         snapshot's state (:meth:`load_state_dict`) instead."""
         return None
 
+    def initial_value(self, key: int, part: int, slot: ServerSlot) -> Value:
+        """What an initial pull of (``key``, ``part``) returns (a local server's first
+        pull: at the job's start, or its successor's after a takeover). Default: the
+        store. A side whose store is not the model (a plain sum of deltas) returns the
+        model it keeps, so a local server's successor starts from it."""
+        assert slot.store is not None
+        return slot.store
+
     def reply_round(self, msg: Message, slot: ServerSlot) -> int:
         """The global round that a reply to ``msg`` (a push's acknowledgement or a pull's
         reply, from ``msg.src``) belongs to: a checkpoint round's notice travels with the
@@ -287,6 +295,15 @@ class LocalSide(abc.ABC):
                        merged: Value, waiting: list[Message], stop: bool) -> None:
         """Every live worker of the DC pushed ``key`` (their sum is ``merged``): decide
         the round, set ``slot.store`` and ``slot.round``, answer ``waiting``."""
+
+    def taken_over(self, ctx: LocalContext, key: int, slot: LocalSlotView,
+                   global_round: int) -> None:
+        """This process took over the local server (``[membership] on_server_loss =
+        "wait"``): ``slot.store`` holds what the global tier's initial pull returned
+        after ``global_round`` global rounds of ``key`` (:meth:`on_initialized` has
+        seen it). Set ``slot.round`` to the DC's round that stands for: pushes of rounds
+        up to it are answered, not applied. Default: one DC round per global round."""
+        slot.round = global_round
 
     def key_state(self, key: int) -> Any:
         """What a checkpoint keeps of ``key`` (None: nothing)."""

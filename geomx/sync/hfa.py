@@ -16,6 +16,18 @@ Fixes relative to GeoMX (docs/geomx-behaviour.md §6, bug 1):
 * local syncs are counted per key (GeoMX counts key 0 only and assumes it finishes first);
 * a stop request seen at a local sync is carried to the next global sync, so every DC
   stops after the same global sync holding the same model.
+
+A local server's takeover (``[membership] on_server_loss = "wait"``,
+docs/reliability.md): the local server holds its DC's model between global syncs (the
+local average and the milestone), which dies with it. The global tier's store is only
+the last sum of deltas, so :class:`SummingKeepsModel` also keeps the model every DC
+holds after each global sync (milestone + sum, the same additions the local servers
+make) and returns it to an initial pull: the successor's milestone is the other DCs'
+one, bit for bit. The DC's round is counted from the workers' pushes, which number
+their rounds under ``on_server_loss = "wait"`` (``meta["round"]``); the successor
+starts at the last global sync's round (:meth:`HierarchicalAveraging.taken_over`), so
+a worker's resent push of that round is answered with the milestone, not summed again,
+and the next local sync's average comes from the workers' own models.
 """
 
 from __future__ import annotations
@@ -25,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from geomx.policy.options import PolicyOptions
-from geomx.policy.sync import (GlobalSide, JobView, LocalContext, LocalSide, LocalSlotView,
-                               SyncAlgorithm, WorkerContext, WorkerSide)
+from geomx.policy.sync import (GlobalContext, GlobalSide, JobView, LocalContext, LocalSide,
+                               LocalSlotView, ServerSlot, SyncAlgorithm, WorkerContext,
+                               WorkerSide)
 from geomx.sync.fsa import FullySync
 from geomx.sync.tensors import Value, copy_of, difference, digest, phantom, scaled, total
 from geomx.wire import Message
@@ -73,15 +86,25 @@ class HierarchicalAveraging(LocalSide):
         self.milestone[key] = state["milestone"]
         self.local_syncs[key] = int(state["local_syncs"])
 
+    def taken_over(self, ls: LocalContext, key: int, slot: LocalSlotView,
+                   global_round: int) -> None:
+        """A successor: the initial pull returned the model after global sync
+        ``global_round`` (the milestone, :meth:`on_initialized` took it), which ended
+        local sync ``global_round * k2``."""
+        slot.round = self.local_syncs[key] = global_round * self.k2
+
     def is_global(self, local_sync: int) -> bool:
         return local_sync % self.k2 == 0
 
     async def on_round(self, ls: LocalContext, key: int, slot: LocalSlotView, merged: Value,
                        waiting: list[Message], stop: bool) -> None:
-        # workers pushed params / n_local, so ``merged`` is the DC average
-        n = self.local_syncs.get(key, 0) + 1
+        # workers pushed params / n_local, so ``merged`` is the DC average; workers that
+        # number their pushes say which local sync this is (a successor took over
+        # after local syncs it did not see)
+        pushed = max((int(m.meta.get("round", 0)) for m in waiting), default=0)
+        n = max(self.local_syncs.get(key, 0) + 1, pushed)
         self.local_syncs[key] = n
-        slot.round += 1
+        slot.round = n
         stop = self._stop_pending.pop(key, False) or stop
         if not self.is_global(n):
             if stop:
@@ -97,6 +120,37 @@ class HierarchicalAveraging(LocalSide):
         slot.store = copy_of(model)
         ls.record("global_sync", key=key, sync=n // self.k2, digest=digest(model))
         ls.answer_workers(slot, waiting)
+
+
+class SummingKeepsModel(FullySync):
+    """Global server: HFA's summing side (the store becomes each round's sum of DC
+    deltas) that also keeps the model every DC holds after each global sync, and
+    returns it to an initial pull -- what a local server's successor starts from."""
+
+    def __init__(self) -> None:
+        super().__init__(uses_optimizer=False)
+        self.models: dict[tuple[int, int], Value] = {}
+
+    def on_push(self, gs: GlobalContext, msg: Message, slot: ServerSlot, value: Value) -> None:
+        ident = (msg.key, msg.part)
+        if ident not in self.models:
+            assert slot.store is not None
+            self.models[ident] = copy_of(slot.store)  # the initial model, before any sum
+        before = slot.version
+        super().on_push(gs, msg, slot, value)
+        if slot.version != before:
+            # the local servers' milestone + sum (HierarchicalAveraging.on_round)
+            self.models[ident] = total(self.models[ident], slot.store)
+
+    def initial_value(self, key: int, part: int, slot: ServerSlot) -> Value:
+        model = self.models.get((key, part))
+        return super().initial_value(key, part, slot) if model is None else model
+
+    def state_dict(self) -> Any:
+        return [[k, p, m] for (k, p), m in sorted(self.models.items())]
+
+    def load_state_dict(self, state: Any) -> None:
+        self.models = {(int(k), int(p)): m for k, p, m in (state or [])}
 
 
 class HFAWorker(WorkerSide):
@@ -148,7 +202,10 @@ class HFA(SyncAlgorithm):
         return self.options.k1 * self.options.k2
 
     def global_side(self, job: JobView) -> GlobalSide:
-        # the DCs push model deltas that the global tier only sums
+        # the DCs push model deltas that the global tier only sums; where a local
+        # server may be taken over, it also keeps the model for the successor
+        if getattr(job, "on_server_loss", "fail") == "wait":
+            return SummingKeepsModel()
         return FullySync(uses_optimizer=False)
 
     def local_side(self, job: JobView) -> LocalSide:

@@ -196,7 +196,7 @@ def test_takeover_with_a_codec_or_p3(tmp_path: Path, sets: list[str]) -> None:
 
 
 @pytest.mark.parametrize("sets,field", [
-    (["sync.algorithm=hfa"], "sync.algorithm"),
+    (["sync.algorithm=hfa", "codec.type=fp16"], "codec.type"),
     (["membership.heartbeat_interval=0s"], "membership.heartbeat_interval"),
     (["sched.tsengine_intra=true"], "sched.tsengine_intra"),
 ])
