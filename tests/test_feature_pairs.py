@@ -54,16 +54,16 @@ STILL_REFUSED = {
         "bsc + tsengine",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
         "mixed + tsengine",
-        # not yet (docs/scenario.md, "Combinations"): HFA's local server state between
-        # global syncs is on no other node; merge trees rebuilt without a lost member
-        "hfa + server_loss", "tsengine + server_loss", "tsengine + worker_loss",
+        # not yet (docs/scenario.md, "Combinations"): the inter-DC merge tree rebuilt
+        # around a local server's successor
+        "tsengine + server_loss",
     )
 }
 
 #: Of those, the ones that could work and are not built yet: their reason says so; the
 #: others' reasons give the contradiction instead.
 NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
-    "hfa + server_loss", "tsengine + server_loss", "tsengine + worker_loss")}
+    "tsengine + server_loss",)}
 
 
 @pytest.fixture(scope="module")

@@ -515,18 +515,27 @@ def _check_worker_loss(s: Scenario) -> None:
          "a loss is found by missed heartbeats", "a duration > 0"),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server stands in for its DC", "'hips'"),
-        *_every_member_schedulers(s),
+        # (the inter-DC overlay's members are the local servers, which a worker's loss
+        # leaves in place: its DC's sum is complete once the loss is declared)
+        (s.sched.tsengine_intra, "sched.tsengine_intra", True,
+         "TSEngine's intra-DC merge tree passes workers' sums through other workers, so a "
+         "lost one takes the gradients merged into it, and rebuilding a round's tree "
+         "without them is not built yet", "false (sched.tsengine_inter composes)"),
     ]
     _refuse_first("membership.on_worker_loss = 'continue'", problems)
 
 
-def _every_member_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str]]:
-    """The schedulers whose state needs every member alive: neither a DC going on without
-    a worker nor a server taking over covers them."""
+def _server_loss_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str]]:
+    """The schedulers whose in-flight state a local server's successor cannot rebuild:
+    TSEngine's merge trees pass sums through their members, so a lost local server takes
+    with it what was merged into it (another DC's sum in the inter-DC tree; its workers'
+    gradients as the intra-DC tree's root)."""
+    field = "sched.tsengine_inter" if s.sched.tsengine_inter else "sched.tsengine_intra"
     return [
-        (s.sched.tsengine_intra or s.sched.tsengine_inter, "sched.tsengine_intra", True,
-         "TSEngine's merge trees need every member, and rebuilding them without a lost "
-         "one is not built yet", "false"),
+        (s.sched.tsengine_intra or s.sched.tsengine_inter, field, True,
+         "TSEngine's merge trees pass other members' sums through a local server, which "
+         "die with it, and rebuilding a round's tree around its successor is not built "
+         "yet", "false"),
     ]
 
 
@@ -540,13 +549,10 @@ def _refuse_first(setting: str, problems: list[tuple[bool, str, Any, str, str]])
 
 
 #: Sync algorithms whose global side tells a resent push from a new one and whose local
-#: servers' state comes back from the global tier (``GlobalSide.resent_push``).
-TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync")
-TAKEOVER_REFUSALS = {
-    "hfa": "HFA's local server holds its DC's model between global syncs (the local "
-           "average and the milestone), which no other node has, and a successor that "
-           "rebuilds it is not built yet",
-}
+#: servers' state comes back from the global tier (``GlobalSide.resent_push``; HFA's
+#: global side keeps the milestone for a successor, geomx/sync/hfa.py).
+TAKEOVER_ALGORITHMS = ("fsa", "mixed", "esync", "hfa")
+TAKEOVER_REFUSALS: dict[str, str] = {}
 
 
 @scenario_check
@@ -565,7 +571,11 @@ def _check_server_loss(s: Scenario) -> None:
              "to be told apart"), quote_list(TAKEOVER_ALGORITHMS)),
         (s.topology.kind != "hips", "topology.kind", s.topology.kind,
          "a local server takes over its DC", "'hips'"),
-        *_every_member_schedulers(s),
+        (s.sync.resolved_algorithm == "hfa" and s.codec.type != "none", "codec.type",
+         s.codec.type, "under HFA a local server's successor takes the DCs' milestone "
+         "from the global tier's uncompressed sums, which the local servers' decoded ones "
+         "would differ from", "'none' with HFA"),
+        *_server_loss_schedulers(s),
     ]
     _refuse_first("membership.on_server_loss = 'wait'", problems)
 

@@ -164,6 +164,78 @@ def test_checkpoints_with_a_lost_worker_complete_and_resume(tmp_path: Path) -> N
     assert _bitwise_equal(*finals)
 
 
+# --------------------------------------------------------------------------- HFA
+HFA = ["sync.algorithm=hfa", "sync.k1=2", "sync.k2=3", "training.worker_optimizer=adam",
+       "run.iterations=120"]
+
+
+def _global_syncs(events: list[dict]) -> dict[tuple[int, int], set[str]]:
+    """(key, global sync) -> the digests of the model each DC's local server holds."""
+    out: dict[tuple[int, int], set[str]] = {}
+    for e in events:
+        if e["ev"] == "global_sync":
+            out.setdefault((e["key"], e["sync"]), set()).add(e["digest"])
+    return out
+
+
+@pytest.mark.parametrize("at", ["1.7s", "2.2s", "2.5s"])
+def test_hfa_local_server_takeover_keeps_the_dc_model(tmp_path: Path, at: str) -> None:
+    """``ls:party-a`` dies at ``at`` (between global syncs, local syncs into the period,
+    or with a global sync's answers in flight) and is back 1 s later: the successor
+    takes the milestone from the global tier and counts the DC's local syncs from the
+    workers' pushes, so every DC holds the same model after each of the 20 global syncs,
+    and the workers end with the uninterrupted run's model, bit for bit."""
+    clean: dict[str, list[np.ndarray]] = {}
+    run_scenario(load_scenario(QUICKSTART, [*QUIET, *HFA]), out_dir=tmp_path,
+                 inspect=_params(clean))
+    params: dict[str, list[np.ndarray]] = {}
+    nodes: dict = {}
+
+    def grab(ns):
+        _params(params)(ns)
+        nodes.update({n.name: n for n in ns})
+
+    r = run_scenario(load_scenario(QUICKSTART, [
+        *QUIET, *HFA, *LOSS, "membership.on_server_loss=wait", "fault.0.node=ls:party-a",
+        f"fault.0.at={at}", "fault.0.duration=1s"]), out_dir=tmp_path, inspect=grab)
+    events = run_events(r.run_dir)
+    ls, gs = nodes["ls:party-a"], nodes["gs:0"]
+    keys = len(gs.slots)
+    assert ls.taking_over
+    starts = {e["round"] for e in events if e["ev"] == "takeover_init"}
+    # the successor starts at a global sync's local round (k2 = 3)
+    assert len(starts) == 1 and 0 < min(starts) < 60 and min(starts) % 3 == 0
+    # the successor ran the local syncs after the last one its predecessor answered,
+    # which lies in the global period it started at
+    ran = {w: n / keys for w, n in ls.applied.items()}
+    assert len(set(ran.values())) == 1 and 60 - min(starts) - 3 < ran["w:party-a:0"] \
+        <= 60 - min(starts)
+    syncs = _global_syncs(events)
+    assert len(syncs) == keys * 20 and all(len(d) == 1 for d in syncs.values())
+    assert all(s.version == 20 for s in gs.slots.values())
+    assert _bitwise_equal(clean, params) and r.summary.final_accuracy > 0.9
+
+
+def test_hfa_takeover_refuses_a_lossy_codec() -> None:
+    with pytest.raises(ScenarioError, match="milestone") as e:
+        load_scenario(QUICKSTART, [*HFA, *LOSS, "membership.on_server_loss=wait",
+                                   "codec.type=fp16"])
+    assert e.value.path == "codec.type"
+
+
+@pytest.mark.slow
+def test_real_hfa_local_server_killed_and_taken_over(tmp_path: Path) -> None:
+    """Over real sockets: ``ls:party-a`` SIGKILLed under HFA and started again with
+    ``--rejoin``; every DC holds the same model after each global sync."""
+    _, events, _ = _kill_and_take_over(tmp_path, "ls:party-a", [
+        "sync.algorithm=hfa", "sync.k1=2", "sync.k2=2", "training.worker_optimizer=adam"],
+        accuracy_within=0.03)
+    assert any(e["ev"] == "takeover_init" for e in events)
+    syncs = _global_syncs(events)
+    keys = len({e["key"] for e in events if e["ev"] == "takeover_init"})
+    assert len(syncs) == keys * 10 and all(len(d) == 1 for d in syncs.values())
+
+
 # --------------------------------------------------------------------------- ESync
 ESYNC = ["sync.algorithm=esync", "training.worker_optimizer=adam",
          "dc.party-b.compute_per_iter=30ms"]
@@ -231,6 +303,31 @@ def test_tsengine_with_esync_gives_esync_bits(tmp_path: Path) -> None:
     assert any(e["ev"] == "ts_xfer" for e in events)
     assert any(e["ev"] == "esync_round" for e in events)
     assert _bitwise_equal(plain, merged) and r.summary.final_accuracy > 0.8
+
+
+@pytest.mark.parametrize("duration", ["0s", "5s"])
+def test_tsengine_inter_with_worker_loss_and_restart(tmp_path: Path, duration: str) -> None:
+    """The inter-DC overlay's members are the local servers: ``w:party-a:1`` lost at 1 s
+    (and back 5 s later, or never) leaves its DC's local server in the merge trees, which
+    pushes the DC's reweighted sum through them; every key gets its 60 global rounds."""
+    r, nodes, events = _run(tmp_path, [
+        *LOSS, "sched.tsengine_inter=true", "run.iterations=60",
+        "membership.on_worker_loss=continue", "fault.0.node=w:party-a:1", "fault.0.at=1s",
+        f"fault.0.duration={duration}"])
+    keys = len(nodes["gs:0"].slots)
+    ls_a = nodes["ls:party-a"]
+    assert [e["lost"] for e in events if e["ev"] == "worker_lost"] == ["w:party-a:1"]
+    merged = [e for e in events if e["ev"] == "ts_xfer" and e["msg"] == "merge"]
+    assert any(e["t"] > 4.0 and e["node"] == "ls:party-a" for e in merged)
+    assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
+    assert ls_a.applied["w:party-a:0"] == keys * 60
+    reweights = sum(e["ev"] == "reweight" for e in events)
+    assert ls_a.applied["w:party-a:1"] + reweights == keys * 60
+    if duration == "0s":
+        assert ls_a.live == ["w:party-a:0"] and reweights > keys * 50
+    else:
+        assert ls_a.live == ["w:party-a:0", "w:party-a:1"] and reweights < keys * 10
+    assert r.summary.iterations == 60 and r.summary.final_accuracy > 0.9
 
 
 def test_tsengine_intra_dc_with_mixed_trains(tmp_path: Path) -> None:
