@@ -457,7 +457,8 @@ class LocalServer(Node):
             if sched is not None and sched.acks_carry_value(acks):
                 return self._assemble(slot, list(zip(parts, acks)))
             new = await self.pull_global(key, slot)
-            if slot.global_version >= slot.round or not self.replaceable_peers:
+            if self.policy.dc_round(key, slot.global_version) >= slot.round \
+                    or not self.replaceable_peers:
                 return new
             # a global server died after taking this round and before anybody pulled its
             # result: its successor restarted from the round before; push the sum again
@@ -570,8 +571,7 @@ class LocalServer(Node):
             # the global tier has applied ``global_version`` rounds of this key (of
             # every part, at least); the sync side says which DC round that is, and
             # this DC's next round is the one after
-            self.policy.taken_over(self.sync_ctx, key, slot, slot.global_version)
-            slot.answered = slot.round
+            slot.round = slot.answered = self.policy.dc_round(key, slot.global_version)
             slot.ckpt_round = 0
             self.record("takeover_init", key=key, round=slot.round)
         if self.sched is not None:

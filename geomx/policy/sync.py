@@ -296,14 +296,14 @@ class LocalSide(abc.ABC):
         """Every live worker of the DC pushed ``key`` (their sum is ``merged``): decide
         the round, set ``slot.store`` and ``slot.round``, answer ``waiting``."""
 
-    def taken_over(self, ctx: LocalContext, key: int, slot: LocalSlotView,
-                   global_round: int) -> None:
-        """This process took over the local server (``[membership] on_server_loss =
-        "wait"``): ``slot.store`` holds what the global tier's initial pull returned
-        after ``global_round`` global rounds of ``key`` (:meth:`on_initialized` has
-        seen it). Set ``slot.round`` to the DC's round that stands for: pushes of rounds
-        up to it are answered, not applied. Default: one DC round per global round."""
-        slot.round = global_round
+    def dc_round(self, key: int, global_round: int) -> int:
+        """The DC round of ``key`` that the global tier's round ``global_round`` ended
+        (``[membership] on_server_loss = "wait"``): a local server's successor starts
+        there (pushes of rounds up to it are answered, not applied), and an exchange
+        whose pull comes back at a global round that ended an earlier DC round was lost
+        with a global server and is pushed again. Default: one DC round per global
+        round."""
+        return global_round
 
     def key_state(self, key: int) -> Any:
         """What a checkpoint keeps of ``key`` (None: nothing)."""

@@ -25,7 +25,7 @@ holds after each global sync (milestone + sum, the same additions the local serv
 make) and returns it to an initial pull: the successor's milestone is the other DCs'
 one, bit for bit. The DC's round is counted from the workers' pushes, which number
 their rounds under ``on_server_loss = "wait"`` (``meta["round"]``); the successor
-starts at the last global sync's round (:meth:`HierarchicalAveraging.taken_over`), so
+starts at the last global sync's round (:meth:`HierarchicalAveraging.dc_round`), so
 a worker's resent push of that round is answered with the milestone, not summed again,
 and the next local sync's average comes from the workers' own models.
 """
@@ -86,12 +86,11 @@ class HierarchicalAveraging(LocalSide):
         self.milestone[key] = state["milestone"]
         self.local_syncs[key] = int(state["local_syncs"])
 
-    def taken_over(self, ls: LocalContext, key: int, slot: LocalSlotView,
-                   global_round: int) -> None:
-        """A successor: the initial pull returned the model after global sync
-        ``global_round`` (the milestone, :meth:`on_initialized` took it), which ended
-        local sync ``global_round * k2``."""
-        slot.round = self.local_syncs[key] = global_round * self.k2
+    def dc_round(self, key: int, global_round: int) -> int:
+        """Global sync ``global_round`` ended local sync ``global_round * k2`` (a
+        successor starts there: the initial pull returned that sync's model, the
+        milestone, which :meth:`on_initialized` took)."""
+        return global_round * self.k2
 
     def is_global(self, local_sync: int) -> bool:
         return local_sync % self.k2 == 0
@@ -102,7 +101,7 @@ class HierarchicalAveraging(LocalSide):
         # number their pushes say which local sync this is (a successor took over
         # after local syncs it did not see)
         pushed = max((int(m.meta.get("round", 0)) for m in waiting), default=0)
-        n = max(self.local_syncs.get(key, 0) + 1, pushed)
+        n = max(slot.round + 1, pushed)
         self.local_syncs[key] = n
         slot.round = n
         stop = self._stop_pending.pop(key, False) or stop
@@ -129,28 +128,43 @@ class SummingKeepsModel(FullySync):
 
     def __init__(self) -> None:
         super().__init__(uses_optimizer=False)
+        #: (key, part) -> the model, the slot, and the slot's version the model is at
         self.models: dict[tuple[int, int], Value] = {}
+        self._slots: dict[tuple[int, int], ServerSlot] = {}
+        self._at: dict[tuple[int, int], int] = {}
 
     def on_push(self, gs: GlobalContext, msg: Message, slot: ServerSlot, value: Value) -> None:
         ident = (msg.key, msg.part)
         if ident not in self.models:
             assert slot.store is not None
             self.models[ident] = copy_of(slot.store)  # the initial model, before any sum
-        before = slot.version
+        if ident not in self._slots:
+            self._slots[ident] = slot
+            self._at[ident] = slot.version
         super().on_push(gs, msg, slot, value)
-        if slot.version != before:
-            # the local servers' milestone + sum (HierarchicalAveraging.on_round)
-            self.models[ident] = total(self.models[ident], slot.store)
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Add each round's sum that completed since (a round completes inside
+        ``on_push``, where a checkpoint may ask for :meth:`state_dict` first): the local
+        servers' milestone + sum (HierarchicalAveraging.on_round)."""
+        for ident, slot in self._slots.items():
+            if slot.version != self._at[ident]:
+                self.models[ident] = total(self.models[ident], slot.store)
+                self._at[ident] = slot.version
 
     def initial_value(self, key: int, part: int, slot: ServerSlot) -> Value:
+        self._catch_up()
         model = self.models.get((key, part))
         return super().initial_value(key, part, slot) if model is None else model
 
     def state_dict(self) -> Any:
+        self._catch_up()
         return [[k, p, m] for (k, p), m in sorted(self.models.items())]
 
     def load_state_dict(self, state: Any) -> None:
         self.models = {(int(k), int(p)): m for k, p, m in (state or [])}
+        self._slots = {}  # the slots' versions are the restored ones: counted from there
 
 
 class HFAWorker(WorkerSide):

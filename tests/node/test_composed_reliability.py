@@ -216,6 +216,42 @@ def test_hfa_local_server_takeover_keeps_the_dc_model(tmp_path: Path, at: str) -
     assert _bitwise_equal(clean, params) and r.summary.final_accuracy > 0.9
 
 
+def test_hfa_takeover_after_a_resume_keeps_the_model(tmp_path: Path) -> None:
+    """HFA with checkpoints and ``on_server_loss = "wait"``: stopped at 60 iterations,
+    resumed to 120 with ``ls:party-a`` crashed 0.5 s into the resumed run and back 1 s
+    later. The global side's kept model comes back from its checkpoint, so the successor
+    gets the milestone and the run ends with the uninterrupted run's model, bit for
+    bit, on every worker and in the global side; no global sync was pushed twice."""
+    sets = [*QUIET, *HFA[:-1], *LOSS, "membership.on_server_loss=wait", "checkpoint.every=5"]
+    clean: dict[str, list[np.ndarray]] = {}
+    resumed: dict[str, list[np.ndarray]] = {}
+    kept: list[dict] = []
+
+    def grab(into):
+        def inspect(nodes):
+            _params(into)(nodes)
+            kept.extend(n.policy.models for n in nodes if n.name == "gs:0")
+        return inspect
+
+    run_scenario(load_scenario(QUICKSTART, [*sets, "run.iterations=120"]), out_dir=tmp_path,
+                 inspect=grab(clean))
+    first = run_scenario(load_scenario(QUICKSTART, [*sets, "run.iterations=60"]),
+                         out_dir=tmp_path)
+    restored_at = max(e["t"] for e in run_events(first.run_dir))
+    second = run_scenario(resume_scenario(first.run_dir, [
+        "run.iterations=120", "fault.0.node=ls:party-a",
+        f"fault.0.at={restored_at + 0.5:.3f}s", "fault.0.duration=1s"]),
+        out_dir=tmp_path, inspect=grab(resumed))
+    events = run_events(second.run_dir)
+    assert any(e["ev"] == "restore" for e in events)
+    assert any(e["ev"] == "takeover_init" for e in events)
+    assert not any(e["ev"] == "repush" for e in events)
+    assert _bitwise_equal(clean, resumed)
+    assert kept[0].keys() == kept[1].keys()
+    assert all(np.array_equal(kept[0][k], kept[1][k]) for k in kept[0])
+    assert second.summary.iterations == 120 and second.summary.final_accuracy > 0.9
+
+
 def test_hfa_takeover_refuses_a_lossy_codec() -> None:
     with pytest.raises(ScenarioError, match="milestone") as e:
         load_scenario(QUICKSTART, [*HFA, *LOSS, "membership.on_server_loss=wait",
