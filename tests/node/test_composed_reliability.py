@@ -434,6 +434,67 @@ def test_real_layered_local_server_killed_and_taken_over(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+def test_real_checkpoints_with_a_killed_worker_resume(tmp_path: Path) -> None:
+    """Over real sockets: ``w:party-a:1`` SIGKILLed after 5 steps and never restarted,
+    the job goes on and its later checkpoints complete without the worker's file;
+    ``geomx launch --resume`` to 60 iterations starts every process again, the lost
+    worker rejoining from the checkpoint's model."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from geomx.node import checkpoint as ckpt
+    from tests.helpers.procs import pid_of
+
+    sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
+            "run.iterations=40", "checkpoint.every=5", "membership.on_worker_loss=continue",
+            "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
+            "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / "real"
+    log = tmp_path / "launch.log"
+    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
+                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
+                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        victim = run_dir = None
+        while victim is None and time.monotonic() < deadline and p.poll() is None:
+            for f in out.glob("*/nodes/w_party-a_1.events.jsonl"):
+                if f.read_text().count('"ev":"compute"') >= 5:
+                    run_dir = f.parent.parent
+                    victim = pid_of("w:party-a:1", str(run_dir))
+            time.sleep(0.05)
+        assert victim is not None, log.read_text()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    latest = ckpt.latest_checkpoint(run_dir)
+    assert latest is not None and int(latest.name) == 40
+    assert ckpt.read_manifest(latest)["lost"] == ["w:party-a:1"]
+    r = subprocess.run([sys.executable, "-m", "geomx", "launch", "--resume", str(run_dir),
+                        "--set", "run.iterations=60", "--quiet"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    new_dir = Path(r.stdout.split("run folder: ", 1)[1].split("\n", 1)[0])
+    summary = json.loads((new_dir / "summary.json").read_text())
+    back = json.loads((new_dir / "nodes" / "w_party-a_1.result.json").read_text())
+    rejoined = [json.loads(line) for line in
+                (new_dir / "nodes" / "w_party-a_1.events.jsonl").open()]
+    assert [e["iteration"] for e in rejoined if e["ev"] == "rejoined"] == [40]
+    assert summary["iterations"] == 60 and back["iterations"] == 60
+    assert summary["final_accuracy"] > 0.85
+    print(f"resumed from round 40 without w:party-a:1's file; it trained 40 -> 60, "
+          f"accuracy {summary['final_accuracy']:.4f}")
+
+
+@pytest.mark.slow
 def test_real_esync_worker_killed_and_rejoined(tmp_path: Path) -> None:
     """Over real sockets: an ESync worker SIGKILLed and started again with ``--rejoin``;
     the state server takes it back and the job trains to the end with it."""
