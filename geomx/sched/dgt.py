@@ -17,6 +17,12 @@ emulator); ``tcp`` -- bands on reliable channels ``band`` (lower priority classe
 ``quant`` -- like ``tcp`` with the band blocks 4-bit quantised with error feedback
 (:mod:`geomx.sched.dgt_quant`).
 
+Codecs: fp16 and bf16 encode each block as they encode a tensor (blocks are then
+``block_bytes`` of half values). A sparse or 1-bit codec (Bi-Sparse, MPQ's large tensors,
+onebit) has no blocks of its own: DGT cuts the dense float32 values into blocks of
+``block_bytes``, ranks them as above, and the whole tensor's codec encodes each block
+apart, with a state per block (:mod:`geomx.sched.dgt_codec`).
+
 What we do that GeoMX does not (its bugs, docs/geomx-behaviour.md §4.4 and §4.7):
 adaptive K ``K_t = max(k_min, k * loss_t / loss_0)`` from the loss the workers report
 with their pushes (GeoMX parses the flag and ignores it); under MultiGPS each global
