@@ -17,7 +17,12 @@ state was already cleared of it).
 Bi-Sparse keeps at most ``floor(n_block * r)`` values of a block of ``n_block``, so the
 blocks of a tensor together keep at most ``floor(N * r)``: the global server's
 re-sparsified pull reply (``floor(N * r * D)`` for D summed pushes) has room for all of
-them.
+them, unless late blocks (``tcp`` bands that missed their round's end block, added into
+the next round's) push a sum past it: the reply's ``meta["dropped"]`` counts what did
+not fit, as for Bi-Sparse alone.
+
+With such a codec ``quant``'s 4-bit bands do not apply (the blocks are already encoded;
+the scenario refuses the pair, geomx/scenario/checks.py).
 """
 
 from __future__ import annotations
