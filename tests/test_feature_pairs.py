@@ -48,8 +48,8 @@ STILL_REFUSED = {
         # layers; HFA and ESync push models, not the gradients the layer model times
         "layer + program", "hfa + layer", "esync + layer",
         # two mechanisms for the same transfer: the overlay replaces P3's fused slices and
-        # DGT's blocks; DGT ranks dense blocks a sparse payload does not have
-        "p3 + tsengine", "dgt + tsengine", "bsc + dgt",
+        # DGT's blocks
+        "p3 + tsengine", "dgt + tsengine",
         # relays decode, add and encode: a sum of sparse values is not sparse
         "bsc + tsengine",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round

@@ -69,3 +69,11 @@ class WanAboveBound:
         if tier == "wan" and self.applies_to(num_elements):
             return self  # type: ignore[return-value]
         return DenseCodec()
+
+    def block_codec(self) -> Codec:
+        """This codec with no size bound: the whole tensor passed it, so every block of
+        it is encoded (the codec's other parameters unchanged)."""
+        if self.size_lower_bound == 0:
+            return self  # type: ignore[return-value]
+        params = {p: getattr(self, p) for p in self.params}  # type: ignore[attr-defined]
+        return type(self)(**{**params, "size_lower_bound": 0})  # type: ignore[call-arg]

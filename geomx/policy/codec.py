@@ -318,6 +318,14 @@ class Codec(CodecPolicy):
         check_tier(tier)
         return self
 
+    def block_codec(self) -> "Codec":
+        """The codec that encodes each block of a tensor this codec was picked for, when a
+        transfer scheduler cuts the tensor into blocks encoded apart (DGT,
+        geomx/sched/dgt.py): the size rule belongs to the whole tensor, so a block must be
+        encoded even when it alone is below a size bound. Default: this codec (it has no
+        size rule, or encodes any size)."""
+        return self
+
     # -- state ------------------------------------------------------------------
     def new_state(self, num_elements: int, *, like: Any = None) -> CodecState:
         """Fresh (zero) per-key state; on the GPU when ``like`` is a CUDA array."""

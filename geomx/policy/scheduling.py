@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 from geomx.policy.base import Policy
+from geomx.policy.codec import Codec
 from geomx.policy.context import NodeContext
 from geomx.wire import Kind, Message, Payload
 
@@ -122,6 +123,12 @@ class SchedContext(NodeContext, Protocol):
     def encode_pull(self, key: int, value: Value, *, tier: str,
                     weights: bool = False) -> tuple[list[Payload], dict[str, Any]]:
         """``value`` as the node's codec sends a pull reply on ``tier``."""
+        ...
+
+    def codec_for(self, num_elements: int, *, tier: str) -> Codec | None:
+        """The node's current codec for a tensor of ``num_elements`` on ``tier`` (None:
+        such a tensor travels dense), for a scheduler that encodes pieces of a tensor
+        itself (DGT's blocks, each with its own error-feedback state)."""
         ...
 
     def decode(self, msg: Message, like: Value | None = None) -> Value:

@@ -7,12 +7,12 @@ later check may rely on an earlier one: the fault check relies on exactly one ce
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Callable
 
 from geomx.scenario.errors import ScenarioError, did_you_mean, quote_list
 from geomx.scenario.model import Scenario
-from geomx.scenario.sched import DGT_CODECS
 from geomx.scenario.training import MODELS, SERVER_OPTIMIZERS, WORKER_OPTIMIZERS
 from geomx.policy.options import OptionsError
 from geomx.policy.registry import PolicyError, policy_class
@@ -353,13 +353,29 @@ def _check_dgt(s: Scenario) -> None:
             f"sched.dgt = {s.sched.dgt!r} ranks blocks by their gradient values, which a phantom "
             "model does not have; allowed with DGT: a real model", path="training.model",
             value="phantom", allowed="'softmax', 'mlp', 'cnn'")
-    if s.codec.type not in DGT_CODECS:
-        # a sparse or 1-bit payload has no fixed-size blocks to rank and drop
+    if s.codec.type in DGT_BLOCK_CODECS and s.sched.dgt == "quant":
+        # each block is already encoded by the codec; a 4-bit copy of it is a second codec
         raise ScenarioError(
-            f"sched.dgt = {s.sched.dgt!r} cuts dense values into blocks and does not compose "
-            f"with codec.type = {s.codec.type!r}; allowed with DGT: {quote_list(DGT_CODECS)}",
-            path="codec.type", value=s.codec.type, allowed=quote_list(DGT_CODECS))
+            f"sched.dgt = 'quant' quantises the band blocks to 4 bits, and codec.type = "
+            f"{s.codec.type!r} already encodes every DGT block on its own; allowed with "
+            f"{s.codec.type!r}: 'udp', 'tcp'", path="sched.dgt", value="quant",
+            allowed="'off', 'udp', 'tcp'")
+    if s.codec.type in ("bsc", "mpq"):
+        # Bi-Sparse keeps floor(values * threshold) of a block: at least one
+        r = float(s.codec.options_table.get("threshold", s.codec.threshold))
+        values = s.sched.dgt_block_bytes // 4
+        if int(values * r) < 1:
+            need = 4 * math.ceil(1 / r)
+            raise ScenarioError(
+                f"sched.dgt_block_size = {s.sched.dgt_block_bytes} B is {values} float32 values, "
+                f"of which codec.threshold = {r:g} keeps none per block; allowed: at least "
+                f"{need} B", path="sched.dgt_block_size", value=s.sched.dgt_block_bytes,
+                allowed=f">= {need}")
 
+
+#: Codecs that encode a whole tensor as one selection (sparse, 1-bit): with DGT each block
+#: is encoded on its own (geomx/sched/dgt_codec.py).
+DGT_BLOCK_CODECS = ("bsc", "mpq", "onebit")
 
 
 #: Codecs TSEngine's relays can merge (decode, add, encode): dense ones. GeoMX runs its

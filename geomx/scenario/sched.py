@@ -14,8 +14,6 @@ DGT_MODES = ("off", "udp", "tcp", "quant")
 DGT_MIN_BLOCK_BYTES = 64
 #: a block is one datagram message; 1 MiB keeps a lost UDP block a small loss
 DGT_MAX_BLOCK_BYTES = 1 << 20
-#: codecs whose payload has fixed-size dense blocks DGT can rank and drop
-DGT_CODECS = ("none", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -45,7 +43,9 @@ class SchedConfig(Section):
                        "(GeoMX ENABLE_DGT=1); `tcp`: on deprioritised reliable channels (2); "
                        "`quant`: deprioritised and 4-bit quantised with error feedback (3).")
     dgt_block_bytes: int = setting(Size(), 4096,
-                                   "DGT block size in bytes of the sent values (GeoMX DGT_BLOCK_SIZE).",
+                                   "DGT block size in bytes of the sent values (GeoMX DGT_BLOCK_SIZE); with "
+                                   "a sparse or 1-bit codec (bsc, mpq, onebit), of the dense "
+                                   "float32 values each block is ranked and encoded from.",
                                    key="dgt_block_size")
     dgt_k: float = setting(Fraction(percent=False), 0.5,
                            "DGT: fraction of blocks (by contribution) sent on the reliable, highest-"

@@ -17,6 +17,12 @@ emulator); ``tcp`` -- bands on reliable channels ``band`` (lower priority classe
 ``quant`` -- like ``tcp`` with the band blocks 4-bit quantised with error feedback
 (:mod:`geomx.sched.dgt_quant`).
 
+Codecs: fp16 and bf16 encode each block as they encode a tensor (blocks are then
+``block_bytes`` of half values). A sparse or 1-bit codec (Bi-Sparse, MPQ's large tensors,
+onebit) has no blocks of its own: DGT cuts the dense float32 values into blocks of
+``block_bytes``, ranks them as above, and the whole tensor's codec encodes each block
+apart, with a state per block (:mod:`geomx.sched.dgt_codec`).
+
 What we do that GeoMX does not (its bugs, docs/geomx-behaviour.md §4.4 and §4.7):
 adaptive K ``K_t = max(k_min, k * loss_t / loss_0)`` from the loss the workers report
 with their pushes (GeoMX parses the flag and ignores it); under MultiGPS each global
@@ -49,6 +55,7 @@ from geomx.policy.options import PolicyOptions
 from geomx.policy.scheduling import (HELD, GlobalSchedContext, LocalSchedContext,
                                      SchedContext, SchedGlobalSide, SchedLocalSide,
                                      SchedWorkerSide, TransferScheduler, WorkerSchedContext)
+from geomx.sched.dgt_codec import BlockCodecs
 from geomx.sched.dgt_quant import dequantise4, quantise4
 from geomx.wire import UNRELIABLE_BASE, Kind, Message, Payload
 
@@ -105,6 +112,13 @@ class DgtSettings(PolicyOptions):
     @property
     def block_elements(self) -> int:
         return max(1, self.block_bytes // self.wire_itemsize)
+
+    @property
+    def dense_block_elements(self) -> int:
+        """Block size in values when each block is encoded apart by a sparse or 1-bit
+        codec (geomx/sched/dgt_codec.py): ``block_bytes`` of the dense float32 values
+        the block is ranked and encoded from."""
+        return max(1, self.block_bytes // 4)
 
     def channel_of_band(self, band: int) -> int:
         """Wire channel of band 0..C (0 = the reliable, highest-priority channel)."""
@@ -180,6 +194,8 @@ class DgtSender:
         self.s = settings
         self.contribution: dict[tuple[int, int], np.ndarray] = {}
         self.residual: dict[tuple[int, int], np.ndarray] = {}
+        #: per-block codec states when a sparse or 1-bit codec encodes the blocks
+        self.coder = BlockCodecs()
         self.losses: dict[str, float] = {}
         self.loss0: float | None = None
         self.k = settings.k
@@ -214,14 +230,17 @@ class DgtSender:
         if is_phantom(value):
             raise ValueError("DGT ranks blocks by their values; a phantom tensor has none")
         flat = np.asarray(value, dtype=np.float32).reshape(-1)
-        be = self.s.block_elements
+        coder = self.coder.for_codec(node.codec_for(flat.size, tier="wan"))
+        be = self.s.block_elements if coder is None else self.s.dense_block_elements
         means = block_means(flat, be)
         ident = (key, part)
         prev = self.contribution.get(ident)
+        if prev is not None and prev.shape != means.shape:
+            prev = None  # the blocks changed size with the codec (a command): start again
         a = self.s.alpha
         contribution = (1 - a) * means if prev is None else a * prev + (1 - a) * means
         self.contribution[ident] = contribution.astype(np.float32)
-        if prev is None:
+        if prev is None and coder is None:
             # the first push of a key goes whole on the reliable channel (initialisation)
             self.whole += 1
             payloads, meta = node.encode_push(key, value, tier="wan")
@@ -229,8 +248,14 @@ class DgtSender:
             return await node.request(Message(Kind.PUSH, node.node_name, dst, key=key, part=part,
                                               version=round_, meta=meta, payloads=payloads))
         k = self.current_k()
-        bands = assign_bands(self.contribution[ident], k, self.s.channels)
-        quant = self.s.mode == "quant"
+        if prev is None:
+            # encoded blocks: the first push goes as blocks too (each block's codec state
+            # starts with it), every one on the reliable channel (initialisation)
+            self.whole += 1
+            bands = np.zeros(contribution.size, dtype=np.int64)
+        else:
+            bands = assign_bands(self.contribution[ident], k, self.s.channels)
+        quant = self.s.mode == "quant" and coder is None
         residual = None
         if quant:
             residual = self.residual.get(ident)
@@ -241,6 +266,7 @@ class DgtSender:
         order = np.argsort(-self.contribution[ident][:-1], kind="stable") if nb > 1 else []
         counts = [0] * (self.s.channels + 1)
         nbytes = [0] * (self.s.channels + 1)
+        dense_bytes = [0] * (self.s.channels + 1)
         first: list[Message] = []
         later: list[Message] = []
         for seq in list(order) + [end]:
@@ -252,11 +278,14 @@ class DgtSender:
             block = flat[lo:hi]
             if residual is not None:
                 block = block + residual[lo:hi]
-            if quant and band > 0:
+            if coder is not None:
+                payloads, meta = coder.encode(key, part, int(seq), block)
+                dense_bytes[band] += block.nbytes
+            elif quant and band > 0:
                 packed, bounds, decoded = quantise4(block)
                 residual[lo:hi] = block - decoded
                 payloads = [Payload.of(packed), Payload.of(bounds)]
-                meta: dict[str, Any] = {QUANT_META: 1}
+                meta = {QUANT_META: 1}
             else:
                 if residual is not None:
                     residual[lo:hi] = 0.0
@@ -279,8 +308,14 @@ class DgtSender:
         for i in range(len(counts)):
             self.sent[i].blocks += counts[i]
             self.sent[i].bytes += nbytes[i]
-        node.record("dgt_push", key=key, part=part, round=round_, k=round(k, 6),
-                    blocks=counts, bytes=nbytes, skipped=int(np.sum(bands < 0)))
+        if coder is None:
+            node.record("dgt_push", key=key, part=part, round=round_, k=round(k, 6),
+                        blocks=counts, bytes=nbytes, skipped=int(np.sum(bands < 0)))
+        else:
+            # per band: the bytes sent, and the dense bytes the codec encoded into them
+            node.record("dgt_push", key=key, part=part, round=round_, k=round(k, 6),
+                        blocks=counts, bytes=nbytes, skipped=int(np.sum(bands < 0)),
+                        codec=coder.name, dense_bytes=dense_bytes)
         # GeoMX's strict order: the important queue (channel 0 and the end block) first
         for m in first:
             node.post(m)
@@ -313,14 +348,19 @@ class DgtSender:
     def state_dict(self) -> dict[str, Any]:
         """What outlives a round (a checkpoint): the contribution EWMAs and quantisation
         residuals per (key, part), the workers' latest losses, adaptive K's ``loss_0``
-        and K, and the checkpoint round's tail blocks (:meth:`resend_tail`). The byte
-        and block counters are the run's, not the job's."""
-        return {"contribution": [[list(i), c] for i, c in sorted(self.contribution.items())],
+        and K, the checkpoint round's tail blocks (:meth:`resend_tail`) and, when a sparse
+        or 1-bit codec encodes the blocks, each block's codec state. The byte and block
+        counters are the run's, not the job's."""
+        out = {"contribution": [[list(i), c] for i, c in sorted(self.contribution.items())],
                 "residual": [[list(i), r] for i, r in sorted(self.residual.items())],
                 "losses": dict(sorted(self.losses.items())), "loss0": self.loss0, "k": self.k,
                 "tail": [[m.dst, m.key, m.part, m.version, m.channel, m.meta,
                           [p.data for p in m.payloads]]
                          for _, msgs in sorted(self.tail.items()) for m in msgs]}
+        coded = self.coder.state_dict()
+        if coded is not None:
+            out["block_codec"] = coded
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.contribution = {(int(i[0]), int(i[1])): np.asarray(c, dtype=np.float32)
@@ -336,6 +376,7 @@ class DgtSender:
                           version=int(version), channel=int(channel), meta=dict(meta),
                           payloads=[Payload.of(a) for a in arrays])
             self.tail.setdefault((msg.key, msg.part), []).append(msg)
+        self.coder.load_state_dict(state.get("block_codec"))
 
     def record_totals(self, node: SchedContext) -> None:
         node.record("dgt_sender_totals", blocks=[c.blocks for c in self.sent],

@@ -117,6 +117,9 @@ class _FakeServer:
     def encode_push(self, key, value, *, tier):
         return self.codec.encode_push(key, value, tier=tier)
 
+    def codec_for(self, num_elements, *, tier):
+        return self.codec.codec_for(num_elements, tier)
+
     def decode(self, msg, like=None):
         return self.codec.decode(msg, like=like)
 
@@ -314,7 +317,9 @@ def test_accuracy_within_one_point_of_dgt_off_on_a_lossless_wan(scenario_of):
 
 @pytest.mark.parametrize("override, field", [
     (("topology.kind=flat",), "sched.dgt"),
-    (("codec.type=bsc",), "codec.type"),
+    (("codec.type=bsc", "sched.dgt=quant"), "sched.dgt"),
+    (("codec.type=onebit", "sched.dgt=quant"), "sched.dgt"),
+    (("codec.type=bsc", "sched.dgt_block_size=256"), "sched.dgt_block_size"),
     (("sched.dgt_k=0.1", "sched.dgt_k_min=0.3"), "sched.dgt_k_min"),
     (("sched.dgt_block_size=16",), "sched.dgt_block_size"),
 ])
