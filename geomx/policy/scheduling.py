@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol
 
 from geomx.policy.base import Policy
+from geomx.policy.codec import Codec
 from geomx.policy.context import NodeContext
 from geomx.wire import Kind, Message, Payload
 
@@ -85,6 +86,7 @@ class SchedJobView(Protocol):
     local_scheduler_of: dict[str, str]  # dc -> local scheduler (hips only)
     local_server_of: dict[str, str]     # dc -> local server (hips only)
     workers_of: dict[str, list[str]]
+    transfer_schedulers: Sequence["TransferScheduler"]  # the job's, in composition order
 
 
 class Uniform(Protocol):
@@ -126,6 +128,12 @@ class SchedContext(NodeContext, Protocol):
 
     def decode(self, msg: Message, like: Value | None = None) -> Value:
         """The value ``msg`` carries, decoded by the node's codec."""
+        ...
+
+    def codec_for(self, num_elements: int, tier: str) -> Codec | None:
+        """The codec the node's current codec policy picks for a tensor of
+        ``num_elements`` on ``tier`` (None: it travels dense). For a scheduler that
+        encodes on the way itself (an overlay's relays); it owns the state it passes."""
         ...
 
     def rng(self, name: str) -> Uniform:

@@ -362,11 +362,6 @@ def _check_dgt(s: Scenario) -> None:
 
 
 
-#: Codecs TSEngine's relays can merge (decode, add, encode): dense ones. GeoMX runs its
-#: overlay on uncompressed data only.
-TSENGINE_CODECS = ("none", "fp16", "bf16")
-
-
 #: Sync algorithms whose rounds TSEngine's overlays can merge: every pusher pushes each
 #: round once (FSA, HFA's global syncs, ESync's delta averages); MixedSync's DCs are in
 #: step only inside a DC, so it takes the intra-DC overlay only.
@@ -375,8 +370,11 @@ TSENGINE_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
 
 @scenario_check
 def _check_tsengine(s: Scenario) -> None:
-    """TSEngine's overlays merge and relay whole dense values of a synchronous round
-    (geomx/sched/tsengine.py): what they cannot run with is refused here, by field."""
+    """TSEngine's overlays merge and relay the values of a synchronous round
+    (geomx/sched/tsengine.py): what they cannot run with is refused here, by field. Any
+    codec composes (a relay decodes, adds and encodes again with its own error feedback:
+    geomx/sched/ts_merge_codec.py), and so does P3 (the overlay's unit is P3's slice, sent
+    at P3's priority: geomx/sched/ts_overlay.py)."""
     q = s.sched
     if not (q.tsengine_inter or q.tsengine_intra):
         return
@@ -401,17 +399,6 @@ def _check_tsengine(s: Scenario) -> None:
             f"rounds; allowed with TSEngine: {quote_list(TSENGINE_ALGORITHMS)} (or 'auto')",
             path="sync.algorithm", value=s.sync.algorithm,
             allowed=quote_list(TSENGINE_ALGORITHMS))
-    if s.codec.type not in TSENGINE_CODECS:
-        raise ScenarioError(
-            f"{field} = true adds values at relaying nodes, which decode, add and encode "
-            f"again: a sum of sparse or 1-bit values is not one; codec.type = "
-            f"{s.codec.type!r}; allowed with TSEngine: {quote_list(TSENGINE_CODECS)}",
-            path="codec.type", value=s.codec.type, allowed=quote_list(TSENGINE_CODECS))
-    if q.p3:
-        raise ScenarioError(
-            f"sched.p3 = true slices keys and fuses pulls into push replies, which {field} = true "
-            "replaces by its overlay; allowed: one of them", path="sched.p3", value=True,
-            allowed="false with TSEngine")
     if q.dgt != "off":
         raise ScenarioError(
             f"sched.dgt = {q.dgt!r} sends local -> global pushes as blocks, which {field} = true "
