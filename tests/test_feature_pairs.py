@@ -47,11 +47,9 @@ STILL_REFUSED = {
         # a program pushes when it decides; the per-layer model drives the built-in trainer's
         # layers; HFA and ESync push models, not the gradients the layer model times
         "layer + program", "hfa + layer", "esync + layer",
-        # two mechanisms for the same transfer: the overlay replaces P3's fused slices and
-        # DGT's blocks; DGT ranks dense blocks a sparse payload does not have
-        "p3 + tsengine", "dgt + tsengine", "bsc + dgt",
-        # relays decode, add and encode: a sum of sparse values is not sparse
-        "bsc + tsengine",
+        # two mechanisms for the same transfer: the overlay's merge tree replaces DGT's
+        # blocks; DGT ranks dense blocks a sparse payload does not have
+        "dgt + tsengine", "bsc + dgt",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
         "mixed + tsengine",
         # not yet (docs/scenario.md, "Combinations"): HFA's local server state between

@@ -534,6 +534,16 @@ class _TsLocal(SchedLocalSide):
             if peer is not None:
                 await peer.drain()  # forward what this node still owes
 
+    def state_dict(self) -> Any:
+        """The error-feedback state this local server keeps as a sender of the merges
+        across DCs (None without a stateful codec); as the root of its DC's overlay it
+        encodes nothing."""
+        return None if self.inter is None else self.inter.codec.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        if self.inter is not None:
+            self.inter.codec.load_state_dict(state)
+
 
 class _TsGlobal(SchedGlobalSide):
     """A global server: the root of its (key, part)s' merge trees and broadcasts."""

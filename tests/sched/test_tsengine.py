@@ -246,10 +246,7 @@ def test_same_seed_same_decisions_and_summary(scenario_of):
 # ------------------------------------------------------------------ configuration
 
 @pytest.mark.parametrize("overrides,field", [
-    (("codec.type=bsc",), "codec.type"),
-    (("codec.type=onebit",), "codec.type"),
     (("sync.algorithm=mixed",), "sync.algorithm"),
-    (("sched.p3=true",), "sched.p3"),
     (("sched.dgt=tcp",), "sched.dgt"),
     (("sched.tsengine_max_greed_rate=1.5",), "sched.tsengine_max_greed_rate"),
     (("sched.tsengine_expiry_iterations=0",), "sched.tsengine_expiry_iterations"),
