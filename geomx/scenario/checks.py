@@ -399,11 +399,24 @@ def _check_tsengine(s: Scenario) -> None:
             f"rounds; allowed with TSEngine: {quote_list(TSENGINE_ALGORITHMS)} (or 'auto')",
             path="sync.algorithm", value=s.sync.algorithm,
             allowed=quote_list(TSENGINE_ALGORITHMS))
-    if q.dgt != "off":
+    if q.dgt != "off" and q.tsengine_inter:
+        # DGT's global server reassembles one local server's blocks, some of them dropped;
+        # a relay of the merge tree would have to do the same, add and rank blocks again
         raise ScenarioError(
-            f"sched.dgt = {q.dgt!r} sends local -> global pushes as blocks, which {field} = true "
-            "replaces by its merge tree; allowed: one of them", path="sched.dgt", value=q.dgt,
-            allowed="'off' with TSEngine")
+            f"sched.dgt = {q.dgt!r} sends each local server's push to the global server as "
+            "ranked blocks (the low ones on channels that may drop them), while "
+            "sched.tsengine_inter = true may send it to another local server that adds it to "
+            "its own; relays that reassemble, add and re-rank DGT's blocks are not built yet; "
+            "allowed with DGT: sched.tsengine_inter = false (sched.tsengine_intra composes)",
+            path="sched.tsengine_inter", value=True, allowed="false with DGT")
+    if q.dgt != "off" and q.tsengine_intra and q.dgt_adaptive_k:
+        # the local server sees one merged push per round, not each worker's loss
+        raise ScenarioError(
+            f"sched.dgt_adaptive_k = true adapts K to the losses the workers' pushes carry to "
+            "their local server; sched.tsengine_intra = true merges those pushes on the way, "
+            "so the local server has no worker's loss to adapt K from; allowed with the "
+            "intra-DC overlay: sched.dgt_adaptive_k = false",
+            path="sched.dgt_adaptive_k", value=True, allowed="false with sched.tsengine_intra")
 
 
 @scenario_check

@@ -138,17 +138,23 @@ def _run(scenario_of, name, *overrides):
     return run_scenario(scenario_of(name, *SHORT, *overrides))
 
 
+#: the overlays without a codec, run once for the per-codec comparisons
+_DENSE: dict[str, Any] = {}
+
+
 @pytest.mark.parametrize("codec", sorted(CODECS))
 def test_codec_and_tsengine_both_act_and_train(scenario_of, codec):
     """quickstart_bsc with both overlays and the codec: the merges across DCs travel under
     the codec (``ts_xfer`` with ``codec``), the coordinators decide (``ts_choose``), the
     model trains as with the codec alone and the WAN carries less than the overlay
     without a codec."""
-    base = ("run.iterations=40", "run.eval_every=40", *CODECS[codec])
+    base = ("run.iterations=30", "run.eval_every=30", *CODECS[codec])
     alone = _run(scenario_of, "quickstart_bsc.toml", *base).summary
     both = _run(scenario_of, "quickstart_bsc.toml", *base, *BOTH)
-    dense = _run(scenario_of, "quickstart_bsc.toml", "run.iterations=40", "run.eval_every=40",
-                 "codec.type=none", *BOTH).summary
+    if "s" not in _DENSE:
+        _DENSE["s"] = _run(scenario_of, "quickstart_bsc.toml", "run.iterations=30",
+                           "run.eval_every=30", "codec.type=none", *BOTH).summary
+    dense = _DENSE["s"]
     ev = run_events(both.run_dir)
     wire = "bsc" if codec == "mpq" else codec  # MPQ: Bi-Sparse for the large tensors
     merges = [e for e in ev if e["ev"] == "ts_xfer" and e["msg"] == "merge"
@@ -158,6 +164,25 @@ def test_codec_and_tsengine_both_act_and_train(scenario_of, codec):
     assert both.summary.final_accuracy > 0.6
     assert both.summary.final_accuracy == pytest.approx(alone.final_accuracy, abs=0.06)
     assert both.summary.bytes_wan < 0.6 * dense.bytes_wan
+
+
+def test_relays_across_dcs_re_encode_under_bi_sparse(scenario_of):
+    """Eight party DCs behind a 20 Mbps central NIC: local servers merge into each other
+    (a relay's push carries several DCs) and every merge stays Bi-Sparse (the relay
+    encodes the sum: at most 1% of a tensor's elements, whatever it merged)."""
+    r = _run(scenario_of, "tsengine_incast.toml", "run.iterations=3", "codec.type=bsc",
+             "codec.size_lower_bound=1000", "training.optimizer=none",
+             "training.worker_optimizer=adam")
+    ev = run_events(r.run_dir)
+    xfer = [e for e in ev if e["ev"] == "ts_xfer" and e["msg"] == "merge"
+            and e["overlay"] == "inter" and e.get("codec") == "bsc"]
+    relayed = [e for e in xfer if e["edge"].startswith("->ls:")]
+    assert relayed
+    # W1 (64 x 512 = 32768 elements): 327 (value, index) pairs of 8 bytes and the header
+    w1 = [e["bytes"] for e in xfer if e["key"] == 0]
+    assert w1 and max(w1) <= 64 + 2 * 16 + 327 * 8
+    pushes = [e for e in ev if e["ev"] == "xfer" and e["msg"] == "PUSH" and e["dst"] == "gs:0"]
+    assert len(pushes) < 8 * 4 * 3  # the star's count: fewer, merged pushes reach the root
 
 
 def test_bsc_and_tsengine_is_deterministic(scenario_of):
@@ -203,6 +228,24 @@ def test_p3_tsengine_and_bsc_compose(scenario_of):
     coded = [e for e in ev if e.get("codec") == "bsc"]
     assert coded and all(e["prio"] == layer_priority(e["key"]) for e in coded)
     assert r.summary.final_accuracy > 0.5
+
+
+def test_dgt_and_the_intra_dc_overlay_compose(scenario_of):
+    """DGT with the overlay inside DCs (fixed K): workers merge along the DC's tree, the
+    local server sends the DC's sum as DGT's ranked blocks; the model trains as with DGT
+    alone. Across DCs, and with adaptive K, the pair is refused by field."""
+    base = ("run.iterations=12", "run.eval_every=12", "sched.dgt_adaptive_k=false")
+    alone = _run(scenario_of, "dgt.toml", *base).summary
+    both = _run(scenario_of, "dgt.toml", *base, "sched.tsengine_intra=true")
+    ev = run_events(both.run_dir)
+    assert {e["overlay"] for e in ev if e["ev"] == "ts_choose"} == {"intra"}
+    assert any(e["ev"] == "dgt_push" for e in ev) and any(e["ev"] == "dgt_assemble" for e in ev)
+    assert both.summary.final_accuracy == pytest.approx(alone.final_accuracy, abs=0.03)
+    from geomx.scenario import ScenarioError
+    with pytest.raises(ScenarioError, match="not built yet.*allowed"):
+        scenario_of("dgt.toml", "sched.tsengine_inter=true")
+    with pytest.raises(ScenarioError, match="sched.dgt_adaptive_k.*allowed"):
+        scenario_of("dgt.toml", "sched.tsengine_intra=true")
 
 
 # ------------------------------------------------------------------ real sockets
