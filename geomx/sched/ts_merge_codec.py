@@ -81,7 +81,7 @@ class MergeCodec:
             state = codec.new_state(n)
             saved = self._pending.pop((key, part), None)
             if saved is not None and saved.get("codec") == codec.name:
-                _fill(state, saved)
+                state = _restored(state, saved)
             kept = self._states[(key, part)] = (codec, state)
         return kept[1]
 
@@ -115,11 +115,13 @@ class MergeCodec:
         self._pending = {(int(e["key"]), int(e["part"])): e for e in state or []}
 
 
-def _fill(state: CodecState, saved: dict[str, Any]) -> None:
-    for name, a in saved.get("arrays", {}).items():
-        mine = getattr(state, name)
-        if mine is None or np.asarray(a).size != np.asarray(mine).size:
+def _restored(fresh: CodecState, saved: dict[str, Any]) -> CodecState:
+    """A state shaped like ``fresh`` holding a checkpoint's arrays and round."""
+    arrays = {}
+    for name, mine in fresh.arrays().items():
+        a = np.asarray(saved.get("arrays", {}).get(name))
+        if a.size != np.asarray(mine).size:
             raise ValueError(f"a checkpointed TSEngine relay state of {saved.get('codec')!r} "
                              f"does not fit this job's codec (array {name!r})")
-        mine.reshape(-1)[...] = np.asarray(a).reshape(-1)
-    state.round = int(saved.get("round", 0))
+        arrays[name] = np.array(a, dtype=np.asarray(mine).dtype).reshape(np.shape(mine))
+    return CodecState(fresh.num_elements, round=int(saved.get("round", 0)), **arrays)
