@@ -262,3 +262,18 @@ def test_bsc_and_tsengine_over_sockets_train_like_the_emulator(scenario_of):
     ev = run_events(real.run_dir, "ts_xfer")
     assert any(e.get("codec") == "bsc" for e in ev)
     assert real.summary.extra["tsengine"]["inter"]["broadcast_decisions"] == 4 * 30 * 2
+
+
+# ------------------------------------------------------------------ checkpoints
+
+@pytest.mark.slow
+def test_bsc_relays_resume_bit_exact(tmp_path):
+    """Across two DCs with Bi-Sparse: the local servers' relay states (accumulator,
+    momentum, round) are saved with their checkpoint, so a resumed run is the
+    uninterrupted one bit for bit."""
+    from tests.node.test_checkpoint import _max_difference, _stop_and_resume
+
+    sets = ["checkpoint.every=10", "sched.tsengine_inter=true", "codec.type=bsc",
+            "codec.size_lower_bound=1000"]
+    clean, resumed, _ = _stop_and_resume(tmp_path, sets, stop=30, end=50)
+    assert _max_difference(clean, resumed) == 0.0
