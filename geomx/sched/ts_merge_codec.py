@@ -54,12 +54,23 @@ class MergeCodec:
         #: states of a checkpoint, taken when the codec of their (key, part) is known
         self._pending: dict[tuple[int, int], dict[str, Any]] = {}
 
-    def encode(self, key: int, part: int, value: Value) -> tuple[list[Payload], dict[str, Any]]:
-        """``value`` (this node's merge buffer) as it leaves: the payloads and the codec's
-        meta (empty when it travels dense, as without a codec)."""
+    def encode(self, key: int, part: int, value: Value, *,
+               received: Value = None) -> tuple[list[Payload], dict[str, Any]]:
+        """This node's merge buffer as it leaves: its own ``value`` plus the decoded sum
+        of the merges it took (``received``, None: none); the payloads and the codec's
+        meta (empty when it travels dense, as without a codec).
+
+        ``received`` joins the codec's error-feedback memory (Bi-Sparse's accumulator
+        ``v``, onebit's residual) rather than its input: the senders corrected it for
+        momentum already, and Bi-Sparse's momentum would otherwise apply again at every
+        hop (a value relayed h times would be amplified by up to (1/(1-m))^h). The
+        selection is the same, the top-k of everything this node holds; a codec whose
+        state has no such memory (a stateless one) encodes the plain sum."""
         n = value.num_elements if isinstance(value, Payload) else int(value.size)
         codec = self.ctx.codec_for(n, self.tier)
         if codec is None:
+            if received is not None:
+                _add_into(value, received)
             return [value if isinstance(value, Payload)
                     else Payload.of(np.ascontiguousarray(value))], {}
         if isinstance(value, Payload):  # a phantom: the encoded sizes, no kernel run
@@ -68,6 +79,12 @@ class MergeCodec:
                     {CODEC_META: codec.name, "n": n, "dtype": value.dtype,
                      "shape": list(value.shape)})
         state = self._state(codec, key, part, n) if codec.stateful else None
+        if received is not None:
+            memory = _feedback_memory(state)
+            if memory is None:
+                _add_into(value, received)
+            else:
+                np.add(memory, received.reshape(memory.shape), out=memory, casting="unsafe")
         enc = codec.encode(key, value, state)
         meta = dict(enc.meta)
         if meta.get(CODEC_META) == _DENSE:
@@ -84,6 +101,16 @@ class MergeCodec:
                 state = _restored(state, saved)
             kept = self._states[(key, part)] = (codec, state)
         return kept[1]
+
+    def add_decoded(self, msg: Message, like: Value, received: Value) -> Value:
+        """``received`` (None: nothing yet) plus the value merge ``msg`` carries."""
+        v = self.ctx.decode(msg, like=like)
+        if isinstance(v, Payload) or isinstance(like, Payload):
+            return None  # phantoms carry sizes only
+        if received is None:
+            return np.array(v, dtype=np.float32, copy=True).reshape(like.shape)
+        _add_into(received, v)
+        return received
 
     def decode(self, msg: Message, like: Value | None) -> Value | None:
         """The value an encoded merge carries (None: a dense merge, read as it is)."""
@@ -113,6 +140,21 @@ class MergeCodec:
     def load_state_dict(self, state: list[dict[str, Any]] | None) -> None:
         self._states.clear()
         self._pending = {(int(e["key"]), int(e["part"])): e for e in state or []}
+
+
+def _feedback_memory(state: CodecState | None) -> np.ndarray | None:
+    """The flat error-feedback memory of ``state`` (what a sender keeps of what it did
+    not send), or None when the codec keeps none on the host."""
+    if state is None:
+        return None
+    for a in (state.v, state.residual):
+        if isinstance(a, np.ndarray) and a.dtype == np.float32:
+            return a.reshape(-1)
+    return None
+
+
+def _add_into(acc: Value, v: Value) -> None:
+    np.add(acc, np.asarray(v).reshape(acc.shape), out=acc, casting="unsafe")
 
 
 def _restored(fresh: CodecState, saved: dict[str, Any]) -> CodecState:

@@ -151,6 +151,9 @@ class _Merge:
     senders: list[str]
     meta: dict[str, Any]
     sent: asyncio.Future[Message] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: the sum of the encoded merges taken, decoded (None: none yet); kept apart from
+    #: ``value``, this node's own, because a codec's error feedback takes them apart
+    received: Value = None
 
 
 #: ``root_receive(msg, value, count, senders)``: what the root does with a merged push
@@ -230,7 +233,7 @@ class OverlayPeer:
             return  # paired as the receiver: the data comes from the sender
         buf = self._bufs.pop((key, part))
         # the whole buffer (this node's value and the merges it took) under the codec
-        payloads, coded = self.codec.encode(key, part, buf.value)
+        payloads, coded = self.codec.encode(key, part, buf.value, received=buf.received)
         meta = {**buf.meta, **coded, TS_META: self.overlay, TS_COUNT: buf.count,
                 TS_FROM: buf.senders}
         data = Message(Kind.PUSH, self.ctx.node_name, str(to), key=key, part=part,
@@ -282,7 +285,7 @@ class OverlayPeer:
             raise ValueError(f"no {self.overlay} merge buffer for key {msg.key} part "
                              f"{msg.part} round {msg.version} at {self.ctx.node_name}")
         if coded:  # decode, add (the buffer is encoded again when it is sent)
-            _add_into(buf.value, self.codec.decode(msg, buf.value))
+            buf.received = self.codec.add_decoded(msg, buf.value, buf.received)
         else:
             p = msg.payloads[0]
             _add_into(buf.value, p if p.data is None else p.data)

@@ -50,8 +50,8 @@ class _Ctx:
         return decode(([p.data for p in msg.payloads], meta))
 
 
-def _merge(mc: MergeCodec, key: int, value: np.ndarray) -> Message:
-    payloads, meta = mc.encode(key, 0, value)
+def _merge(mc: MergeCodec, key: int, value: np.ndarray, received: Any = None) -> Message:
+    payloads, meta = mc.encode(key, 0, value, received=received)
     return Message(Kind.PUSH, "a", "b", key=key, meta={**meta, "ts": "inter"},
                    payloads=payloads)
 
@@ -73,9 +73,8 @@ def test_a_relay_re_encodes_the_sum_and_keeps_what_it_drops(name, params):
         pushed += ga + gb
         m1 = _merge(a, 7, ga.copy())
         assert m1.meta["codec"] == name
-        buf = gb.copy()
-        buf += b.decode(m1, buf)                          # b: decode and add ...
-        m2 = _merge(b, 7, buf)                            # ... and encode again
+        got_a = b.add_decoded(m1, gb, None)               # b: decode and add ...
+        m2 = _merge(b, 7, gb.copy(), got_a)               # ... and encode again
         sent = b.decode(m2, None)
         if name == "bsc":
             assert np.count_nonzero(sent) <= int(n * 0.05)  # a top-k of the merged sum
@@ -88,6 +87,33 @@ def test_a_relay_re_encodes_the_sum_and_keeps_what_it_drops(name, params):
     p1 = _merge(again, 3, x.copy()).payloads
     p2 = _merge(MergeCodec(_Ctx(codec), "wan"), 3, x.copy()).payloads
     assert all(np.array_equal(u.data, v.data) for u, v in zip(p1, p2))
+
+
+def test_a_relay_does_not_apply_momentum_to_what_it_relays():
+    """Bi-Sparse with momentum: a1 and a2 each push one gradient and then zeros, b has
+    nothing of its own and relays twice its capacity in the first round. What the root
+    receives from b over the rounds plus b's accumulator is what a1 and a2 sent: b's
+    momentum acts on b's own gradients only (fed with the relayed values, it multiplies
+    them by about 4 here, up to 1/(1-m) = 10)."""
+    codec = create_codec("bsc", threshold=0.05, size_lower_bound=10, momentum=0.9)
+    a1, a2, b = (MergeCodec(_Ctx(codec), "wan") for _ in range(3))
+    n = 400
+    rng = np.random.default_rng(2)
+    g1, g2 = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
+    sent, got = np.zeros(n), np.zeros(n)
+
+    def zero() -> np.ndarray:
+        return np.zeros(n, np.float32)
+
+    for r in range(30):
+        m1 = _merge(a1, 1, g1.copy() if r == 0 else zero())
+        m2 = _merge(a2, 1, g2.copy() if r == 0 else zero())
+        sent += b.decode(m1, None) + b.decode(m2, None)
+        received = b.add_decoded(m2, zero(), b.add_decoded(m1, zero(), None))
+        got += b.decode(_merge(b, 1, zero(), received), None)
+    v_b = next(e["arrays"]["v"] for e in b.state_dict())
+    np.testing.assert_allclose(got + v_b, sent, rtol=1e-4, atol=1e-4)
+    assert np.abs(got).sum() > 0.95 * np.abs(sent).sum()  # delivered, not kept
 
 
 def _residual(mc: MergeCodec) -> np.ndarray:
