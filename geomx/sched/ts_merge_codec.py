@@ -11,14 +11,15 @@ workers), that buffer is what gets encoded, once per round, by whichever node se
 * **sparse and 1-bit codecs with error feedback** (``bsc``, ``onebit``, and ``mpq``'s
   Bi-Sparse for large tensors): a sum of top-k selections is no top-k selection and a
   sum of signs is no sign vector, so a relay cannot forward what it received as it is.
-  It decodes each merge into its dense buffer and encodes the buffer with the codec and
-  a state of its own per (key, part): Bi-Sparse selects the top-k of the merged sum
-  (after its momentum correction) and keeps the rest in the relay's accumulator, onebit
-  sends the signs of sum + residual and keeps what they do not express. This is the
-  hierarchical sparsification of gTop-k (Shi et al., ICDCS 2019: each merge step
-  re-selects the top k of the summed sparse vectors) with DGC/EF-SGD error feedback at
-  every step, so nothing a relay drops is lost: it travels in a later round, through
-  whichever tree that round builds. ``mpq`` picks per tensor size as its rule says
+  It decodes each merge, adds it into its codec state's error-feedback memory, and
+  encodes its own value with that state, a state of its own per (key, part): Bi-Sparse
+  selects the top-k of the merged sum (its momentum correction acting on the relay's own
+  gradient only: the senders applied theirs) and keeps the rest in the relay's
+  accumulator, onebit sends the signs of sum + residual and keeps what they do not
+  express. This is the hierarchical sparsification of gTop-k (Shi et al., ICDCS 2019:
+  each merge step re-selects the top k of the summed sparse vectors) with DGC/EF-SGD
+  error feedback at every step, so nothing a relay drops is lost: it travels in a later
+  round, through whichever tree that round builds. ``mpq`` picks per tensor size as its rule says
   (``codec_for``), so small tensors travel fp16 and large ones Bi-Sparse on the WAN.
 
 The state belongs to this object (one per overlay and node, held by the scheduler side,
