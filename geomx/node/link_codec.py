@@ -75,9 +75,9 @@ class LinkCodec:
         not ``elementwise``: sparse, 1-bit), so placement must not split it."""
         return self._policy is not None and not self._policy.elementwise
 
-    def codec_for(self, n: int, tier: str) -> Any:
-        """The codec the policy picks for ``n`` elements on ``tier`` (None: dense)."""
-        return self._codec(n, tier)
+    def codec_for(self, num_elements: int, tier: str) -> Any:
+        """The codec a tensor of ``num_elements`` travels with on ``tier`` (None: dense)."""
+        return self._codec(num_elements, tier)
 
     def _codec(self, n: int, tier: str):
         if self._policy is None:

@@ -88,11 +88,11 @@ class SchedNodeContext:
         return getattr(self._node, self._codec_attr).encode_pull(key, value, tier=tier,
                                                                  weights=weights)
 
+    def codec_for(self, num_elements: int, *, tier: str) -> Any:
+        return getattr(self._node, self._codec_attr).codec_for(num_elements, tier)
+
     def decode(self, msg: Message, like: Value | None = None) -> Value:
         return getattr(self._node, self._codec_attr).decode(msg, like=like)
-
-    def codec_for(self, num_elements: int, tier: str) -> Any:
-        return getattr(self._node, self._codec_attr).codec_for(num_elements, tier)
 
     def rng(self, name: str) -> Uniform:
         return self._node.services.rng(name)

@@ -126,14 +126,14 @@ class SchedContext(NodeContext, Protocol):
         """``value`` as the node's codec sends a pull reply on ``tier``."""
         ...
 
-    def decode(self, msg: Message, like: Value | None = None) -> Value:
-        """The value ``msg`` carries, decoded by the node's codec."""
+    def codec_for(self, num_elements: int, *, tier: str) -> Codec | None:
+        """The node's current codec for a tensor of ``num_elements`` on ``tier`` (None:
+        such a tensor travels dense), for a scheduler that encodes pieces of a tensor
+        itself (DGT's blocks, each with its own error-feedback state)."""
         ...
 
-    def codec_for(self, num_elements: int, tier: str) -> Codec | None:
-        """The codec the node's current codec policy picks for a tensor of
-        ``num_elements`` on ``tier`` (None: it travels dense). For a scheduler that
-        encodes on the way itself (an overlay's relays); it owns the state it passes."""
+    def decode(self, msg: Message, like: Value | None = None) -> Value:
+        """The value ``msg`` carries, decoded by the node's codec."""
         ...
 
     def rng(self, name: str) -> Uniform:

@@ -68,7 +68,7 @@ class MergeCodec:
         selection is the same, the top-k of everything this node holds; a codec whose
         state has no such memory (a stateless one) encodes the plain sum."""
         n = value.num_elements if isinstance(value, Payload) else int(value.size)
-        codec = self.ctx.codec_for(n, self.tier)
+        codec = self.ctx.codec_for(n, tier=self.tier)
         if codec is None:
             if received is not None:
                 _add_into(value, received)

@@ -41,7 +41,7 @@ class _Ctx:
     def __init__(self, codec: Any):
         self.policy = codec
 
-    def codec_for(self, n: int, tier: str) -> Any:
+    def codec_for(self, n: int, *, tier: str) -> Any:
         c = self.policy.codec_for(n, tier)
         return None if c.name == "none" else c
 
