@@ -47,23 +47,20 @@ STILL_REFUSED = {
         # a program pushes when it decides; the per-layer model drives the built-in trainer's
         # layers; HFA and ESync push models, not the gradients the layer model times
         "layer + program", "hfa + layer", "esync + layer",
-        # two mechanisms for the same transfer: the overlay replaces P3's fused slices and
-        # DGT's blocks
-        "p3 + tsengine", "dgt + tsengine",
-        # relays decode, add and encode: a sum of sparse values is not sparse
-        "bsc + tsengine",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
         "mixed + tsengine",
         # not yet (docs/scenario.md, "Combinations"): the inter-DC merge tree rebuilt
         # around a local server's successor
         "tsengine + server_loss",
+        # relays of the inter-DC merge tree that reassemble, add and re-rank DGT's blocks
+        "dgt + tsengine",
     )
 }
 
 #: Of those, the ones that could work and are not built yet: their reason says so; the
 #: others' reasons give the contradiction instead.
 NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
-    "tsengine + server_loss",)}
+    "tsengine + server_loss", "dgt + tsengine")}
 
 
 @pytest.fixture(scope="module")

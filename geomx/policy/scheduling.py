@@ -86,6 +86,7 @@ class SchedJobView(Protocol):
     local_scheduler_of: dict[str, str]  # dc -> local scheduler (hips only)
     local_server_of: dict[str, str]     # dc -> local server (hips only)
     workers_of: dict[str, list[str]]
+    transfer_schedulers: Sequence["TransferScheduler"]  # the job's, in composition order
 
 
 class Uniform(Protocol):

@@ -378,11 +378,6 @@ def _check_dgt(s: Scenario) -> None:
 DGT_BLOCK_CODECS = ("bsc", "mpq", "onebit")
 
 
-#: Codecs TSEngine's relays can merge (decode, add, encode): dense ones. GeoMX runs its
-#: overlay on uncompressed data only.
-TSENGINE_CODECS = ("none", "fp16", "bf16")
-
-
 #: Sync algorithms whose rounds TSEngine's overlays can merge: every pusher pushes each
 #: round once (FSA, HFA's global syncs, ESync's delta averages); MixedSync's DCs are in
 #: step only inside a DC, so it takes the intra-DC overlay only.
@@ -391,8 +386,11 @@ TSENGINE_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
 
 @scenario_check
 def _check_tsengine(s: Scenario) -> None:
-    """TSEngine's overlays merge and relay whole dense values of a synchronous round
-    (geomx/sched/tsengine.py): what they cannot run with is refused here, by field."""
+    """TSEngine's overlays merge and relay the values of a synchronous round
+    (geomx/sched/tsengine.py): what they cannot run with is refused here, by field. Any
+    codec composes (a relay decodes, adds and encodes again with its own error feedback:
+    geomx/sched/ts_merge_codec.py), and so does P3 (the overlay's unit is P3's slice, sent
+    at P3's priority: geomx/sched/ts_overlay.py)."""
     q = s.sched
     if not (q.tsengine_inter or q.tsengine_intra):
         return
@@ -417,22 +415,24 @@ def _check_tsengine(s: Scenario) -> None:
             f"rounds; allowed with TSEngine: {quote_list(TSENGINE_ALGORITHMS)} (or 'auto')",
             path="sync.algorithm", value=s.sync.algorithm,
             allowed=quote_list(TSENGINE_ALGORITHMS))
-    if s.codec.type not in TSENGINE_CODECS:
+    if q.dgt != "off" and q.tsengine_inter:
+        # DGT's global server reassembles one local server's blocks, some of them dropped;
+        # a relay of the merge tree would have to do the same, add and rank blocks again
         raise ScenarioError(
-            f"{field} = true adds values at relaying nodes, which decode, add and encode "
-            f"again: a sum of sparse or 1-bit values is not one; codec.type = "
-            f"{s.codec.type!r}; allowed with TSEngine: {quote_list(TSENGINE_CODECS)}",
-            path="codec.type", value=s.codec.type, allowed=quote_list(TSENGINE_CODECS))
-    if q.p3:
+            f"sched.dgt = {q.dgt!r} sends each local server's push to the global server as "
+            "ranked blocks (the low ones on channels that may drop them), while "
+            "sched.tsengine_inter = true may send it to another local server that adds it to "
+            "its own; relays that reassemble, add and re-rank DGT's blocks are not built yet; "
+            "allowed with DGT: sched.tsengine_inter = false (sched.tsengine_intra composes)",
+            path="sched.tsengine_inter", value=True, allowed="false with DGT")
+    if q.dgt != "off" and q.tsengine_intra and q.dgt_adaptive_k:
+        # the local server sees one merged push per round, not each worker's loss
         raise ScenarioError(
-            f"sched.p3 = true slices keys and fuses pulls into push replies, which {field} = true "
-            "replaces by its overlay; allowed: one of them", path="sched.p3", value=True,
-            allowed="false with TSEngine")
-    if q.dgt != "off":
-        raise ScenarioError(
-            f"sched.dgt = {q.dgt!r} sends local -> global pushes as blocks, which {field} = true "
-            "replaces by its merge tree; allowed: one of them", path="sched.dgt", value=q.dgt,
-            allowed="'off' with TSEngine")
+            f"sched.dgt_adaptive_k = true adapts K to the losses the workers' pushes carry to "
+            "their local server; sched.tsengine_intra = true merges those pushes on the way, "
+            "so the local server has no worker's loss to adapt K from; allowed with the "
+            "intra-DC overlay: sched.dgt_adaptive_k = false",
+            path="sched.dgt_adaptive_k", value=True, allowed="false with sched.tsengine_intra")
 
 
 @scenario_check

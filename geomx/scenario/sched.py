@@ -68,12 +68,12 @@ class SchedConfig(Section):
                                    "TSEngine across DCs (GeoMX ENABLE_INTER_TS): the global "
                                    "scheduler pairs local servers into a merge tree for their "
                                    "pushes (by measured throughput) and relays the new model "
-                                   "epidemically, each receiver forwarding it. FSA or HFA, "
-                                   "uncompressed or half-precision data.")
+                                   "epidemically, each receiver forwarding it. FSA or HFA; "
+                                   "with a codec each relay decodes, adds and encodes again.")
     tsengine_intra: bool = setting(Flag(), False,
                                    "TSEngine inside each DC (GeoMX ENABLE_INTRA_TS): the DC's "
                                    "local scheduler builds the same overlay among its workers and "
-                                   "local server. FSA or HFA, uncompressed or half-precision data.")
+                                   "local server. FSA or HFA, any codec.")
     tsengine_max_greed_rate: float = setting(
         Fraction(percent=False), 0.9,
         "TSEngine: cap on the probability of sending the model over the fastest measured edge "

@@ -125,6 +125,15 @@ def split_slice_key(skey: int) -> tuple[int, int]:
     return key, index
 
 
+def layer_priority(skey: int) -> int:
+    """P3's order for a slice key: earliest layer first, the layers numbered by key (the
+    built-in layered trainer pushes key ``k`` at ``priority=-k``, GeoMX's demo
+    convention), every slice of a key at its key's priority. For a scheduler that sends
+    slices on its own messages (TSEngine's merges and relays), which do not carry the
+    caller's priority."""
+    return -split_slice_key(skey)[0]
+
+
 def slices_of(key: int, num_elements: int, slice_elements: int) -> list[Slice]:
     """The slices of a tensor of ``num_elements`` elements, in element order.
 

@@ -39,6 +39,8 @@ import numpy as np
 from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedContext,
                                      SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
                                      TransferScheduler, Value, WorkerSchedContext)
+from geomx.sched.p3 import P3, layer_priority
+from geomx.sched.ts_merge_codec import MergeCodec
 from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
 from geomx.wire import Kind, Message, Payload
 
@@ -149,10 +151,27 @@ class _Merge:
     senders: list[str]
     meta: dict[str, Any]
     sent: asyncio.Future[Message] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    #: the sum of the encoded merges taken, decoded (None: none yet); kept apart from
+    #: ``value``, this node's own, because a codec's error feedback takes them apart
+    received: Value = None
 
 
 #: ``root_receive(msg, value, count, senders)``: what the root does with a merged push
 RootReceive = Callable[[Message, Value, int, list[str]], None]
+
+#: the hop each overlay's merges travel on, as the codec policy names it
+OVERLAY_TIER = {"inter": "wan", "intra": "lan"}
+
+
+def transfer_priority(job: Any) -> Callable[[int], int] | None:
+    """The wire priority of a (sliced) key's overlay transfers when the job also runs P3:
+    P3's transfer unit is the slice and its order earliest layer first
+    (:func:`geomx.sched.p3.layer_priority`), so merges, relays and their asks carry that
+    priority and every node's queues (its outbox, the links) serve the earlier layers'
+    slices first. None without P3: every transfer at priority 0, FIFO, as in GeoMX."""
+    if any(isinstance(s, P3) for s in getattr(job, "transfer_schedulers", ())):
+        return layer_priority
+    return None
 
 
 class OverlayPeer:
@@ -170,6 +189,11 @@ class OverlayPeer:
         #: the nodes that may send this node merges and relays in this overlay
         self.peers = frozenset(peers) - {ctx.node_name}
         self.root_receive = root_receive
+        #: merges are encoded by the sender and decoded by the receiver (relays keep
+        #: their own error-feedback state: geomx/sched/ts_merge_codec.py)
+        self.codec = MergeCodec(ctx, OVERLAY_TIER[overlay])
+        #: wire priority of a key's transfers (None: 0, FIFO)
+        self.priority_of = transfer_priority(ctx.job)
         self._bufs: dict[tuple[int, int], _Merge] = {}
         #: latest broadcast message per (key, part) and the round last handed to the node
         self._latest: dict[tuple[int, int], Message] = {}
@@ -199,28 +223,42 @@ class OverlayPeer:
         meta: dict[str, Any] = {TS_META: self.overlay}
         if root:
             meta["root"] = True
+        prio = self._priority(key)
         reply = await self.ctx.request(Message(Kind.ASK_PUSH, self.ctx.node_name,
                                                 self.coordinator, key=key, part=part,
-                                                version=round_, meta=meta),
+                                                version=round_, meta=meta, priority=prio),
                                         timeout_s=math.inf)
         to = reply.meta.get("to")
         if to is None:
             return  # paired as the receiver: the data comes from the sender
         buf = self._bufs.pop((key, part))
-        meta = {**buf.meta, TS_META: self.overlay, TS_COUNT: buf.count, TS_FROM: buf.senders}
+        # the whole buffer (this node's value and the merges it took) under the codec
+        payloads, coded = self.codec.encode(key, part, buf.value, received=buf.received)
+        meta = {**buf.meta, **coded, TS_META: self.overlay, TS_COUNT: buf.count,
+                TS_FROM: buf.senders}
         data = Message(Kind.PUSH, self.ctx.node_name, str(to), key=key, part=part,
                        version=buf.round, meta=meta, channel=TS_DATA_CHANNEL,
-                       payloads=[_payload(buf.value)])
+                       payloads=payloads, priority=prio)
         t0 = self.ctx.now()
         ack = await self.ctx.request(data)
         self._span("merge", data, t0)
         buf.sent.set_result(ack)
 
+    def _priority(self, key: int) -> int:
+        return 0 if self.priority_of is None else self.priority_of(key)
+
     def _span(self, what: str, data: Message, t0: float) -> None:
-        """A ``ts_xfer`` span on the sender, one trace track per overlay edge."""
+        """A ``ts_xfer`` span on the sender, one trace track per overlay edge (with the
+        codec and the priority when they act)."""
+        extra: dict[str, Any] = {}
+        codec = self.codec.codec_name(data)
+        if codec is not None:
+            extra["codec"] = codec
+        if self.priority_of is not None:
+            extra["prio"] = data.priority
         self.ctx.record("ts_xfer", t_start=t0, dur=self.ctx.now() - t0, edge=f"->{data.dst}",
                          msg=what, overlay=self.overlay, key=data.key, part=data.part,
-                         round=data.version, bytes=data.nbytes)
+                         round=data.version, bytes=data.nbytes, **extra)
 
     def _check_peer(self, msg: Message) -> None:
         if msg.src not in self.peers:
@@ -232,10 +270,13 @@ class OverlayPeer:
         self._check_peer(msg)
         count = int(msg.meta.get(TS_COUNT, 1))
         senders = [str(s) for s in msg.meta.get(TS_FROM, [msg.src])]
-        if len(msg.payloads) != 1 or count != len(senders) or count < 1:
-            raise ValueError("a TSEngine merge carries one payload and ts_n = len(ts_from)")
+        coded = self.codec.codec_name(msg) is not None
+        if (not coded and len(msg.payloads) != 1) or count != len(senders) or count < 1:
+            raise ValueError("a TSEngine merge carries one dense payload (or a codec's) and "
+                             "ts_n = len(ts_from)")
         if self.root_receive is not None:
-            self.root_receive(msg, _from_payload(msg.payloads[0]), count, senders)
+            value = self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
+            self.root_receive(msg, value, count, senders)
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
             return
@@ -243,8 +284,11 @@ class OverlayPeer:
         if buf is None or buf.round != msg.version:
             raise ValueError(f"no {self.overlay} merge buffer for key {msg.key} part "
                              f"{msg.part} round {msg.version} at {self.ctx.node_name}")
-        p = msg.payloads[0]
-        _add_into(buf.value, p if p.data is None else p.data)
+        if coded:  # decode, add (the buffer is encoded again when it is sent)
+            buf.received = self.codec.add_decoded(msg, buf.value, buf.received)
+        else:
+            p = msg.payloads[0]
+            _add_into(buf.value, p if p.data is None else p.data)
         buf.count += count
         buf.senders += senders
         if msg.meta.get("stop"):
@@ -282,14 +326,15 @@ class OverlayPeer:
             reply = await self.ctx.request(
                 Message(Kind.ASK_PULL, self.ctx.node_name, self.coordinator, key=key, part=part,
                         version=round_, meta={TS_META: self.overlay, "last": last, "thr": thr,
-                                              "bytes": nbytes}),
+                                              "bytes": nbytes}, priority=self._priority(key)),
                 timeout_s=math.inf)
             to = reply.meta.get("to")
             if to is None:
                 return
             data = Message(Kind.RELAY, self.ctx.node_name, str(to), key=key, part=part,
                            version=round_, meta={**meta, TS_META: self.overlay},
-                           channel=TS_DATA_CHANNEL, payloads=payloads)
+                           channel=TS_DATA_CHANNEL, payloads=payloads,
+                           priority=self._priority(key))
             t0 = self.ctx.now()
             await self.ctx.request(data)
             dt = self.ctx.now() - t0
@@ -328,12 +373,6 @@ class OverlayPeer:
             ev = self._event(k)
             ev.clear()
             await ev.wait()
-
-
-def _payload(v: Value) -> Payload:
-    if isinstance(v, Payload):
-        return v
-    return Payload.of(np.ascontiguousarray(v))
 
 
 def _from_payload(p: Payload) -> Value:
@@ -447,12 +486,6 @@ class _TsLocal(SchedLocalSide):
         if self.inter is not None:
             ctx.on(Kind.RELAY, self.inter.on_relay)
 
-    def command_problem(self, cmd: str) -> str | None:
-        if cmd == "set_gradient_compression":
-            return ("set_gradient_compression: TSEngine (sched.tsengine_inter / "
-                    "tsengine_intra) runs on uncompressed data only")
-        return None
-
     def receive_push(self, msg: Message) -> bool:
         overlay = msg.meta.get(TS_META)
         if overlay is None:
@@ -503,6 +536,16 @@ class _TsLocal(SchedLocalSide):
         for peer in (self.inter, self.intra):
             if peer is not None:
                 await peer.drain()  # forward what this node still owes
+
+    def state_dict(self) -> Any:
+        """The error-feedback state this local server keeps as a sender of the merges
+        across DCs (None without a stateful codec); as the root of its DC's overlay it
+        encodes nothing."""
+        return None if self.inter is None else self.inter.codec.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        if self.inter is not None:
+            self.inter.codec.load_state_dict(state)
 
 
 class _TsGlobal(SchedGlobalSide):

@@ -246,11 +246,9 @@ def test_same_seed_same_decisions_and_summary(scenario_of):
 # ------------------------------------------------------------------ configuration
 
 @pytest.mark.parametrize("overrides,field", [
-    (("codec.type=bsc",), "codec.type"),
-    (("codec.type=onebit",), "codec.type"),
     (("sync.algorithm=mixed",), "sync.algorithm"),
-    (("sched.p3=true",), "sched.p3"),
-    (("sched.dgt=tcp",), "sched.dgt"),
+    (("sched.dgt=tcp",), "sched.tsengine_inter"),
+    (("sched.dgt=tcp", "sched.tsengine_inter=false"), "sched.dgt_adaptive_k"),
     (("sched.tsengine_max_greed_rate=1.5",), "sched.tsengine_max_greed_rate"),
     (("sched.tsengine_expiry_iterations=0",), "sched.tsengine_expiry_iterations"),
 ])
