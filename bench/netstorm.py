@@ -72,7 +72,7 @@ HIPS_ON_MESH = ("topology.kind=hips", "dc.dc5.central=true", "dc.dc5.workers=0")
 
 #: the authors' multipath (their queue-length rule over any interior-disjoint path, and no
 #: probes: passive measurement only), for comparison with geomx's
-AUTHORS_RULE = ("topology.options.aux_rule=queue", "topology.options.probe_after_s=0")
+AUTHORS_RULE = ("netstorm.aux_rule=queue", "netstorm.probe_after=0")
 
 SYSTEMS: list[tuple[str, tuple[str, ...]]] = [
     ("mxnet", ("topology.kind=mxnet",)),

@@ -3,6 +3,7 @@
 that reason rests on (the row's witness) holds in the same run. Emulated figures only."""
 
 import importlib
+import json
 import shlex
 import sys
 
@@ -68,5 +69,18 @@ def test_the_full_run_writes_its_files(quick):
     assert (out / "claims.png").stat().st_size > 0
     md = (out / "claims.md").read_text()
     assert all(r.claim in md for r in rows)
-    data = __import__("json").loads((out / "claims.json").read_text())
+    data = json.loads((out / "claims.json").read_text())
     assert [r["key"] for r in data["rows"]] == [r.key for r in rows]
+    assert data["provenance"]["geomx"]["source_digest"] and "Produced by geomx" in md
+
+
+def test_the_committed_table_is_the_rendering_of_the_committed_json(tmp_path):
+    """docs/claims.md is what claims.py writes from docs/claims.json (the full run's rows),
+    so its text follows the code; re-rendering keeps the runs' provenance."""
+    docs = ROOT / "docs"
+    assert claims.main(["--from-json", str(docs / "claims.json"), "--out", str(tmp_path)]) == 0
+    again = json.loads((tmp_path / "claims.json").read_text())
+    committed = json.loads((docs / "claims.json").read_text())
+    assert again == committed and committed["provenance"]["geomx"]["commit"]
+    md = (tmp_path / "claims.md").read_text().replace("](claims.png)", "](img/claims.png)")
+    assert md == (docs / "claims.md").read_text()

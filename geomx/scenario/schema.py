@@ -2,7 +2,7 @@
 
 A scenario file may state, above its first section, the schema it was written for::
 
-    schema = 2
+    schema = 3
 
 A file that states no schema is read as the current one (:data:`SCHEMA_VERSION`); the
 run folder's ``scenario.toml`` always states it, so a recipe saved today still says what
@@ -20,17 +20,18 @@ file names its format, and each format change is one small, named, tested step.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from geomx.scenario.errors import ScenarioError, show_value, type_name_of
+from geomx.scenario.netstorm import move_topology_options
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA_KEY", "MovedKey", "SchemaStep", "STEPS",
            "upgrade_raw", "moved_key_error"]
 
 #: The schema this geomx writes and reads without conversion.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: The top-level key that states a file's schema.
 SCHEMA_KEY = "schema"
@@ -51,19 +52,24 @@ class MovedKey:
 
 @dataclass(frozen=True)
 class SchemaStep:
-    """What changed from schema ``to - 1`` to schema ``to``."""
+    """What changed from schema ``to - 1`` to schema ``to``: keys ``moved`` one for one,
+    then ``convert`` (in place) for a change that depends on other keys of the file."""
 
     to: int
     summary: str
     moved: tuple[MovedKey, ...] = ()
+    convert: Callable[[dict[str, Any]], None] | None = None
 
 
 #: Every format change, oldest first. Schema 1 is the format of the first scenario files
-#: (geomx 0.1.0 up to 2026-11-24); schema 2 is the one of geomx 0.2.0.
+#: (geomx 0.1.0 up to 2026-11-24); schema 2 is the one of geomx 0.2.0 to 0.5.0.
 STEPS: tuple[SchemaStep, ...] = (
     SchemaStep(to=2, summary="the node layout moved from [training] mode to [topology] kind",
                moved=(MovedKey("training.mode", "topology.kind",
                                {"hips": "hips", "flat_ps": "flat"}),)),
+    SchemaStep(to=3, summary="the options of the netstorm and mlnet topologies moved from "
+                             "[topology.options] to [netstorm]",
+               convert=move_topology_options),
 )
 
 
@@ -122,6 +128,8 @@ def upgrade_raw(raw: Mapping[str, Any]) -> Mapping[str, Any]:
         if step.to > stated:
             for moved in step.moved:
                 _apply_move(out, moved)
+            if step.convert is not None:
+                step.convert(out)
     return out
 
 

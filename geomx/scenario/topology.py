@@ -15,6 +15,7 @@ from geomx.scenario.errors import ScenarioError
 from geomx.scenario.kinds import (AUTO, Bandwidth, Choice, Duration, Flag, Fraction, Integer,
                                   ListOf, OptionsTable, PolicyName, Real, Section, Size, Text,
                                   setting)
+from geomx.scenario.netstorm import topology_options_error
 from geomx.topology import KINDS as TOPOLOGY_KINDS
 
 
@@ -156,7 +157,14 @@ class TopologyConfig(Section):
     options: tuple = setting(OptionsTable(), {},
                              "The options of the topology `kind` names when it is a user "
                              "policy (`[topology.options]`, docs/extending.md), checked once "
-                             "at load against its options dataclass.", default_doc="`{}`")
+                             "at load against its options dataclass. `netstorm` and `mlnet` "
+                             "take none: their settings are `[netstorm]`'s keys.",
+                             default_doc="`{}`")
+
+    def _check(self, path: str) -> None:
+        refused = topology_options_error(self.kind, self.options_table)
+        if refused is not None:
+            raise refused
 
     @property
     def options_table(self) -> dict[str, Any]:

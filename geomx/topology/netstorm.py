@@ -25,7 +25,8 @@ __all__ = ["NetStorm", "NetStormOptions"]
 
 @dataclass(frozen=True)
 class NetStormOptions(PolicyOptions):
-    """``[netstorm]``'s planning settings (docs/scenario-reference.md, ``[netstorm]``)."""
+    """``[netstorm]``'s planning settings (docs/scenario.md, ``[netstorm]``); each field is
+    a key of that section (``geomx.scenario.netstorm.SECTION_OPTION_KEYS``)."""
 
     #: how many of the best roots keep a share (0 = every DC, the demo's R = N)
     roots: int = 0
@@ -73,7 +74,10 @@ class NetStorm(MeshTopology):
         return cls(NetStormOptions(roots=int(netstorm.roots),
                                    dynamic_roots=bool(netstorm.dynamic_roots),
                                    multipath=bool(netstorm.multipath), cost=str(netstorm.cost),
-                                   awareness=bool(netstorm.awareness)))
+                                   awareness=bool(netstorm.awareness),
+                                   max_aux=int(netstorm.max_aux),
+                                   aux_rule=str(netstorm.aux_rule),
+                                   probe_after_s=float(netstorm.probe_after_s)))
 
     def __init__(self, options: NetStormOptions | None = None) -> None:
         super().__init__(options)

@@ -7,8 +7,8 @@ first-hop queue fewer than L. Both halves of that can slow a round where the lin
 trees are much slower than those on them (the authors' static table: 100 against
 500 Mbit/s): an auxiliary path that rejoins a tree link takes capacity from the trees' own
 traffic there, and a 4 MB chunk moved from a queue of three 500 Mbit/s chunks onto a
-100 Mbit/s hop arrives later than it would have by waiting. ``aux_rule = "arrival"`` (the
-default) keeps the mechanism and fixes both:
+100 Mbit/s hop arrives later than it would have by waiting. ``[netstorm] aux_rule =
+"arrival"`` (the default) keeps the mechanism and fixes both:
 
 * **idle routes only** (:func:`idle_aux_routes`): past its first hop an auxiliary route
   uses only link directions the plan's trees keep busy for at most half the time of the
@@ -46,7 +46,7 @@ __all__ = ["AUX_RULES", "Detours", "busy_links", "idle_aux_routes", "pick_by_arr
 #: is not idle: auxiliary routes do not cross it past their first hop.
 BUSY_FRACTION = 0.5
 
-#: ``[topology.options] aux_rule`` values: NETSTORM over idle links by expected arrival,
+#: ``[netstorm] aux_rule`` values: NETSTORM over idle links by expected arrival,
 #: or the authors' queue-length rule over any interior-disjoint path.
 AUX_RULES = ("arrival", "queue")
 

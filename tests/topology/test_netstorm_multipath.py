@@ -131,7 +131,7 @@ def test_a_link_that_comes_back_after_a_fault_is_measured_and_used_again(tmp_pat
     raw = copy.deepcopy(SQUARE)
     raw["run"]["out_dir"] = str(tmp_path)
     # no auxiliary routes, whose chunks could also measure a-c once it is back
-    raw["topology"]["options"] = {"probe_after_s": probe_after_s, "multipath": False}
+    raw["netstorm"].update(probe_after=probe_after_s, multipath=False)
     nodes = {}
     r = run_scenario(parse_scenario(raw), inspect=lambda ns: nodes.update({n.name: n for n in ns}))
     events = run_events(r.run_dir)
