@@ -78,6 +78,16 @@ word (a NAT forgets it) is noticed within about ``dead_after_s`` by keepalive pr
 and a TCP user timeout (:mod:`geomx.runtime.tcp_liveness`), and then handled as any
 other that drops.
 
+Same-host peers
+---------------
+Each outgoing connection of an unshaped stream offers its peer a shared-memory ring in
+its handshake (:mod:`geomx.runtime.shm_ring`, ``shm_ring_bytes``, 0 = never); a peer on
+the same host, namespace and user maps it (within ``max_shm_mapped_bytes`` over its
+incoming connections), and the pieces of messages of 1 MiB and more then pass through
+it, copied once in by the writer and once out into the stream's destination buffer by
+the receiver (:mod:`geomx.runtime.shm_stream`), with only small frames on the socket.
+Nothing above the transport knows: a message arrives the same either way.
+
 Shaping
 -------
 With a :class:`~geomx.runtime.shaper.Shaper` the writer paces each message's bytes by

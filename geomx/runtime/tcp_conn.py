@@ -13,7 +13,10 @@ same line. This module owns what happens on *one* socket, in either direction:
   on a resumable stream (:mod:`geomx.runtime.tcp_resume`) SEQ_MESSAGE frames go to the
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
-  connection did not negotiate are unknown to it, as any other);
+  connection did not negotiate are unknown to it, as any other); where the handshake
+  attached a shared-memory ring (:mod:`geomx.runtime.shm_ring`), the decoder copies
+  SHM_PIECE frames' bytes out of it, the connection answers SHM_FREED once per read, the
+  sending side hands SHM_FREED frames to its ring, and closing unmaps it;
 * :class:`FrameBudget`, the bytes of large frames' bodies (and of streamed messages,
   see :mod:`geomx.runtime.framing`) held while they arrive, shared by every incoming
   connection of a transport: a frame or stream that would go past it waits, its
