@@ -5,10 +5,13 @@ A communication-heavy model (an MLP of ``--params`` parameters, 25M by default) 
 ``geomx.torch.DistributedOptimizer`` (``--runtime real``: one process per node, real
 sockets) in each configuration of :data:`LOOPBACK` and :data:`SHAPED` (a flat parameter
 server with one or two global servers, P3's slicing, HiPS with a local server per DC).
-Both run on this host's loopback, unshaped; then, with ``--shaped-mbit`` (100 by default) and
-root, both again across a ``tc tbf``-shaped veth link -- DDP's two ranks in two network
-namespaces (geomx/runtime/netns.py), geomx's workers in their DCs' namespaces
-(``[real] shaper = "kernel"``, geomx/runtime/kernel_wan.py) -- DDP with its
+Both run on this host's loopback, unshaped (geomx's nodes pass large values through
+shared-memory rings there, ``[real] shm``, docs/real-runtime.md "Same-host transfers";
+``--rings-off-too`` adds each configuration with every byte through loopback TCP);
+then, with ``--shaped-mbit`` (100 by default) and root, both again across a
+``tc tbf``-shaped veth link -- DDP's two ranks in two network namespaces
+(geomx/runtime/netns.py), geomx's workers in their DCs' namespaces (``[real] shaper =
+"kernel"``, geomx/runtime/kernel_wan.py; no rings between namespaces) -- DDP with its
 ``fp16_compress_hook``, geomx with ``Compression.fp16``.
 
 **What is measured, in the same run:** the communication time an iteration *exposes*,
@@ -310,7 +313,9 @@ def table(title: str, rows: list[tuple[str, dict]], ddp_label: str, target: str,
         label = ddp_label if name == "DDP" else name
         print(f"  {label:34s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
               f"{r['compute_ms']:11.1f} {r['iter_ms']:9.1f}")
-    best = min(rows[1:], key=lambda nr: nr[1]["comm_ms"])
+    # the best of the default configurations (not those with the rings turned off)
+    best = min((nr for nr in rows[1:] if not nr[0].endswith(", no shm")),
+               key=lambda nr: nr[1]["comm_ms"])
     ratio = best[1]["comm_ms"] / base["comm_ms"]
     print(f"  best geomx: {best[0]}: {best[1]['comm_ms']:.1f} ms against DDP's "
           f"{base['comm_ms']:.1f} ms = {ratio:.2f}x (target: {target}): "
@@ -329,6 +334,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of every configuration, in turn; figures are their medians")
     p.add_argument("--shaped-mbit", type=float, default=100.0, help="0: skip the shaped part")
+    p.add_argument("--rings-off-too", action="store_true",
+                   help="also run each loopback configuration with `[real] shm = false` "
+                        "(every byte through loopback TCP), in the same turns")
     p.add_argument("--quick", action="store_true", help="2M parameters, 4 iterations")
     p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -345,7 +353,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {load:.1f}; 2 workers, "
           f"MLP of {args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
           f"{args.iterations} iterations after {args.warmup}, {args.repeat} run(s) each")
-    rows = measure(args, args.repeat, lambda: run_ddp(args, fp16=False), LOOPBACK,
+    loopback = LOOPBACK
+    if args.rings_off_too:
+        loopback = [c for label, topology, sets in LOOPBACK
+                    for c in ((label, topology, sets),
+                              (label + ", no shm", topology, (*sets, "real.shm=false")))]
+    rows = measure(args, args.repeat, lambda: run_ddp(args, fp16=False), loopback,
                    fp16=False, mbit=None)
     table("loopback, unshaped, no codec", rows, "DDP (gloo)", "within 1.25x",
           lambda r: r <= 1.25)
