@@ -328,3 +328,32 @@ def test_a_sender_killed_mid_stream_leaves_nothing_behind(tmp_path):
     arun(main(), timeout_s=120)
     assert not ring_mappings()
     assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_a_connection_killed_mid_ring_stream_resends_the_value_through_a_new_ring():
+    """The receiver's side of a connection is reset while a value is half through the
+    ring: the sender dials again, offers a new ring, writes the value again, and every
+    value arrives once, in order and exact; the old ring is unmapped."""
+    async def main():
+        a, b = await pair(shm_ring_bytes=1 << 20)
+        sent = [big_msg(1_000_000 + i, rid=i, seed=i) for i in range(4)]
+        for m in sent:
+            await a.send(m)
+        got = [await b.recv()]
+        # the next value is on its way through the ring: reset the connection under it
+        deadline = time.monotonic() + 10
+        while not b.stats()["partial_frame_bytes"]:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.001)
+        for c in list(b._incoming):
+            c.transport.abort()
+        got += [await b.recv() for _ in range(3)]
+        assert [m.request_id for m in got] == [0, 1, 2, 3]
+        for g, m in zip(got, sent):
+            same(g, m)
+        st = a.stats()
+        assert st["streams"]["reconnects"] >= 1 and st["shm"]["rings_out"] == 1
+        assert b.stats()["shm"]["mapped_bytes"] == 1 << 20  # the new ring only
+        await a.close()
+        await b.close()
+    arun(main())
