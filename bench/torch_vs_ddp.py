@@ -308,10 +308,10 @@ def table(title: str, rows: list[tuple[str, dict]], ddp_label: str, target: str,
           met: Any) -> tuple[str, dict]:
     base = rows[0][1]
     print(f"\n{title}")
-    print(f"  {'':34s} {'comm ms/it':>11s} {'vs DDP':>7s} {'compute ms':>11s} {'iter ms':>9s}")
+    print(f"  {'':42s} {'comm ms/it':>11s} {'vs DDP':>7s} {'compute ms':>11s} {'iter ms':>9s}")
     for name, r in rows:
         label = ddp_label if name == "DDP" else name
-        print(f"  {label:34s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
+        print(f"  {label:42s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
               f"{r['compute_ms']:11.1f} {r['iter_ms']:9.1f}")
     # the best of the default configurations (not those with the rings turned off)
     best = min((nr for nr in rows[1:] if not nr[0].endswith(", no shm")),
