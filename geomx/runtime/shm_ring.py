@@ -200,8 +200,7 @@ class SendRing:
         if fut is not None and not fut.done():
             fut.set_exception(ConnectionError(f"shared-memory ring closed: {self._closed}"))
         self.attached()
-        self.data.release()
-        self._map.close()
+        _unmap(self.data, self._map)
 
 
 class RingBudget:
@@ -293,8 +292,17 @@ class RecvRing:
             return
         self._budget.give(self.size)
         self._budget = None  # type: ignore[assignment]
-        self.data.release()
-        self._map.close()
+        _unmap(self.data, self._map)
+
+
+def _unmap(data: memoryview, m: mmap.mmap) -> None:
+    """Unmap now, or -- while a view of the ring is still alive somewhere (a frame being
+    handled when the connection closed) -- when the last one is dropped."""
+    data.release()
+    try:
+        m.close()
+    except BufferError:
+        pass  # the mmap object unmaps when it is collected
 
 
 def _open_ring(pid: int, fd: int, size: int, token: bytes) -> mmap.mmap:
