@@ -41,7 +41,8 @@ the connection carries its messages as before.
 What a stranger can make a node hold: a receiver maps rings only for authenticated
 (or, without a secret, handshaken) connections, at most ``max_mapped_bytes`` over all
 of them, and each ring is the sender's memory; the bytes a piece is copied into are the
-same receive buffer, within the same budget, as a TCP stream's.
+same receive buffer, within the same budget, as a TCP stream's. Each mapped ring also
+holds one file descriptor on each side (``mmap`` keeps a duplicate of the one it mapped).
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ __all__ = ["SendRing", "RecvRing", "RingBudget", "RingRefused", "host_identity",
 DEFAULT_RING_BYTES = 32 << 20
 #: The smallest ring a transport makes or maps (a piece of 64 KiB at least).
 MIN_RING_BYTES = 64 << 10
-#: Ring bytes a receiver maps over all its incoming connections at once.
-DEFAULT_MAX_MAPPED_BYTES = 1 << 30
+#: Ring bytes a receiver maps over all its incoming connections at once: 512 default
+#: rings. Every outgoing connection offers one (which will carry large values is not
+#: known when it opens), so this counts address space, not memory: a page of a ring is
+#: the sender's, and only the pages a value passed through are ever touched.
+DEFAULT_MAX_MAPPED_BYTES = 16 << 30
 #: Messages shorter than this take the socket even where a ring is open: below it the
 #: two extra frames cost about what the kernel's copies do.
 RING_MIN_MESSAGE_BYTES = 1 << 20
