@@ -96,16 +96,31 @@ def limits_of(conn: Conn) -> dict[str, int]:
 
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                            secret: bytes | None, host: str, port: int,
-                           session: str | None = None, ring: Any = None) -> tuple[int, str]:
+                           session: str | None = None,
+                           new_ring: Callable[[], Any] | None = None) -> tuple[int, str]:
     """Handshake as node ``name`` dialling ``peer`` at ``host:port`` on ``channel``.
 
     Opens ``proto`` on success; raises :class:`HandshakeRefused` (or ConnectionError if
     the connection closes) otherwise. With a ``session`` (a resumable stream), returns
     the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
-    and the peer's incarnation; ``(0, "")`` without one. With a ``ring`` (a
-    :class:`~geomx.runtime.shm_ring.SendRing`), the HELLO offers it and ``proto`` is
-    attached to it if the peer maps it (the caller closes it otherwise).
+    and the peer's incarnation; ``(0, "")`` without one. ``new_ring()`` makes a
+    :class:`~geomx.runtime.shm_ring.SendRing` (or None) for the HELLO to offer; ``proto``
+    is attached to it if the peer maps it, and it is closed otherwise.
     """
+    ring = new_ring() if new_ring is not None else None
+    try:
+        resumed = await _client_handshake(proto, name=name, peer=peer, channel=channel,
+                                          secret=secret, host=host, port=port,
+                                          session=session, ring=ring)
+    finally:
+        if ring is not None and proto.shm is not ring:
+            ring.close()  # not taken by the peer (once taken, the connection closes it)
+    return resumed
+
+
+async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
+                            secret: bytes | None, host: str, port: int,
+                            session: str | None, ring: Any) -> tuple[int, str]:
     ch = channel
     where = f"{peer!r} at {host}:{port}"
     fields: dict[str, Any] = {"sess": session} if session is not None else {}

@@ -239,46 +239,43 @@ class Outgoing:
             # the address is looked up each time: a peer that came back elsewhere is
             # found there once the address book has it
             host, port = await tr.address_of(self.peer)
-            # a same-host peer may take large pieces through shared memory (unshaped
-            # traffic only: a shaped link paces every byte)
-            ring = tr.new_ring() if self.link is None else None
             try:
-                try:
-                    _, proto = await asyncio.wait_for(loop.create_connection(
-                        lambda: Conn(tr, incoming=False, label=f"{host}:{port}"), host, port,
-                        ssl=tr.ssl_client, server_hostname=host if tr.ssl_client else None),
-                        timeout=max(0.01, deadline - loop.time()))
-                    ack, inc = await asyncio.wait_for(
-                        client_handshake(proto, name=tr.name, peer=self.peer, channel=self.channel,
-                                         secret=tr.secret, host=host, port=port,
-                                         session=self.window.session, ring=ring),
-                        timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
-                except HandshakeRefused:
-                    if proto is not None:
-                        proto.abort()
-                    raise
-                except ssl.SSLError as e:
-                    if proto is not None:
-                        proto.abort()
-                    raise HandshakeRefused(f"{tr.name}: TLS with {self.peer!r} at {host}:{port} "
-                                           f"failed: {e}") from None
-                except (OSError, ConnectionError, asyncio.TimeoutError) as e:
-                    if proto is not None:  # TCP connected, the handshake did not complete
-                        proto.abort()
-                        # kept even if later attempts find nobody listening (the peer may have
-                        # finished meanwhile): it is the informative failure
-                        hint = (f" (on attempt {attempts} the TCP connection opened but the "
-                                "handshake did not complete: does one side use TLS and the "
-                                "other not?)")
-                    last = e
-                else:
-                    self._opened(proto, ack, inc, loop.time() - t0)
-                    log.debug("%s: connected to %s at %s:%d, channel %d", tr.name, self.peer, host,
-                              port, self.channel)
-                    return
-            finally:
-                if ring is not None and (proto is None or proto.shm is not ring):
-                    ring.close()  # not taken by the peer (or never offered)
+                _, proto = await asyncio.wait_for(loop.create_connection(
+                    lambda: Conn(tr, incoming=False, label=f"{host}:{port}"), host, port,
+                    ssl=tr.ssl_client, server_hostname=host if tr.ssl_client else None),
+                    timeout=max(0.01, deadline - loop.time()))
+                ack, inc = await asyncio.wait_for(
+                    client_handshake(proto, name=tr.name, peer=self.peer, channel=self.channel,
+                                     secret=tr.secret, host=host, port=port,
+                                     session=self.window.session,
+                                     # a same-host peer may take large pieces through
+                                     # shared memory (unshaped traffic only: a shaped
+                                     # link paces every byte)
+                                     new_ring=tr.new_ring if self.link is None else None),
+                    timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
+            except HandshakeRefused:
+                if proto is not None:
+                    proto.abort()
+                raise
+            except ssl.SSLError as e:
+                if proto is not None:
+                    proto.abort()
+                raise HandshakeRefused(f"{tr.name}: TLS with {self.peer!r} at {host}:{port} "
+                                       f"failed: {e}") from None
+            except (OSError, ConnectionError, asyncio.TimeoutError) as e:
+                if proto is not None:  # TCP connected, the handshake did not complete
+                    proto.abort()
+                    # kept even if later attempts find nobody listening (the peer may have
+                    # finished meanwhile): it is the informative failure
+                    hint = (f" (on attempt {attempts} the TCP connection opened but the "
+                            "handshake did not complete: does one side use TLS and the "
+                            "other not?)")
+                last = e
+            else:
+                self._opened(proto, ack, inc, loop.time() - t0)
+                log.debug("%s: connected to %s at %s:%d, channel %d", tr.name, self.peer, host,
+                          port, self.channel)
+                return
             if loop.time() + backoff > deadline or tr.closed:
                 what = "reconnect to" if reconnect else "reach"
                 raise ConnectionError(

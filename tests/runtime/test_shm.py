@@ -116,6 +116,27 @@ def test_rings_off_every_byte_takes_the_socket():
     arun(main())
 
 
+def test_a_ring_the_receiver_declines_is_closed_by_the_sender():
+    """The receiver has rings off: it declines the offer, the value takes the socket,
+    and the sender keeps neither a mapping of its ring nor its fd."""
+    async def main():
+        a = TcpTransport("a", udp=False)
+        b = TcpTransport("b", udp=False, shm_ring_bytes=0)
+        for t in (a, b):
+            await t.start()
+        book = {"a": a.local_address(), "b": b.local_address()}
+        a.set_address_book(book)
+        b.set_address_book(book)
+        m = big_msg(2_000_000)
+        await a.send(m)
+        same(await b.recv(), m)
+        assert a.stats()["shm"]["rings_out"] == 0
+        assert not ring_mappings() and not ring_fds()
+        await a.close()
+        await b.close()
+    arun(main())
+
+
 def test_shaped_traffic_never_takes_a_ring():
     async def main():
         a = TcpTransport("a", udp=False, shaper=Shaper({"b": LinkShape(2e9, 0.0)}, seed=1))
@@ -188,11 +209,16 @@ def test_offers_that_are_not_this_hosts_sealed_ring_are_refused():
         ring.close()
 
 
+RINGS: list = []
+
+
 def decoder_with_ring(ring_bytes: int = MIN_RING_BYTES):
-    """A decoder reading from a ring this test writes, and the frames it hands on."""
+    """A decoder reading from a ring this test writes, and the frames it hands on (the
+    rings are closed at the end of the test)."""
     got: list = []
     send = SendRing(ring_bytes)
     recv = RecvRing(send.offer(), RingBudget())
+    RINGS.extend((recv, send))
     dec = FrameDecoder(lambda t, f, body: got.append(body), max_frame_bytes=1 << 20)
     dec.max_stream_bytes = 1 << 30
     dec.shm = recv
@@ -206,6 +232,15 @@ def feed(dec: FrameDecoder, data: bytes) -> None:
 
 
 def test_the_decoder_copies_ring_pieces_into_place_and_refuses_lying_ones():
+    try:
+        decoder_cases()
+    finally:
+        while RINGS:
+            RINGS.pop().close()
+    assert not ring_fds()
+
+
+def decoder_cases() -> None:
     m = big_msg(50_000)
     frames, _ = sequenced_frames(m)
     stamp_sequence(frames, 1)
@@ -284,6 +319,18 @@ SENDER = textwrap.dedent("""
 """)
 
 
+def ring_fds() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "geomx-ring" in target:
+            out.append(target)
+    return out
+
+
 def ring_mappings(pid: int | str = "self") -> list[str]:
     with open(f"/proc/{pid}/maps") as fh:
         return [line for line in fh if "geomx-ring" in line]
@@ -326,7 +373,7 @@ def test_a_sender_killed_mid_stream_leaves_nothing_behind(tmp_path):
         await b.close()
 
     arun(main(), timeout_s=120)
-    assert not ring_mappings()
+    assert not ring_mappings() and not ring_fds()
     assert set(os.listdir("/dev/shm")) <= shm_before
 
 
