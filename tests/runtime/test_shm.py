@@ -116,6 +116,33 @@ def test_rings_off_every_byte_takes_the_socket():
     arun(main())
 
 
+def test_with_a_shared_secret_the_ring_is_mapped_only_for_the_authenticated_peer():
+    async def main():
+        a, b = await pair(secret="s3cret")
+        offers_from: list[str] = []
+        attach = b.attach_ring
+
+        def recording(conn, offer):
+            offers_from.append(conn.label)
+            return attach(conn, offer)
+
+        b.attach_ring = recording  # the handshake asks it only once the peer is proven
+        m = big_msg(2_000_000)
+        await a.send(m)
+        same(await b.recv(), m)
+        assert b.stats()["shm"]["rings_in"] == 1
+        await a.close()
+        intruder = TcpTransport("a", udp=False, secret="wrong")
+        await intruder.start()
+        intruder.set_address_book({"b": b.local_address()})
+        with pytest.raises(ConnectionError):
+            await intruder.send(big_msg(2_000_000))
+        assert len(offers_from) == 1 and b.stats()["shm"]["mapped_bytes"] == 0
+        await intruder.close()
+        await b.close()
+    arun(main())
+
+
 def test_a_ring_the_receiver_declines_is_closed_by_the_sender():
     """The receiver has rings off: it declines the offer, the value takes the socket,
     and the sender keeps neither a mapping of its ring nor its fd."""
