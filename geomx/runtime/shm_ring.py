@@ -80,7 +80,9 @@ _MAGIC = b"GXSHMR01"
 _TOKEN_BYTES = 16
 #: magic, token, data bytes
 _HEADER = struct.Struct(f"<8s{_TOKEN_BYTES}sQ")
-_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+#: the seals a ring carries (Linux only: elsewhere no ring is made or mapped)
+_SEALS = (getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
+          | getattr(fcntl, "F_SEAL_SEAL", 0))
 
 
 class RingRefused(Exception):
@@ -119,6 +121,8 @@ class SendRing:
     def __init__(self, ring_bytes: int = DEFAULT_RING_BYTES):
         if ring_bytes < MIN_RING_BYTES:
             raise ValueError(f"ring_bytes must be >= {MIN_RING_BYTES}, got {ring_bytes}")
+        if not _SEALS or not hasattr(os, "memfd_create"):
+            raise OSError("this system has no sealed memfd (Linux only)")
         self.size = int(ring_bytes)
         #: the pieces a stream is cut into: an eighth of the ring (so the copies in and
         #: out overlap), at most 4 MiB (a piece in flight costs a wake-up, not a copy)
@@ -311,6 +315,8 @@ def _unmap(data: memoryview, m: mmap.mmap) -> None:
 
 def _open_ring(pid: int, fd: int, size: int, token: bytes) -> mmap.mmap:
     """Map the peer's ring read-only, after checking it is one (RingRefused otherwise)."""
+    if not _SEALS:
+        raise RingRefused("this system has no sealed memfd (Linux only)")
     try:
         ours = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
