@@ -25,8 +25,9 @@ what a training iteration takes beyond the same iteration without communication:
 
 Both overlap communication with the backward pass (DDP by its buckets, geomx.torch by
 sending each gradient from its hook), so the ratio compares what each leaves exposed;
-a value on a loaded machine is noisy, which is why each figure is the median of
-``--iterations`` iterations after ``--warmup``.
+a value on a loaded machine is noisy, which is why each figure is the median, over
+``--iterations`` iterations after ``--warmup``, of the difference within an iteration
+(:func:`exposed_ms`).
 
 Each part prints every configuration against DDP, then the best geomx one with its
 ratio and the issue's target, and what the wire or the loopback costs by itself.
@@ -76,6 +77,14 @@ def median_ms(xs: list[float]) -> float:
     return 1000.0 * statistics.median(xs)
 
 
+def exposed_ms(synced: list[float], local: list[float]) -> float:
+    """The median over iterations of (the iteration with communication - the same
+    iteration without it, timed right after): each pair sees about the same load, so a
+    change of the machine's load between iterations cancels out, which a difference of
+    two medians of ~1 s figures on a shared machine does not."""
+    return median_ms([s - c for s, c in zip(synced, local)])
+
+
 # ---------------------------------------------------------------------------- DDP
 def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup: int,
              bs: int, fp16: bool) -> dict:
@@ -107,7 +116,7 @@ def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup:
             if sync:
                 opt.step()
     dist.destroy_process_group()
-    return {"comm_ms": median_ms(synced) - median_ms(local), "iter_ms": median_ms(synced),
+    return {"comm_ms": exposed_ms(synced, local), "iter_ms": median_ms(synced),
             "compute_ms": median_ms(local)}
 
 
@@ -178,7 +187,7 @@ def geomx_main(kv, ctx):
         if it > a.warmup:
             synced.append(t1 - t0)
             local.append(t2 - t1)
-    ctx.report(ctx.max_iterations, comm_ms=median_ms(synced) - median_ms(local),
+    ctx.report(ctx.max_iterations, comm_ms=exposed_ms(synced, local),
                iter_ms=median_ms(synced), compute_ms=median_ms(local))
 
 
