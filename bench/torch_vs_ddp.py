@@ -5,10 +5,13 @@ A communication-heavy model (an MLP of ``--params`` parameters, 25M by default) 
 ``geomx.torch.DistributedOptimizer`` (``--runtime real``: one process per node, real
 sockets) in each configuration of :data:`LOOPBACK` and :data:`SHAPED` (a flat parameter
 server with one or two global servers, P3's slicing, HiPS with a local server per DC).
-Both run on this host's loopback, unshaped; then, with ``--shaped-mbit`` (100 by default) and
-root, both again across a ``tc tbf``-shaped veth link -- DDP's two ranks in two network
-namespaces (geomx/runtime/netns.py), geomx's workers in their DCs' namespaces
-(``[real] shaper = "kernel"``, geomx/runtime/kernel_wan.py) -- DDP with its
+Both run on this host's loopback, unshaped (geomx's nodes pass large values through
+shared-memory rings there, ``[real] shm``, docs/real-runtime.md "Same-host transfers";
+``--rings-off-too`` adds each configuration with every byte through loopback TCP);
+then, with ``--shaped-mbit`` (100 by default) and root, both again across a
+``tc tbf``-shaped veth link -- DDP's two ranks in two network namespaces
+(geomx/runtime/netns.py), geomx's workers in their DCs' namespaces (``[real] shaper =
+"kernel"``, geomx/runtime/kernel_wan.py; no rings between namespaces) -- DDP with its
 ``fp16_compress_hook``, geomx with ``Compression.fp16``.
 
 **What is measured, in the same run:** the communication time an iteration *exposes*,
@@ -22,8 +25,9 @@ what a training iteration takes beyond the same iteration without communication:
 
 Both overlap communication with the backward pass (DDP by its buckets, geomx.torch by
 sending each gradient from its hook), so the ratio compares what each leaves exposed;
-a value on a loaded machine is noisy, which is why each figure is the median of
-``--iterations`` iterations after ``--warmup``.
+a value on a loaded machine is noisy, which is why each figure is the median, over
+``--iterations`` iterations after ``--warmup``, of the difference within an iteration
+(:func:`exposed_ms`).
 
 Each part prints every configuration against DDP, then the best geomx one with its
 ratio and the issue's target, and what the wire or the loopback costs by itself.
@@ -73,6 +77,14 @@ def median_ms(xs: list[float]) -> float:
     return 1000.0 * statistics.median(xs)
 
 
+def exposed_ms(synced: list[float], local: list[float]) -> float:
+    """The median over iterations of (the iteration with communication - the same
+    iteration without it, timed right after): each pair sees about the same load, so a
+    change of the machine's load between iterations cancels out, which a difference of
+    two medians of ~1 s figures on a shared machine does not."""
+    return median_ms([s - c for s, c in zip(synced, local)])
+
+
 # ---------------------------------------------------------------------------- DDP
 def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup: int,
              bs: int, fp16: bool) -> dict:
@@ -104,7 +116,7 @@ def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup:
             if sync:
                 opt.step()
     dist.destroy_process_group()
-    return {"comm_ms": median_ms(synced) - median_ms(local), "iter_ms": median_ms(synced),
+    return {"comm_ms": exposed_ms(synced, local), "iter_ms": median_ms(synced),
             "compute_ms": median_ms(local)}
 
 
@@ -175,7 +187,7 @@ def geomx_main(kv, ctx):
         if it > a.warmup:
             synced.append(t1 - t0)
             local.append(t2 - t1)
-    ctx.report(ctx.max_iterations, comm_ms=median_ms(synced) - median_ms(local),
+    ctx.report(ctx.max_iterations, comm_ms=exposed_ms(synced, local),
                iter_ms=median_ms(synced), compute_ms=median_ms(local))
 
 
@@ -305,12 +317,14 @@ def table(title: str, rows: list[tuple[str, dict]], ddp_label: str, target: str,
           met: Any) -> tuple[str, dict]:
     base = rows[0][1]
     print(f"\n{title}")
-    print(f"  {'':34s} {'comm ms/it':>11s} {'vs DDP':>7s} {'compute ms':>11s} {'iter ms':>9s}")
+    print(f"  {'':42s} {'comm ms/it':>11s} {'vs DDP':>7s} {'compute ms':>11s} {'iter ms':>9s}")
     for name, r in rows:
         label = ddp_label if name == "DDP" else name
-        print(f"  {label:34s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
+        print(f"  {label:42s} {r['comm_ms']:11.1f} {r['comm_ms'] / base['comm_ms']:6.2f}x "
               f"{r['compute_ms']:11.1f} {r['iter_ms']:9.1f}")
-    best = min(rows[1:], key=lambda nr: nr[1]["comm_ms"])
+    # the best of the default configurations (not those with the rings turned off)
+    best = min((nr for nr in rows[1:] if not nr[0].endswith(", no shm")),
+               key=lambda nr: nr[1]["comm_ms"])
     ratio = best[1]["comm_ms"] / base["comm_ms"]
     print(f"  best geomx: {best[0]}: {best[1]['comm_ms']:.1f} ms against DDP's "
           f"{base['comm_ms']:.1f} ms = {ratio:.2f}x (target: {target}): "
@@ -329,6 +343,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of every configuration, in turn; figures are their medians")
     p.add_argument("--shaped-mbit", type=float, default=100.0, help="0: skip the shaped part")
+    p.add_argument("--rings-off-too", action="store_true",
+                   help="also run each loopback configuration with `[real] shm = false` "
+                        "(every byte through loopback TCP), in the same turns")
     p.add_argument("--quick", action="store_true", help="2M parameters, 4 iterations")
     p.add_argument("--ddp-rank", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -345,7 +362,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {load:.1f}; 2 workers, "
           f"MLP of {args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
           f"{args.iterations} iterations after {args.warmup}, {args.repeat} run(s) each")
-    rows = measure(args, args.repeat, lambda: run_ddp(args, fp16=False), LOOPBACK,
+    loopback = LOOPBACK
+    if args.rings_off_too:
+        loopback = [c for label, topology, sets in LOOPBACK
+                    for c in ((label, topology, sets),
+                              (label + ", no shm", topology, (*sets, "real.shm=false")))]
+    rows = measure(args, args.repeat, lambda: run_ddp(args, fp16=False), loopback,
                    fp16=False, mbit=None)
     table("loopback, unshaped, no codec", rows, "DDP (gloo)", "within 1.25x",
           lambda r: r <= 1.25)

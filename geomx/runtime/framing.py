@@ -15,6 +15,8 @@ Every frame on a geomx TCP stream is an 8-byte *preamble* followed by a body::
                              (resumable streams only, see geomx.runtime.tcp_resume)
                          9 = STREAM_HEAD, 10 = STREAM_PIECE (one large frame carried as
                              bounded pieces, see "Large messages" below)
+                         11 = SHM_PIECE, 12 = SHM_FREED (a stream's piece passed through
+                             shared memory, see "Same-host pieces" below)
     3       1     flags  0, except SEQ_MESSAGE's bit 0 (``SPLIT_BATCH``): the message is a
                          BATCH the sending transport made of several small messages
                          (one frame for a burst); the receiver delivers them one by one
@@ -60,8 +62,22 @@ category, the half-received buffer freed): a head announcing more than
 frame before the stream's last byte ("stream_unfinished": the sender abandoned it).
 A connection that closes mid-stream frees it as a connection closing mid-frame does.
 
-Reading
--------
+Same-host pieces
+----------------
+Where the connection's handshake set up a shared-memory ring
+(:mod:`geomx.runtime.shm_ring`), a stream's pieces may travel through it instead of the
+socket::
+
+    SHM_PIECE  body = u32 stream id, u64 ring position, u32 piece length (16 bytes)
+    SHM_FREED  body = u64 ring position (receiver -> sender: everything before it is
+                      copied out and may be written again)
+
+A SHM_PIECE takes the place of a STREAM_PIECE of the same length: its bytes are copied
+from the ring into the same place of the stream's destination buffer, under the same
+checks (a piece for another stream, past the announced length, or outside the ring is
+a stream error). SHM_FREED travels back on the same connection, as ACK does. The
+emulator models neither (a piece costs the bytes it carries either way).
+
 :class:`FrameDecoder` is driven by an ``asyncio.BufferedProtocol``: the event loop reads
 from the socket straight into the buffer it hands out. Small frames are parsed out of a
 64 KiB scratch buffer (many frames per ``recv``, one small copy each into a ``bytearray``
@@ -122,6 +138,10 @@ STREAM_HEAD_MAX_BYTES = 16 << 10
 STREAM_HEAD = struct.Struct("<IBBHQ")
 #: STREAM_PIECE's field: stream id.
 STREAM_PIECE = struct.Struct("<I")
+#: SHM_PIECE's fields: stream id, ring position, piece length.
+SHM_PIECE = struct.Struct("<IQI")
+#: SHM_FREED's field: the ring position everything before which is copied out.
+SHM_FREED = struct.Struct("<Q")
 #: The per-frame bound that lets a message of any size travel: a piece and its header.
 STREAM_FRAME_BYTES = STREAM_PIECE_BYTES + STREAM_HEAD.size
 #: The smallest ``max_frame_bytes`` a stream can be cut to (a head's fields and one byte).
@@ -160,6 +180,8 @@ class FrameType(enum.IntEnum):
     ACK = 8
     STREAM_HEAD = 9
     STREAM_PIECE = 10
+    SHM_PIECE = 11
+    SHM_FREED = 12
 
 
 CONTROL_TYPES = frozenset({FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH,
@@ -227,23 +249,32 @@ def stream_piece_bytes(max_frame_bytes: int) -> int:
     return max(1, min(STREAM_PIECE_BYTES, max_frame_bytes - STREAM_HEAD.size))
 
 
-def stream_frames(frames: list, stream_id: int,
-                  piece_bytes: int) -> tuple[list[bytes | memoryview], int]:
-    """The frame ``frames`` (its preamble first, as :func:`sequenced_frames` makes it,
-    sequence number stamped) as a STREAM_HEAD and STREAM_PIECE frames of at most
-    ``piece_bytes`` body bytes each, and their size on the wire. The array data stays
-    zero-copy views; only the head's few header bytes are copied."""
+def stream_head(frames: list, stream_id: int,
+                piece_bytes: int) -> tuple[bytes, list[memoryview], int]:
+    """The STREAM_HEAD frame that starts the stream of the frame ``frames`` (its preamble
+    first, as :func:`sequenced_frames` makes it, sequence number stamped), the zero-copy
+    views of the body bytes its pieces carry, and the carried body's length. Only the
+    head's few header bytes are copied."""
     _, ftype, flags, length = PREAMBLE.unpack_from(frames[0], 0)
     views = [memoryview(frames[0])[PREAMBLE_BYTES:]]
     views += [memoryview(f).cast("B") for f in frames[1:]]
     head_n = min(views[0].nbytes, STREAM_HEAD_MAX_BYTES, piece_bytes, length - 1)
-    sid = stream_id & 0xFFFFFFFF
-    out: list[bytes | memoryview] = [
-        pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + head_n)
-        + STREAM_HEAD.pack(sid, ftype, flags, 0, length) + bytes(views[0][:head_n])]
+    head = (pack_preamble(FrameType.STREAM_HEAD, STREAM_HEAD.size + head_n)
+            + STREAM_HEAD.pack(stream_id & 0xFFFFFFFF, ftype, flags, 0, length)
+            + bytes(views[0][:head_n]))
     views[0] = views[0][head_n:]
-    nbytes = len(out[0])
-    left = length - head_n
+    return head, [v for v in views if v.nbytes], length - head_n
+
+
+def stream_frames(frames: list, stream_id: int,
+                  piece_bytes: int) -> tuple[list[bytes | memoryview], int]:
+    """The frame ``frames`` (see :func:`stream_head`) as a STREAM_HEAD and STREAM_PIECE
+    frames of at most ``piece_bytes`` body bytes each, and their size on the wire. The
+    array data stays zero-copy views; only the head's few header bytes are copied."""
+    head, views, left = stream_head(frames, stream_id, piece_bytes)
+    sid = stream_id & 0xFFFFFFFF
+    out: list[bytes | memoryview] = [head]
+    nbytes = len(head)
     room = 0
     for v in views:
         off, n = 0, v.nbytes
@@ -259,6 +290,17 @@ def stream_frames(frames: list, stream_id: int,
             off += take
             room -= take
     return out, nbytes
+
+
+def shm_piece_frame(stream_id: int, pos: int, nbytes: int) -> bytes:
+    """A SHM_PIECE frame: ``nbytes`` of stream ``stream_id`` at ring position ``pos``."""
+    return (pack_preamble(FrameType.SHM_PIECE, SHM_PIECE.size)
+            + SHM_PIECE.pack(stream_id & 0xFFFFFFFF, pos, nbytes))
+
+
+def shm_freed_frame(pos: int) -> bytes:
+    """A SHM_FREED frame: the ring may be written again up to ``pos``."""
+    return pack_preamble(FrameType.SHM_FREED, SHM_FREED.size) + SHM_FREED.pack(pos)
 
 
 def ack_frame(seq: int) -> bytes:
@@ -303,7 +345,7 @@ class FrameDecoder:
                  "_start", "_end", "_big", "_big_view", "_big_filled", "_big_type",
                  "_big_flags", "frames", "bytes", "_reserve", "_release", "waiting",
                  "_parsing", "_grow_to", "_alloc", "_route", "_big_len", "_stream",
-                 "_big_piece", "frame_wire_bytes")
+                 "_big_piece", "frame_wire_bytes", "shm")
 
     def __init__(self, on_frame: Callable[[int, int, Body], None], *,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -354,6 +396,9 @@ class FrameDecoder:
         #: bytes on the wire of the frame ``on_frame`` is given (preamble included; a
         #: stream's: every frame of it)
         self.frame_wire_bytes = 0
+        #: the peer's shared-memory ring SHM_PIECE frames point into
+        #: (a :class:`geomx.runtime.shm_ring.RecvRing`), or None: they are refused
+        self.shm: Any = None
 
     # -- BufferedProtocol plumbing -------------------------------------------------------
     def get_buffer(self, sizehint: int = -1) -> memoryview:
@@ -491,8 +536,9 @@ class FrameDecoder:
             if length > self.max_frame_bytes:
                 raise FramingError(f"frame of {length} bytes announced, limit is "
                                    f"{self.max_frame_bytes}", "oversize")
-            if ftype == _PIECE:
-                step = self._piece(start, length)
+            if ftype == _PIECE or ftype == _SHM_PIECE:
+                step = (self._piece(start, length) if ftype == _PIECE
+                        else self._shm_piece(start, length))
                 if step == _NEXT:
                     continue
                 if step == _MORE:
@@ -654,11 +700,53 @@ class FrameDecoder:
         return _WAIT
 
 
+    def _shm_piece(self, start: int, length: int) -> int:
+        """A SHM_PIECE frame at ``start``: its bytes are copied from the peer's ring to
+        their place in the open stream's buffer (module docstring, "Same-host pieces")."""
+        if length != SHM_PIECE.size:
+            raise FramingError(f"SHM_PIECE frame of {length} bytes (it has "
+                               f"{SHM_PIECE.size})", "protocol")
+        total = PREAMBLE_BYTES + length
+        if self._end - start < total:
+            if start + total > len(self._scratch):
+                self._compact()
+            return _MORE
+        ring = self.shm
+        if ring is None:
+            raise FramingError("shared-memory piece on a connection without a ring",
+                               "protocol")
+        sid, pos, n = SHM_PIECE.unpack_from(self._scratch, start + PREAMBLE_BYTES)
+        st = self._stream
+        if st is None or st.sid != sid:
+            open_ = f" (stream {st.sid} is open)" if st is not None else " (none is open)"
+            raise FramingError(f"piece for unknown stream {sid}{open_}", "stream_unknown")
+        if st.filled + n > st.length:
+            raise FramingError(f"piece of {n} bytes at byte {st.filled} runs past the "
+                               f"{st.length} bytes stream {sid} announced", "stream_overrun")
+        try:
+            src = ring.piece(pos, n)
+        except ValueError as e:
+            raise FramingError(str(e), "protocol") from None
+        at = st.filled - st.base
+        st.dest[at:at + n] = src
+        del src
+        ring.consumed(pos + n)
+        st.filled += n
+        self._start = start + total
+        self.frames += 1
+        self.bytes += total
+        st.wire_bytes += total + n  # (counted as the bytes it stands for)
+        if st.filled == st.length:
+            self._finish_stream()
+        return _NEXT
+
+
 #: what a stream frame's handler tells the parse loop: parse the next frame, wait for
 #: more bytes in the scratch, or stop (waiting for budget, or for a piece's body)
 _NEXT, _MORE, _WAIT = 0, 1, 2
 _HEAD = int(FrameType.STREAM_HEAD)
 _PIECE = int(FrameType.STREAM_PIECE)
+_SHM_PIECE = int(FrameType.SHM_PIECE)
 _STREAMABLE = (int(FrameType.MESSAGE), int(FrameType.SEQ_MESSAGE))
 
 

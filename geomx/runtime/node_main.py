@@ -36,6 +36,7 @@ from geomx.runtime.config import (ConfigError, NodeArgs, NodeConfig, NothingToRu
                                   resolve_node_config, safe_name)
 from geomx.runtime.framing import STREAM_HEAD, STREAM_PIECE_BYTES
 from geomx.runtime.services import RealServices
+from geomx.runtime.shm_ring import DEFAULT_RING_BYTES
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
 from geomx.scenario import Scenario
 from geomx.transport import Transport
@@ -304,6 +305,9 @@ def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
       training program creates its keys as it runs, so for it the default is this
       host's memory (a larger message could not be received anyway). A stream
       announcing more is refused before any of it is held;
+    * shared-memory rings of same-host peers (``[real] shm``) mapped within the
+      transport's bound on them (:mod:`geomx.runtime.shm_ring`); the peer's memory, and
+      what a piece is copied into is a stream's buffer, within the budget below;
     * large frames and streams arriving at once within :data:`RECEIVE_BUDGET_BYTES`
       together (or one such message), whatever the largest message.
     """
@@ -312,6 +316,7 @@ def transport_limits(s: Scenario, plan: Any) -> dict[str, Any]:
         message_cap = (_host_memory_bytes() if plan.train.program
                        else max_message_bytes(plan))
     return {"udp": s.sched.dgt == "udp",
+            "shm_ring_bytes": DEFAULT_RING_BYTES if s.real.shm else 0,
             "max_frame_bytes": min(message_cap, STREAM_PIECE_BYTES) + STREAM_HEAD.size,
             "max_message_bytes": message_cap,
             "max_partial_frame_bytes": RECEIVE_BUDGET_BYTES}

@@ -78,6 +78,16 @@ word (a NAT forgets it) is noticed within about ``dead_after_s`` by keepalive pr
 and a TCP user timeout (:mod:`geomx.runtime.tcp_liveness`), and then handled as any
 other that drops.
 
+Same-host peers
+---------------
+Each outgoing connection of an unshaped stream offers its peer a shared-memory ring in
+its handshake (:mod:`geomx.runtime.shm_ring`, ``shm_ring_bytes``, 0 = never); a peer on
+the same host, namespace and user maps it (within ``max_shm_mapped_bytes`` over its
+incoming connections), and the pieces of messages of 1 MiB and more then pass through
+it, copied once in by the writer and once out into the stream's destination buffer by
+the receiver (:mod:`geomx.runtime.shm_stream`), with only small frames on the socket.
+Nothing above the transport knows: a message arrives the same either way.
+
 Shaping
 -------
 With a :class:`~geomx.runtime.shaper.Shaper` the writer paces each message's bytes by
@@ -102,6 +112,9 @@ from geomx.runtime.membership import (DEFAULT_ADDRESS_WAIT_S, AddressBook, Unkno
                                       parse_address)
 from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.shaper import Shaper
+from geomx.runtime.shm_ring import (DEFAULT_MAX_MAPPED_BYTES, DEFAULT_RING_BYTES,
+                                    MIN_RING_BYTES, RecvRing, RingBudget, RingRefused,
+                                    SendRing)
 from geomx.runtime.tcp_conn import HANDSHAKE, WRITE_HIGH_WATER_BYTES, Conn, FrameBudget
 from geomx.runtime.tcp_counters import TransportCounts
 from geomx.runtime.tcp_handshake import (DEFAULT_HANDSHAKE_TIMEOUT_S, HANDSHAKE_VERSION,
@@ -179,7 +192,9 @@ class TcpTransport:
                  advertise_host: str | None = None,
                  max_partial_frame_bytes: int = DEFAULT_MAX_PARTIAL_FRAME_BYTES,
                  max_incoming_connections: int = DEFAULT_MAX_INCOMING_CONNECTIONS,
-                 max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES):
+                 max_pending_handshakes: int = DEFAULT_MAX_PENDING_HANDSHAKES,
+                 shm_ring_bytes: int = DEFAULT_RING_BYTES,
+                 max_shm_mapped_bytes: int = DEFAULT_MAX_MAPPED_BYTES):
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"node name must be 1..{MAX_NAME_BYTES} bytes, got {name!r}")
         if not 0 <= port < 65536:
@@ -202,6 +217,11 @@ class TcpTransport:
                          ("max_pending_handshakes", max_pending_handshakes)):
             if not v > 0:
                 raise ValueError(f"{label} must be > 0, got {v!r}")
+        if shm_ring_bytes != 0 and shm_ring_bytes < MIN_RING_BYTES:
+            raise ValueError(f"shm_ring_bytes must be 0 (no shared-memory rings) or >= "
+                             f"{MIN_RING_BYTES}, got {shm_ring_bytes!r}")
+        if max_shm_mapped_bytes < 0:
+            raise ValueError(f"max_shm_mapped_bytes must be >= 0, got {max_shm_mapped_bytes!r}")
         if not 0 <= dead_after_s < float("inf"):
             raise ValueError(f"dead_after_s must be >= 0 seconds (0 = the kernel's defaults), "
                              f"got {dead_after_s!r}")
@@ -244,6 +264,13 @@ class TcpTransport:
         self._out: dict[tuple[str, int], Outgoing] = {}
         self._incoming: set[Conn] = set()
         self._frame_budget = FrameBudget(max_partial_frame_bytes)
+        #: data bytes of the ring each outgoing connection offers a same-host peer
+        #: (geomx.runtime.shm_ring); 0: none
+        self.shm_ring_bytes = shm_ring_bytes
+        #: rings of incoming connections mapped at once, in bytes
+        self._ring_budget = RingBudget(max_shm_mapped_bytes)
+        self._ring_refusals = 0
+        self._rings_unavailable: str | None = None  # why this host makes none
         self.max_incoming_connections = max_incoming_connections
         self.max_pending_handshakes = max_pending_handshakes
         self._tasks: set[asyncio.Task] = set()
@@ -313,6 +340,33 @@ class TcpTransport:
     def counts(self) -> TransportCounts:
         """Traffic per peer, dropped messages and stream resumption, behind ``stats()``."""
         return self._counts
+
+    def new_ring(self) -> SendRing | None:
+        """A shared-memory ring for an outgoing connection to offer (None: rings are off,
+        or this host cannot make one; the connection then carries everything itself)."""
+        if not self.shm_ring_bytes or self._rings_unavailable is not None:
+            return None
+        try:
+            return SendRing(self.shm_ring_bytes)
+        except (OSError, AttributeError) as e:  # no memfd here (or no memory for one)
+            self._rings_unavailable = str(e)
+            log.info("%s: no shared-memory rings on this host (%s): same-host peers get "
+                     "every byte through their sockets", self.name, e)
+            return None
+
+    def attach_ring(self, conn: Conn, offer: Any) -> bool:
+        """The handshake of incoming ``conn`` offers the peer's ring: map it and attach
+        it (True), or say why not in the debug log (False: the socket carries all)."""
+        if not self.shm_ring_bytes:
+            return False
+        try:
+            ring = RecvRing(offer, self._ring_budget)
+        except RingRefused as e:
+            self._ring_refusals += 1
+            log.debug("%s: not mapping the ring of %s: %s", self.name, conn.label, e)
+            return False
+        conn.attach_ring(ring)
+        return True
 
     def local_address(self) -> str:
         """``"host:port"`` that peers should dial (``advertise_host`` if set)."""
@@ -667,7 +721,8 @@ class TcpTransport:
     async def _serve_handshake(self, conn: Conn) -> None:
         await serve_handshake(conn, name=self.name, secret=self.secret,
                               timeout_s=self.handshake_timeout_s, rejects=self._rejects,
-                              on_refused=self._count_refused, resume=self._streams.attach)
+                              on_refused=self._count_refused, resume=self._streams.attach,
+                              attach_ring=self.attach_ring)
 
     def _count_refused(self) -> None:
         self._refused += 1
@@ -720,6 +775,13 @@ class TcpTransport:
                 "max_unacked_bytes": max((o.window.peak_bytes for o in outs), default=0),
             },
         }
+        rings_out = [o.proto.shm for o in outs if o.proto is not None and o.proto.shm]
+        rings_in = [c.shm for c in self._incoming if c.shm is not None]
+        d["shm"] = {"rings_out": len(rings_out), "rings_in": len(rings_in),
+                    "pieces_out": sum(r.pieces for r in rings_out),
+                    "pieces_in": sum(r.pieces for r in rings_in),
+                    "mapped_bytes": self._ring_budget.used_bytes,
+                    "refused_offers": self._ring_refusals}
         if self._udp is not None:
             d["udp"] = self._udp.stats()
         if self.shaper is not None:

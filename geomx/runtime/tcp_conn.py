@@ -13,7 +13,10 @@ same line. This module owns what happens on *one* socket, in either direction:
   on a resumable stream (:mod:`geomx.runtime.tcp_resume`) SEQ_MESSAGE frames go to the
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
-  connection did not negotiate are unknown to it, as any other);
+  connection did not negotiate are unknown to it, as any other); where the handshake
+  attached a shared-memory ring (:mod:`geomx.runtime.shm_ring`), the decoder copies
+  SHM_PIECE frames' bytes out of it, the connection answers SHM_FREED once per read, the
+  sending side hands SHM_FREED frames to its ring, and closing unmaps it;
 * :class:`FrameBudget`, the bytes of large frames' bodies (and of streamed messages,
   see :mod:`geomx.runtime.framing`) held while they arrive, shared by every incoming
   connection of a transport: a frame or stream that would go past it waits, its
@@ -33,8 +36,8 @@ from collections import deque
 from typing import Any, Protocol
 
 from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
-                                   SEQ, SEQ_BYTES, Body, FrameDecoder, FrameType,
-                                   SPLIT_BATCH, FramingError, RejectLog)
+                                   SEQ, SEQ_BYTES, SHM_FREED, Body, FrameDecoder, FrameType,
+                                   SPLIT_BATCH, FramingError, RejectLog, shm_freed_frame)
 from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.tcp_liveness import apply_dead_after
 
@@ -96,7 +99,7 @@ class FrameBudget:
                 continue
             self._serving = True
             try:
-                conn.decoder.retry()  # may deliver frames, may reserve
+                conn.retry()  # may deliver frames, may reserve
             finally:
                 self._serving = False
             if conn.decoder.waiting:
@@ -153,6 +156,9 @@ class Conn(asyncio.BufferedProtocol):
         self.peer_max_message_bytes: int | None = None
         self.out: Any = None  # the tcp_outgoing.Outgoing writing on it (outgoing only)
         self.stream: Any = None  # the tcp_resume.InStream it carries (resumable, incoming)
+        #: the shared-memory ring its stream pieces may pass through (geomx.runtime.shm_ring):
+        #: the SendRing it writes (outgoing) or the peer's RecvRing it reads (incoming)
+        self.shm: Any = None
         self.transport: asyncio.Transport | None = None
         self.state = HANDSHAKE
         self.aborted = False
@@ -205,9 +211,31 @@ class Conn(asyncio.BufferedProtocol):
             self.tr.rejects.reject(self.label, e.reason, e.category)
             self.abort()
             return
+        if self.shm is not None and self.incoming:
+            self._report_freed()
         if self.decoder.waiting and "budget" not in self._pause_reasons:
             self.pause("budget")
             self.tr.frame_budget.wait(self)
+
+    def retry(self) -> None:
+        """Parse again what waited for the receive budget (:class:`FrameBudget`)."""
+        self.decoder.retry()
+        if self.shm is not None and self.incoming and self.state != CLOSED:
+            self._report_freed()
+
+    def _report_freed(self) -> None:
+        """Tell the sender how far its ring's pieces have been copied out (one SHM_FREED
+        for all the pieces of one read)."""
+        pos = self.shm.take_unreported()
+        if pos is not None and self.state != CLOSED:
+            self.transport.write(shm_freed_frame(pos))  # type: ignore[union-attr]
+
+    def attach_ring(self, ring: Any) -> None:
+        """Stream pieces on this connection may pass through ``ring`` from now on (a
+        RecvRing on an incoming connection, a SendRing on an outgoing one)."""
+        self.shm = ring
+        if self.incoming:
+            self.decoder.shm = ring
 
     def eof_received(self) -> bool:
         return False
@@ -220,6 +248,10 @@ class Conn(asyncio.BufferedProtocol):
             self.tr.rejects.reject(self.label, "connection closed mid-frame ("
                                     + self.decoder.pending_description() + ")", "truncated")
         self.decoder.abandon()  # its large frame's budget goes back to the transport
+        ring, self.shm = self.shm, None
+        if ring is not None:  # unmapped: the memory goes when both sides have let go
+            self.decoder.shm = None
+            ring.close()
         err = ConnectionError(f"connection to {self.label} closed"
                               + (f": {exc}" if exc else ""))
         for fut in (self._control_waiter, self._drain_waiter):
@@ -346,6 +378,16 @@ class Conn(asyncio.BufferedProtocol):
                                    f"{flags:#x})", "protocol")
             try:
                 self.out.on_ack(self, SEQ.unpack_from(body, 0)[0])
+            except ValueError as e:
+                raise FramingError(str(e), "protocol") from None
+            return
+        if ftype == FrameType.SHM_FREED and self.state == OPEN and self.out is not None \
+                and self.shm is not None:
+            if len(body) != SHM_FREED.size or flags:
+                raise FramingError(f"malformed SHM_FREED frame ({len(body)} bytes, flags "
+                                   f"{flags:#x})", "protocol")
+            try:
+                self.shm.freed(SHM_FREED.unpack_from(body, 0)[0])
             except ValueError as e:
                 raise FramingError(str(e), "protocol") from None
             return

@@ -41,6 +41,8 @@ from typing import Protocol
 from geomx.runtime.framing import (PREAMBLE_BYTES, SPLIT_BATCH, sequenced_frames,
                                    stream_frames, stream_piece_bytes)
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
+from geomx.runtime.shm_ring import RING_MIN_MESSAGE_BYTES, SendRing
+from geomx.runtime.shm_stream import write_ring_stream
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner
 from geomx.runtime.tcp_counters import PeerCounters, TransportCounts
 from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
@@ -90,6 +92,8 @@ class OutgoingOwner(ConnOwner, Protocol):
 
     @property
     def counts(self) -> TransportCounts: ...
+
+    def new_ring(self) -> SendRing | None: ...
 
     async def address_of(self, peer: str) -> tuple[str, int]: ...
 
@@ -243,7 +247,11 @@ class Outgoing:
                 ack, inc = await asyncio.wait_for(
                     client_handshake(proto, name=tr.name, peer=self.peer, channel=self.channel,
                                      secret=tr.secret, host=host, port=port,
-                                     session=self.window.session),
+                                     session=self.window.session,
+                                     # a same-host peer may take large pieces through
+                                     # shared memory (unshaped traffic only: a shaped
+                                     # link paces every byte)
+                                     new_ring=tr.new_ring if self.link is None else None),
                     timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
             except HandshakeRefused:
                 if proto is not None:
@@ -387,7 +395,9 @@ class Outgoing:
         proto = self.proto
         return (self.link is None and self.queued_bytes == 0 and not self.heap
                 and not self._waiters and proto is not None and proto.state == OPEN
-                and not proto.write_paused and self.window.has_room(nbytes))
+                and not proto.write_paused and self.window.has_room(nbytes)
+                # a message the connection's ring carries goes through the writer
+                and (proto.shm is None or nbytes - PREAMBLE_BYTES < RING_MIN_MESSAGE_BYTES))
 
     def write_direct(self, frames: list, nbytes: int) -> None:
         """Write at once, without waiting (see :meth:`idle_unshaped`).
@@ -576,6 +586,15 @@ class Outgoing:
                     raise ConnectionError(f"connection to {self.peer!r} lost")
                 counters = self._peer_counts or self._count_peer()
                 wire, wire_nbytes = frames, nbytes
+                ring = proto.shm
+                if ring is not None and nbytes - PREAMBLE_BYTES >= RING_MIN_MESSAGE_BYTES:
+                    # a same-host peer: the pieces pass through shared memory
+                    wire_nbytes = await write_ring_stream(
+                        proto, ring, frames, next(self._stream_ids), self.piece_bytes)
+                    counters.sent_bytes(wire_nbytes)
+                    self._release(nbytes)
+                    frames = wire = None  # type: ignore[assignment]
+                    continue
                 if nbytes - PREAMBLE_BYTES > self.piece_bytes:
                     # too long for one frame: a stream of pieces (the window keeps the
                     # message as one frame, so a resend streams it again)

@@ -48,6 +48,12 @@ class RealConfig(Section):
                                  "link (a file in the run folder), so flows crossing a link from "
                                  "different nodes share it as in the emulator; false = each node "
                                  "shares links only among its own flows.")
+    shm: bool = setting(Flag(), True,
+                        "Nodes on the same host (and network namespace) pass large values' "
+                        "pieces through a shared-memory ring instead of their TCP "
+                        "connection: one copy in, one out, no kernel stack "
+                        "(docs/real-runtime.md). Never used for shaped traffic; false = every "
+                        "byte through the sockets.")
     connect_timeout_s: float = setting(Duration(positive=True), "30s",
                                        "How long a node retries reaching a peer that is not up yet.",
                                        key="connect_timeout")

@@ -133,8 +133,8 @@ def test_ten_thousand_malformed_frames(caplog):
     # frame-level rejects that are not WireErrors: reserved flags, unknown frame types
     flagged = [PREAMBLE.pack(b"GF", FrameType.MESSAGE, 1 + i % 255, len(b)) + b
                for i, b in enumerate(valid_bodies(rng) * 3)]
-    # (types 9 and 10 are stream frames: their errors close the connection, see below)
-    unknown = [pack_preamble(7 + i % 200 + (200 if 9 <= 7 + i % 200 <= 10 else 0), 11)
+    # (types 9 to 11 are stream frames: their errors close the connection, see below)
+    unknown = [pack_preamble(7 + i % 200 + (200 if 9 <= 7 + i % 200 <= 11 else 0), 11)
                + rng.randbytes(11) for i in range(100)]
     attacks = stream_attacks(rng)
     expected_frame_level = len(bodies) + len(flagged) + len(unknown)

@@ -158,7 +158,10 @@ def test_a_node_transport_is_bounded_by_its_job(scenario_of):
     limits = transport_limits(s, plan)
     assert limits == {"udp": False, "max_frame_bytes": STREAM_FRAME_BYTES,
                       "max_message_bytes": 2 * model + (16 << 20),
-                      "max_partial_frame_bytes": 64 << 20}
+                      "max_partial_frame_bytes": 64 << 20,
+                      "shm_ring_bytes": 32 << 20}
+    s = scenario_of("quickstart.toml", "real.shm=false")
+    assert transport_limits(s, plan_job(s, "real"))["shm_ring_bytes"] == 0
     s = scenario_of("quickstart.toml", "sched.dgt=udp")
     assert transport_limits(s, plan_job(s, "real"))["udp"] is True
     s = scenario_of("quickstart.toml", "training.program=examples.mnist:main")
