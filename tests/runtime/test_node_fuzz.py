@@ -220,9 +220,11 @@ async def break_streams(addr: str, peer: str, rng: random.Random) -> int:
 
 
 #: Frame types a node does not take on an incoming connection: dropped, counted, the
-#: connection kept (stream frames are known: a bad one closes its connection)
+#: connection kept (stream frames, a ring's pieces included, are known: a bad one closes
+#: its connection)
 UNKNOWN_FRAME_TYPES = [t for t in range(7, 256)
-                       if t not in (FrameType.STREAM_HEAD, FrameType.STREAM_PIECE)]
+                       if t not in (FrameType.STREAM_HEAD, FrameType.STREAM_PIECE,
+                                    FrameType.SHM_PIECE)]
 
 
 async def fuzz_target(addr: str, peer: str, well_formed: list[tuple[str, bytes]],
