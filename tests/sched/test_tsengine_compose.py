@@ -443,6 +443,26 @@ def test_bsc_and_tsengine_over_sockets_train_like_the_emulator(scenario_of):
     assert real.summary.extra["tsengine"]["inter"]["broadcast_decisions"] == 4 * 30 * 2
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["udp", "tcp"])
+def test_dgt_and_the_inter_dc_overlay_over_sockets(scenario_of, mode):
+    """The incast scenario over loopback, DGT's bands on UDP datagrams (``udp``) or on
+    lower-priority TCP connections (``tcp``): local servers relay each other's blocks,
+    and the model trains as in the emulator (the trees follow wall-clock readiness, and
+    which bands come late differs: close, not equal)."""
+    over = (*SHORT, *INCAST, f"sched.dgt={mode}")
+    emu = run_scenario(scenario_of("tsengine_incast.toml", *over)).summary
+    real = run_scenario(scenario_of("tsengine_incast.toml", *over), runtime="real")
+    assert real.summary.runtime == "real" and real.summary.iterations == 12
+    assert real.summary.final_accuracy == pytest.approx(emu.final_accuracy, abs=0.05)
+    ev = run_events(real.run_dir)
+    assert any(e["ev"] == "dgt_assemble" and e["node"].startswith("ls:") for e in ev)
+    assert any(e["ev"] == "ts_xfer" and e.get("dgt") and e["edge"].startswith("->ls:")
+               for e in ev)
+    bands = real.summary.extra["dgt"]["bands"]
+    assert sum(b["sent_blocks"] for b in bands[1:]) > 0
+
+
 # ------------------------------------------------------------------ checkpoints
 
 @pytest.mark.slow
