@@ -16,6 +16,9 @@ Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` 
 * ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
   AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
 
+When the job runs DGT, a merge across DCs is a DGT push instead: its blocks on DGT's
+channels, the end block as the request (geomx/sched/ts_dgt.py).
+
 Bulk data (merges and relays) travels on ``TS_DATA_CHANNEL``, control (asks, answers,
 acknowledgements) on channel 0, so an acknowledgement never waits behind the rest of a
 megabyte going the same way: otherwise the time measured for a relay would include

@@ -391,8 +391,10 @@ def test_dgt_and_the_inter_dc_overlay_both_act_and_train(scenario_of, mode):
     """Eight party DCs: local servers merge each other's pushes along TSEngine's tree and
     every hop travels as DGT's ranked blocks (``dgt_push`` at every local server,
     ``dgt_assemble`` at relays between local servers and at the global server); the model
-    trains as with DGT alone."""
-    dgt = (f"sched.dgt={mode}",)
+    trains as with DGT alone. Over ``udp`` every WAN link drops 3% of the datagrams: the
+    bands lose blocks (zeros where they were) at relays and at the root alike."""
+    lossy = tuple(f"wan.{i}.loss=3%" for i in range(36)) if mode == "udp" else ()
+    dgt = (f"sched.dgt={mode}", *lossy)
     alone = _run(scenario_of, "tsengine_incast.toml", *INCAST, *dgt,
                  "sched.tsengine_inter=false").summary
     both = _run(scenario_of, "tsengine_incast.toml", *INCAST, *dgt)
@@ -408,6 +410,8 @@ def test_dgt_and_the_inter_dc_overlay_both_act_and_train(scenario_of, mode):
     assert any(b > 0 for e in ev if e["ev"] == "dgt_push" for b in e["blocks"][1:])
     bands = both.summary.extra["dgt"]["bands"]
     assert len(bands) == 4 and all(b["sent_blocks"] > 0 for b in bands)
+    assert (sum(b["dropped"] for b in bands) > 0) == (mode == "udp")
+    assert bands[0]["dropped"] == 0  # the reliable channel
     assert both.summary.final_accuracy > 0.8
     assert both.summary.final_accuracy == pytest.approx(alone.final_accuracy, abs=0.05)
 
