@@ -242,7 +242,7 @@ class OverlayPeer:
             return  # paired as the receiver: the data comes from the sender
         buf = self._bufs.pop((key, part))
         if self.blocks is not None:
-            await self._send_blocks(str(to), key, part, buf)
+            await self._send_blocks(self.blocks, str(to), key, part, buf)
             return
         # the whole buffer (this node's value and the merges it took) under the codec
         payloads, coded = self.codec.encode(key, part, buf.value, received=buf.received)
@@ -256,16 +256,17 @@ class OverlayPeer:
         self._span("merge", data, t0)
         buf.sent.set_result(ack)
 
-    async def _send_blocks(self, to: str, key: int, part: int, buf: _Merge) -> None:
+    async def _send_blocks(self, blocks: BlockMerges, to: str, key: int, part: int,
+                           buf: _Merge) -> None:
         """The whole buffer (this node's value, the merges and late blocks it took) as
         DGT's blocks, ranked by what this node sends."""
         value = buf.value
         if buf.received is not None:
             _add_into(value, buf.received)
-        value = self.blocks.late_into(key, part, value)  # type: ignore[union-attr]
+        value = blocks.late_into(key, part, value)
         meta = {**buf.meta, TS_COUNT: buf.count, TS_FROM: buf.senders}
         t0 = self.ctx.now()
-        ack, nbytes = await self.blocks.send(to, key, part, buf.round, value, meta)  # type: ignore[union-attr]
+        ack, nbytes = await blocks.send(to, key, part, buf.round, value, meta)
         self.ctx.record("ts_xfer", t_start=t0, dur=self.ctx.now() - t0, edge=f"->{to}",
                          msg="merge", overlay=self.overlay, key=key, part=part,
                          round=buf.round, bytes=nbytes, dgt=True)
