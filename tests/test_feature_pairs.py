@@ -52,15 +52,13 @@ STILL_REFUSED = {
         # not yet (docs/scenario.md, "Combinations"): the inter-DC merge tree rebuilt
         # around a local server's successor
         "tsengine + server_loss",
-        # relays of the inter-DC merge tree that reassemble, add and re-rank DGT's blocks
-        "dgt + tsengine",
     )
 }
 
 #: Of those, the ones that could work and are not built yet: their reason says so; the
 #: others' reasons give the contradiction instead.
 NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
-    "tsengine + server_loss", "dgt + tsengine")}
+    "tsengine + server_loss",)}
 
 
 @pytest.fixture(scope="module")

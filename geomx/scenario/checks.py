@@ -389,8 +389,10 @@ def _check_tsengine(s: Scenario) -> None:
     """TSEngine's overlays merge and relay the values of a synchronous round
     (geomx/sched/tsengine.py): what they cannot run with is refused here, by field. Any
     codec composes (a relay decodes, adds and encodes again with its own error feedback:
-    geomx/sched/ts_merge_codec.py), and so does P3 (the overlay's unit is P3's slice, sent
-    at P3's priority: geomx/sched/ts_overlay.py)."""
+    geomx/sched/ts_merge_codec.py), so does P3 (the overlay's unit is P3's slice, sent
+    at P3's priority: geomx/sched/ts_overlay.py), and so does DGT (every merge across DCs
+    travels as DGT's blocks, reassembled and ranked again at each relay:
+    geomx/sched/ts_dgt.py)."""
     q = s.sched
     if not (q.tsengine_inter or q.tsengine_intra):
         return
@@ -415,16 +417,6 @@ def _check_tsengine(s: Scenario) -> None:
             f"rounds; allowed with TSEngine: {quote_list(TSENGINE_ALGORITHMS)} (or 'auto')",
             path="sync.algorithm", value=s.sync.algorithm,
             allowed=quote_list(TSENGINE_ALGORITHMS))
-    if q.dgt != "off" and q.tsengine_inter:
-        # DGT's global server reassembles one local server's blocks, some of them dropped;
-        # a relay of the merge tree would have to do the same, add and rank blocks again
-        raise ScenarioError(
-            f"sched.dgt = {q.dgt!r} sends each local server's push to the global server as "
-            "ranked blocks (the low ones on channels that may drop them), while "
-            "sched.tsengine_inter = true may send it to another local server that adds it to "
-            "its own; relays that reassemble, add and re-rank DGT's blocks are not built yet; "
-            "allowed with DGT: sched.tsengine_inter = false (sched.tsengine_intra composes)",
-            path="sched.tsengine_inter", value=True, allowed="false with DGT")
     if q.dgt != "off" and q.tsengine_intra and q.dgt_adaptive_k:
         # the local server sees one merged push per round, not each worker's loss
         raise ScenarioError(
@@ -500,6 +492,10 @@ def _check_checkpoint(s: Scenario) -> None:
          "an algorithm's pass over its data is not saved", '"" (a model)'),
         (s.training.model == "phantom", "training.model", "phantom",
          "a phantom model has no values to save", "a real model"),
+        (s.sched.tsengine_inter and s.sched.dgt != "off", "sched.dgt", s.sched.dgt,
+         "with sched.tsengine_inter every local server ranks DGT's blocks of what it "
+         "relays and holds the late blocks it took, which a checkpoint does not save yet",
+         "'off' (or sched.tsengine_inter = false)"),
         (s.sched.tsengine_inter and len(s.party_dcs) > 2, "sched.tsengine_inter", True,
          f"with {len(s.party_dcs)} party DCs the overlay sums their values in the order they "
          "become ready, which a resumed run does not replay (the model differs in the last "

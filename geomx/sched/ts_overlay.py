@@ -16,6 +16,9 @@ Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` 
 * ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
   AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
 
+When the job runs DGT, a merge across DCs is a DGT push instead: its blocks on DGT's
+channels, the end block as the request (geomx/sched/ts_dgt.py).
+
 Bulk data (merges and relays) travels on ``TS_DATA_CHANNEL``, control (asks, answers,
 acknowledgements) on channel 0, so an acknowledgement never waits behind the rest of a
 megabyte going the same way: otherwise the time measured for a relay would include
@@ -40,6 +43,7 @@ from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, Sche
                                      SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
                                      TransferScheduler, Value, WorkerSchedContext)
 from geomx.sched.p3 import P3, layer_priority
+from geomx.sched.ts_dgt import BlockMerges, dgt_of
 from geomx.sched.ts_merge_codec import MergeCodec
 from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
 from geomx.wire import Kind, Message, Payload
@@ -194,6 +198,11 @@ class OverlayPeer:
         self.codec = MergeCodec(ctx, OVERLAY_TIER[overlay])
         #: wire priority of a key's transfers (None: 0, FIFO)
         self.priority_of = transfer_priority(ctx.job)
+        #: with DGT, merges across DCs travel as DGT's ranked blocks, every hop ranking
+        #: afresh what it sends (geomx/sched/ts_dgt.py)
+        dgt = dgt_of(ctx.job) if overlay == "inter" else None
+        self.blocks: BlockMerges | None = (
+            None if dgt is None else BlockMerges(ctx, dgt, {TS_META: overlay}))
         self._bufs: dict[tuple[int, int], _Merge] = {}
         #: latest broadcast message per (key, part) and the round last handed to the node
         self._latest: dict[tuple[int, int], Message] = {}
@@ -232,6 +241,9 @@ class OverlayPeer:
         if to is None:
             return  # paired as the receiver: the data comes from the sender
         buf = self._bufs.pop((key, part))
+        if self.blocks is not None:
+            await self._send_blocks(self.blocks, str(to), key, part, buf)
+            return
         # the whole buffer (this node's value and the merges it took) under the codec
         payloads, coded = self.codec.encode(key, part, buf.value, received=buf.received)
         meta = {**buf.meta, **coded, TS_META: self.overlay, TS_COUNT: buf.count,
@@ -242,6 +254,22 @@ class OverlayPeer:
         t0 = self.ctx.now()
         ack = await self.ctx.request(data)
         self._span("merge", data, t0)
+        buf.sent.set_result(ack)
+
+    async def _send_blocks(self, blocks: BlockMerges, to: str, key: int, part: int,
+                           buf: _Merge) -> None:
+        """The whole buffer (this node's value, the merges and late blocks it took) as
+        DGT's blocks, ranked by what this node sends."""
+        value = buf.value
+        if buf.received is not None:
+            _add_into(value, buf.received)
+        value = blocks.late_into(key, part, value)
+        meta = {**buf.meta, TS_COUNT: buf.count, TS_FROM: buf.senders}
+        t0 = self.ctx.now()
+        ack, nbytes = await blocks.send(to, key, part, buf.round, value, meta)
+        self.ctx.record("ts_xfer", t_start=t0, dur=self.ctx.now() - t0, edge=f"->{to}",
+                         msg="merge", overlay=self.overlay, key=key, part=part,
+                         round=buf.round, bytes=nbytes, dgt=True)
         buf.sent.set_result(ack)
 
     def _priority(self, key: int) -> int:
@@ -268,14 +296,23 @@ class OverlayPeer:
     def on_merge(self, msg: Message) -> None:
         """A merged push arrived: acknowledge it, add it, ask again."""
         self._check_peer(msg)
+        blocks = None
+        if self.blocks is not None and self.blocks.is_block(msg):
+            blocks = self.blocks.take(msg)
+            if blocks is None:
+                return  # a block of a merge still incomplete, or a late one
         count = int(msg.meta.get(TS_COUNT, 1))
         senders = [str(s) for s in msg.meta.get(TS_FROM, [msg.src])]
-        coded = self.codec.codec_name(msg) is not None
-        if (not coded and len(msg.payloads) != 1) or count != len(senders) or count < 1:
-            raise ValueError("a TSEngine merge carries one dense payload (or a codec's) and "
-                             "ts_n = len(ts_from)")
+        coded = blocks is None and self.codec.codec_name(msg) is not None
+        if (blocks is None and not coded and len(msg.payloads) != 1) or \
+                count != len(senders) or count < 1:
+            raise ValueError("a TSEngine merge carries one dense payload (or a codec's, or "
+                             "DGT's blocks) and ts_n = len(ts_from)")
         if self.root_receive is not None:
-            value = self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
+            value = blocks if blocks is not None else \
+                self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
+            if self.blocks is not None:  # late blocks join this round at the root
+                value = self.blocks.late_into(msg.key, msg.part, value)
             self.root_receive(msg, value, count, senders)
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
@@ -284,7 +321,15 @@ class OverlayPeer:
         if buf is None or buf.round != msg.version:
             raise ValueError(f"no {self.overlay} merge buffer for key {msg.key} part "
                              f"{msg.part} round {msg.version} at {self.ctx.node_name}")
-        if coded:  # decode, add (the buffer is encoded again when it is sent)
+        if blocks is not None:  # DGT's merge, reassembled: added, ranked again when sent
+            if isinstance(buf.value, Payload) or blocks.size != buf.value.size:
+                raise ValueError(f"a DGT merge of key {msg.key} part {msg.part} has "
+                                 f"{blocks.size} values, not {getattr(buf.value, 'size', '?')}")
+            if buf.received is None:
+                buf.received = blocks.reshape(buf.value.shape)
+            else:
+                _add_into(buf.received, blocks)
+        elif coded:  # decode, add (the buffer is encoded again when it is sent)
             buf.received = self.codec.add_decoded(msg, buf.value, buf.received)
         else:
             p = msg.payloads[0]
@@ -502,6 +547,10 @@ class _TsLocal(SchedLocalSide):
         if self.intra is not None:
             self.intra.root_ready(key, 0)  # the root of this DC's merge tree
 
+    def note_worker_push(self, msg: Message) -> None:
+        if self.inter is not None and self.inter.blocks is not None:
+            self.inter.blocks.note_loss(msg.src, msg.meta.get("loss"))  # DGT's adaptive K
+
     async def exchange(self, key: int, parts: Sequence[Any], round_: int, value: Value,
                        meta: dict[str, Any]) -> list[tuple[Any, Message]] | None:
         """Each part joins its global server's merge tree, and the new value comes by the
@@ -522,6 +571,8 @@ class _TsLocal(SchedLocalSide):
 
     def on_round_answered(self, key: int, round_: int, value: Value,
                           reply_meta: dict[str, Any]) -> None:
+        if self.inter is not None and self.inter.blocks is not None:
+            self.inter.blocks.round_answered(key)
         if self.intra is None:
             return
         # the workers get the round's value by the broadcast (a copy: the store may be
@@ -536,6 +587,11 @@ class _TsLocal(SchedLocalSide):
         for peer in (self.inter, self.intra):
             if peer is not None:
                 await peer.drain()  # forward what this node still owes
+
+    def on_done(self) -> None:
+        if self.inter is not None and self.inter.blocks is not None:
+            self.inter.blocks.record_sender_totals()
+            self.inter.blocks.record_totals()  # as a relay of other DCs' merges
 
     def state_dict(self) -> Any:
         """The error-feedback state this local server keeps as a sender of the merges
@@ -579,3 +635,7 @@ class _TsGlobal(SchedGlobalSide):
 
     async def drain(self) -> None:
         await self.peer.drain()
+
+    def on_done(self) -> None:
+        if self.peer.blocks is not None:
+            self.peer.blocks.record_totals()

@@ -247,7 +247,8 @@ def test_same_seed_same_decisions_and_summary(scenario_of):
 
 @pytest.mark.parametrize("overrides,field", [
     (("sync.algorithm=mixed",), "sync.algorithm"),
-    (("sched.dgt=tcp",), "sched.tsengine_inter"),
+    (("sched.dgt=tcp", "sched.dgt_adaptive_k=false", "checkpoint.every=5"),
+     "allowed with checkpoints: sched.dgt"),
     (("sched.dgt=tcp", "sched.tsengine_inter=false"), "sched.dgt_adaptive_k"),
     (("sched.tsengine_max_greed_rate=1.5",), "sched.tsengine_max_greed_rate"),
     (("sched.tsengine_expiry_iterations=0",), "sched.tsengine_expiry_iterations"),

@@ -11,6 +11,8 @@ sockets: Bi-Sparse with both overlays over loopback.
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -18,7 +20,9 @@ import pytest
 
 from geomx.codec import create_codec, decode
 from geomx.experiment import run_scenario
+from geomx.sched.dgt import DgtSettings
 from geomx.sched.p3 import layer_priority, split_slice_key
+from geomx.sched.ts_dgt import BlockMerges
 from geomx.sched.ts_merge_codec import MergeCodec
 from geomx.wire import Kind, Message, Payload
 
@@ -263,7 +267,7 @@ def test_p3_tsengine_and_bsc_compose(scenario_of):
 def test_dgt_and_the_intra_dc_overlay_compose(scenario_of):
     """DGT with the overlay inside DCs (fixed K): workers merge along the DC's tree, the
     local server sends the DC's sum as DGT's ranked blocks; the model trains as with DGT
-    alone. Across DCs, and with adaptive K, the pair is refused by field."""
+    alone. With adaptive K the pair is refused by field."""
     base = ("run.iterations=12", "run.eval_every=12", "sched.dgt_adaptive_k=false")
     alone = _run(scenario_of, "dgt.toml", *base).summary
     both = _run(scenario_of, "dgt.toml", *base, "sched.tsengine_intra=true")
@@ -272,10 +276,159 @@ def test_dgt_and_the_intra_dc_overlay_compose(scenario_of):
     assert any(e["ev"] == "dgt_push" for e in ev) and any(e["ev"] == "dgt_assemble" for e in ev)
     assert both.summary.final_accuracy == pytest.approx(alone.final_accuracy, abs=0.03)
     from geomx.scenario import ScenarioError
-    with pytest.raises(ScenarioError, match="not built yet.*allowed"):
-        scenario_of("dgt.toml", "sched.tsengine_inter=true")
     with pytest.raises(ScenarioError, match="sched.dgt_adaptive_k.*allowed"):
         scenario_of("dgt.toml", "sched.tsengine_intra=true")
+
+
+# ------------------------------------------------------------------ DGT across DCs
+
+class _Node:
+    """What DGT's sender and the overlay's reassembly use of a scheduler context: sends
+    are captured (a request is answered at once), events kept."""
+
+    def __init__(self, name: str):
+        self.node_name = name
+        self.sent: list[Message] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def post(self, msg: Message) -> None:
+        self.sent.append(msg)
+
+    async def request(self, msg: Message, **_: Any) -> Message:
+        msg = replace(msg, request_id=len(self.sent) + 1)
+        self.sent.append(msg)
+        return msg.reply(Kind.PUSH_ACK)
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    def codec_for(self, n: int, *, tier: str) -> Any:
+        return None
+
+    def encode_push(self, key: int, value: Any, *, tier: str) -> tuple[list[Payload], dict]:
+        return [Payload.of(np.array(value, dtype=np.float32, copy=True))], {}
+
+    def decode(self, msg: Message, like: Any = None) -> Any:
+        raise AssertionError("dense blocks need no codec")
+
+
+def _send(node: _Node, merges: BlockMerges, dst: str, round_: int, value: np.ndarray,
+          ) -> list[Message]:
+    node.sent.clear()
+    asyncio.run(merges.send(dst, 7, 0, round_, value, {"ts_n": 1, "ts_from": [node.node_name]}))
+    return list(node.sent)
+
+
+def _deliver(receiver: BlockMerges, msgs: list[Message]) -> np.ndarray | None:
+    out = None
+    for m in msgs:
+        if not receiver.is_block(m):  # the first push of a key goes whole
+            return np.array(m.payloads[0].data)
+        v = receiver.take(m)
+        if v is not None:
+            out = v
+    return out
+
+
+def test_a_relay_reassembles_adds_and_ranks_dgt_blocks_again():
+    """A chain a -> b -> root with DGT over reliable bands (``tcp``): every hop sends its
+    whole buffer as ranked blocks; the bands trail the end block, so they come late and
+    join the receiver's next round (the relay's next merge, the root's next one). Over
+    the rounds, what the root assembled plus the late blocks still held is everything
+    pushed: nothing is lost on reliable channels, whichever node a block was late at."""
+    s = DgtSettings(mode="tcp", block_bytes=64, k=0.3, adaptive_k=False, channels=2)
+    na, nb, nr = _Node("ls:a"), _Node("ls:b"), _Node("gs:0")
+    a, b, root = (BlockMerges(n, s, {"ts": "inter"}) for n in (na, nb, nr))
+    rng = np.random.default_rng(3)
+    n = 200  # 16 values a block: 13 blocks
+    pushed, got = np.zeros(n), np.zeros(n)
+    for r in range(1, 7):
+        ga = rng.normal(size=n).astype(np.float32)
+        gb = rng.normal(size=n).astype(np.float32)
+        pushed += ga + gb
+        from_a = _send(na, a, "ls:b", r, ga)
+        assert all(m.meta["ts"] == "inter" for m in from_a)
+        merged = _deliver(b, from_a)
+        assert merged is not None
+        if r > 1:  # after the first (whole) push: ranked blocks, bands on channels 1..2
+            assert {m.channel for m in from_a} == {0, 1, 2} and len(from_a) == 13
+            assert [m.meta["dgt"][0] for m in from_a if "dgt_sent" in m.meta] == [12]
+        value = b.late_into(7, 0, gb + merged)
+        from_b = _send(nb, b, "gs:0", r, value)
+        at_root = _deliver(root, from_b)
+        assert at_root is not None
+        got += root.late_into(7, 0, at_root)
+    # the relay ranked its own buffer: its DGT pushes are events of its own
+    assert [f["round"] for e, f in nb.events if e == "dgt_push"] == list(range(2, 7))
+    late = [f for e, f in nr.events if e == "dgt_assemble"]
+    assert late and all(f["missing"] > 0 for f in late[1:])  # bands trail the end block
+    got += root.late_into(7, 0, np.zeros(n, np.float32))
+    np.testing.assert_allclose(got, pushed, rtol=1e-4, atol=1e-4)
+
+
+def test_dgt_blocks_that_do_not_fit_are_refused():
+    s = DgtSettings(mode="udp", block_bytes=64, adaptive_k=False)
+    node = _Node("gs:0")
+    merges = BlockMerges(node, s, {"ts": "inter"})
+    bad = Message(Kind.PUSH, "ls:a", "gs:0", key=1, meta={"dgt": [0, 2, 16], "dgt_r": 1},
+                  payloads=[Payload.of(np.zeros(15, np.float32))])
+    with pytest.raises(ValueError, match="15 values, expected 16"):
+        merges.take(bad)
+    with pytest.raises(ValueError, match="channel"):
+        merges.take(replace(bad, channel=60))
+    end = Message(Kind.PUSH, "ls:a", "gs:0", key=1, meta={"dgt": [1, 2, 16], "dgt_r": 1},
+                  payloads=[Payload.of(np.zeros(4, np.float32))])
+    with pytest.raises(ValueError, match="request"):
+        merges.take(end)  # an end block is answered, so it is a request
+
+
+#: the incast scenario (8 party DCs, 1 worker each) kept short
+INCAST = ("run.iterations=12", "run.eval_every=12", "training.hidden=[128]")
+
+
+@pytest.mark.parametrize("mode", ["udp", "tcp"])
+def test_dgt_and_the_inter_dc_overlay_both_act_and_train(scenario_of, mode):
+    """Eight party DCs: local servers merge each other's pushes along TSEngine's tree and
+    every hop travels as DGT's ranked blocks (``dgt_push`` at every local server,
+    ``dgt_assemble`` at relays between local servers and at the global server); the model
+    trains as with DGT alone. Over ``udp`` every WAN link drops 3% of the datagrams: the
+    bands lose blocks (zeros where they were) at relays and at the root alike."""
+    lossy = tuple(f"wan.{i}.loss=3%" for i in range(36)) if mode == "udp" else ()
+    dgt = (f"sched.dgt={mode}", *lossy)
+    alone = _run(scenario_of, "tsengine_incast.toml", *INCAST, *dgt,
+                 "sched.tsengine_inter=false").summary
+    both = _run(scenario_of, "tsengine_incast.toml", *INCAST, *dgt)
+    ev = run_events(both.run_dir)
+    merges = [e for e in ev if e["ev"] == "ts_xfer" and e["msg"] == "merge"]
+    assert merges and all(e.get("dgt") for e in merges)
+    relayed = [e for e in merges if e["edge"].startswith("->ls:")]
+    assert relayed  # local servers merge into each other
+    at = {e["node"] for e in ev if e["ev"] == "dgt_assemble"}
+    assert "gs:0" in at and any(n.startswith("ls:") for n in at)
+    pushers = {e["node"] for e in ev if e["ev"] == "dgt_push"}
+    assert len(pushers) == 8  # each local server ranks what it sends
+    assert any(b > 0 for e in ev if e["ev"] == "dgt_push" for b in e["blocks"][1:])
+    bands = both.summary.extra["dgt"]["bands"]
+    assert len(bands) == 4 and all(b["sent_blocks"] > 0 for b in bands)
+    assert (sum(b["dropped"] for b in bands) > 0) == (mode == "udp")
+    assert bands[0]["dropped"] == 0  # the reliable channel
+    assert both.summary.final_accuracy > 0.8
+    assert both.summary.final_accuracy == pytest.approx(alone.final_accuracy, abs=0.05)
+
+
+def test_dgt_and_the_inter_dc_overlay_is_deterministic(scenario_of):
+    def log() -> bytes:
+        r = _run(scenario_of, "tsengine_incast.toml", "run.iterations=4", "training.hidden=[64]",
+                 "sched.dgt=udp", "wan.8.loss=5%")
+        return (r.run_dir / "events.jsonl").read_bytes()
+    a = log()
+    assert a == log() and b'"dgt_assemble"' in a
+
+
+def test_dgt_with_the_inter_dc_overlay_refuses_checkpoints(scenario_of):
+    from geomx.scenario import ScenarioError
+    with pytest.raises(ScenarioError, match="checkpoint.*allowed with checkpoints: sched.dgt"):
+        scenario_of("dgt.toml", "sched.tsengine_inter=true", "checkpoint.every=5")
 
 
 # ------------------------------------------------------------------ real sockets
@@ -292,6 +445,26 @@ def test_bsc_and_tsengine_over_sockets_train_like_the_emulator(scenario_of):
     ev = run_events(real.run_dir, "ts_xfer")
     assert any(e.get("codec") == "bsc" for e in ev)
     assert real.summary.extra["tsengine"]["inter"]["broadcast_decisions"] == 4 * 30 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["udp", "tcp"])
+def test_dgt_and_the_inter_dc_overlay_over_sockets(scenario_of, mode):
+    """The incast scenario over loopback, DGT's bands on UDP datagrams (``udp``) or on
+    lower-priority TCP connections (``tcp``): local servers relay each other's blocks,
+    and the model trains as in the emulator (the trees follow wall-clock readiness, and
+    which bands come late differs: close, not equal)."""
+    over = (*SHORT, *INCAST, f"sched.dgt={mode}")
+    emu = run_scenario(scenario_of("tsengine_incast.toml", *over)).summary
+    real = run_scenario(scenario_of("tsengine_incast.toml", *over), runtime="real")
+    assert real.summary.runtime == "real" and real.summary.iterations == 12
+    assert real.summary.final_accuracy == pytest.approx(emu.final_accuracy, abs=0.05)
+    ev = run_events(real.run_dir)
+    assert any(e["ev"] == "dgt_assemble" and e["node"].startswith("ls:") for e in ev)
+    assert any(e["ev"] == "ts_xfer" and e.get("dgt") and e["edge"].startswith("->ls:")
+               for e in ev)
+    bands = real.summary.extra["dgt"]["bands"]
+    assert sum(b["sent_blocks"] for b in bands[1:]) > 0
 
 
 # ------------------------------------------------------------------ checkpoints
