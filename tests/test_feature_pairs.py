@@ -49,9 +49,6 @@ STILL_REFUSED = {
         "layer + program", "hfa + layer", "esync + layer",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
         "mixed + tsengine",
-        # not yet (docs/scenario.md, "Combinations"): the inter-DC merge tree rebuilt
-        # around a local server's successor
-        "tsengine + server_loss",
         # relays of the inter-DC merge tree that reassemble, add and re-rank DGT's blocks
         "dgt + tsengine",
     )
@@ -59,8 +56,7 @@ STILL_REFUSED = {
 
 #: Of those, the ones that could work and are not built yet: their reason says so; the
 #: others' reasons give the contradiction instead.
-NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
-    "tsengine + server_loss", "dgt + tsengine")}
+NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in ("dgt + tsengine",)}
 
 
 @pytest.fixture(scope="module")

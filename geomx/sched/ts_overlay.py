@@ -36,12 +36,14 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
-from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedContext,
-                                     SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
-                                     TransferScheduler, Value, WorkerSchedContext)
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext,
+                                     SchedContext, SchedCoordinatorSide, SchedGlobalSide,
+                                     SchedLocalSide, SchedWorkerSide, TransferScheduler,
+                                     Value, WorkerSchedContext)
 from geomx.sched.p3 import P3, layer_priority
 from geomx.sched.ts_merge_codec import MergeCodec
-from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
+from geomx.sched.tsengine import (TS_COUNT, TS_FROM, TS_META, Coordinator, Pairing,
+                                  TsSettings)
 from geomx.wire import Kind, Message, Payload
 
 #: reliable channel of TSEngine's merges and relays (control stays on channel 0, the
@@ -76,13 +78,49 @@ class TsCoordinatorRole:
         self._asks[(key, part, msg.src)] = msg
         for p in self.policy.ask_push(key, part, msg.src, root=bool(msg.meta.get("root")),
                                       round_=msg.version):
-            self.ctx.record("ts_pair", overlay=self.overlay, key=key, part=part,
-                             round=msg.version, src=p.sender, dst=p.receiver, rule=p.rule,
-                             a_sr=p.a_sr, a_rs=p.a_rs)
-            snd = self._asks.pop((key, part, p.sender))
-            rcv = self._asks.pop((key, part, p.receiver))
+            self._answer(key, part, msg.version, p)
+
+    def _answer(self, key: int, part: int, round_: int, p: Pairing) -> None:
+        """Tell a pairing's sender where to send (and its receiver, when it asked, that
+        the data is coming: a root put back in the queue by a replacement did not ask)."""
+        self.ctx.record("ts_pair", overlay=self.overlay, key=key, part=part,
+                        round=round_, src=p.sender, dst=p.receiver, rule=p.rule,
+                        a_sr=p.a_sr, a_rs=p.a_rs)
+        snd = self._asks.pop((key, part, p.sender))
+        rcv = self._asks.pop((key, part, p.receiver), None)
+        if rcv is not None:
             self.ctx.post(rcv.reply(Kind.SCHED_REPLY, meta={"to": None}))
-            self.ctx.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
+        self.ctx.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
+
+    def on_member_replaced(self, member: str) -> None:
+        """A new process took over ``member``: plan again what went through the old one
+        (:meth:`geomx.sched.tsengine.Coordinator.replace`) and tell the overlay's other
+        nodes (an ``ASK_PULL`` from the coordinator, ``meta["replaced"]``): each stops
+        waiting for a relay to the old process and starts that relay loop again, a root
+        relays again the rounds ``meta["again"]`` names, a member asks again for the
+        merge buffers ``meta["ask"]`` names."""
+        if member not in self._members:
+            return
+        for where in [w for w in self._asks if w[2] == member]:
+            del self._asks[where]  # the old process's asks: nobody waits for their answer
+        again: dict[str, list[list[int]]] = {}
+        ask: dict[str, list[list[int]]] = {}
+        for r in self.policy.replace(member):
+            self.ctx.record("ts_replaced", overlay=self.overlay, member=member, key=r.key,
+                            part=r.part, round=r.round, requeued=list(r.requeued),
+                            reask=list(r.reask), rebroadcast=list(r.rebroadcast))
+            for p in r.pairings:
+                self._answer(r.key, r.part, r.round, p)
+            for m in r.reask:
+                ask.setdefault(m, []).append([r.key, r.part])
+            root = self.policy.root_of(r.key, r.part)
+            if r.rebroadcast and root is not None:
+                again.setdefault(root, []).append([r.key, r.part, r.round])
+        for node in sorted((self._members | self._roots) - {member}):
+            self.ctx.post(Message(Kind.ASK_PULL, self.ctx.node_name, node,
+                                  meta={TS_META: self.overlay, "replaced": member,
+                                        "again": again.get(node, []),
+                                        "ask": ask.get(node, [])}))
 
     def on_ask_pull(self, msg: Message) -> None:
         if msg.src not in self._members | self._roots:
@@ -103,7 +141,7 @@ class TsCoordinatorRole:
         self.ctx.post(msg.reply(Kind.SCHED_REPLY, meta={"to": c.receiver}))
 
 
-class TsCoordinators:
+class TsCoordinators(SchedCoordinatorSide):
     """Routes a scheduler's ASK_PUSH / ASK_PULL to the coordinator of their overlay."""
 
     def __init__(self, roles: list[TsCoordinatorRole]):
@@ -112,6 +150,10 @@ class TsCoordinators:
     def install(self, ctx: SchedContext) -> None:
         ctx.on(Kind.ASK_PUSH, lambda m: self._role(ctx, m).on_ask_push(m))
         ctx.on(Kind.ASK_PULL, lambda m: self._role(ctx, m).on_ask_pull(m))
+
+    def on_member_replaced(self, member: str) -> None:
+        for overlay in sorted(self.roles):
+            self.roles[overlay].on_member_replaced(member)
 
     def _role(self, ctx: SchedContext, msg: Message) -> TsCoordinatorRole:
         role = self.roles.get(str(msg.meta.get(TS_META)))
@@ -201,6 +243,16 @@ class OverlayPeer:
         self._arrived: dict[tuple[int, int], asyncio.Event] = {}
         self._broadcast_rounds: dict[tuple[int, int], int] = {}
         self._relays: set[asyncio.Task[Any]] = set()
+        #: a relay loop's transfer in progress: its task -> (receiver, what it relays),
+        #: so that a relay to a process that was replaced is started again
+        self._relaying: dict[asyncio.Task[Any], tuple[str, int, int, int, list[Payload],
+                                                      dict[str, Any]]] = {}
+        #: the root: the last round it broadcast per (key, part), to relay it again
+        self._last_broadcast: dict[tuple[int, int], tuple[int, list[Payload],
+                                                          dict[str, Any]]] = {}
+        #: the root: the last round taken from each sender per (key, part) (a replaced
+        #: member's successor sends again a round its predecessor had sent)
+        self._taken: dict[tuple[int, int], dict[str, int]] = {}
 
     # ------------------------------------------------------------------ aggregation
     async def contribute(self, key: int, part: int, round_: int, value: Value,
@@ -275,6 +327,12 @@ class OverlayPeer:
             raise ValueError("a TSEngine merge carries one dense payload (or a codec's) and "
                              "ts_n = len(ts_from)")
         if self.root_receive is not None:
+            if self._again(msg, senders):
+                self.ctx.record("ts_dedupe", overlay=self.overlay, key=msg.key,
+                                part=msg.part, round=msg.version, src=msg.src)
+                self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
+                self.root_ready(msg.key, msg.part, msg.version)
+                return
             value = self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
             self.root_receive(msg, value, count, senders)
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
@@ -296,6 +354,45 @@ class OverlayPeer:
         self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
         self.ctx.spawn(self._ask(msg.key, msg.part, buf.round))
 
+    def _again(self, msg: Message, senders: list[str]) -> bool:
+        """Whether the root took round ``msg.version`` from every one of ``senders``
+        already (it is sent again by a replaced member's successor, which restarted
+        from the round before); otherwise note that it takes it now."""
+        taken = self._taken.setdefault((msg.key, msg.part), {})
+        seen = [s for s in senders if taken.get(s, -1) >= msg.version]
+        if seen and len(seen) != len(senders):
+            raise ValueError(f"a merge of round {msg.version} names {senders}, of which "
+                             f"{seen} were taken in that round already")
+        if seen:
+            return True
+        for s in senders:
+            taken[s] = msg.version
+        return False
+
+    def on_notice(self, msg: Message) -> None:
+        """The coordinator says a member was replaced (``TsCoordinatorRole.on_member_replaced``):
+        stop waiting for relays to its old process and start those loops again, relay
+        again the rounds named in ``again`` (a root), ask again for the merge buffers
+        named in ``ask`` (a member)."""
+        if msg.src != self.coordinator:
+            raise ValueError(f"{msg.src} is not the {self.overlay} overlay's coordinator")
+        member = str(msg.meta.get("replaced"))
+        for task, (to, key, part, round_, payloads, meta) in sorted(
+                self._relaying.items(), key=lambda kv: kv[1][1:4]):
+            if to == member:
+                task.cancel()  # its request to the old process is never answered
+                self.ctx.record("ts_abandon", overlay=self.overlay, dst=member, key=key,
+                                part=part, round=round_)
+                self._start_relay(key, part, round_, payloads, meta)
+        for key, part, round_ in msg.meta.get("again", []):
+            last = self._last_broadcast.get((int(key), int(part)))
+            if last is not None and last[0] == int(round_):
+                self._start_relay(int(key), int(part), *last)
+        for key, part in msg.meta.get("ask", []):
+            buf = self._bufs.get((int(key), int(part)))
+            if buf is not None:
+                self.ctx.spawn(self._ask(int(key), int(part), buf.round))
+
     # ------------------------------------------------------------------ broadcast
     def broadcast(self, key: int, part: int, round_: int, payloads: list[Payload],
                   meta: dict[str, Any]) -> None:
@@ -303,6 +400,7 @@ class OverlayPeer:
         if self._broadcast_rounds.get((key, part), -1) >= round_:
             return
         self._broadcast_rounds[(key, part)] = round_
+        self._last_broadcast[(key, part)] = (round_, payloads, meta)
         self._start_relay(key, part, round_, payloads, meta)
 
     def _start_relay(self, key: int, part: int, round_: int, payloads: list[Payload],
@@ -336,7 +434,13 @@ class OverlayPeer:
                            channel=TS_DATA_CHANNEL, payloads=payloads,
                            priority=self._priority(key))
             t0 = self.ctx.now()
-            await self.ctx.request(data)
+            task = asyncio.current_task()
+            assert task is not None
+            self._relaying[task] = (str(to), key, part, round_, payloads, meta)
+            try:
+                await self.ctx.request(data)
+            finally:
+                del self._relaying[task]
             dt = self.ctx.now() - t0
             self._span("relay", data, t0)
             last, thr, nbytes = str(to), (data.nbytes / dt if dt > 0 else -1.0), data.nbytes
@@ -362,12 +466,15 @@ class OverlayPeer:
             ev = self._arrived[k] = asyncio.Event()
         return ev
 
-    async def receive(self, key: int, part: int) -> Message:
-        """The next broadcast round of (key, part) this node has not consumed."""
+    async def receive(self, key: int, part: int, round_: int = 0) -> Message:
+        """The next broadcast round of (key, part) this node has not consumed, and not
+        before round ``round_`` (a replaced member's successor is relayed rounds it has
+        from the global tier)."""
         k = (key, part)
         while True:
             msg = self._latest.get(k)
-            if msg is not None and msg.version > self._consumed.get(k, 0):
+            if msg is not None and msg.version > self._consumed.get(k, 0) and \
+                    msg.version >= round_:
                 self._consumed[k] = msg.version
                 return msg
             ev = self._event(k)
@@ -485,6 +592,14 @@ class _TsLocal(SchedLocalSide):
                         root_receive=ctx.accept_merged) if ts.intra else None)
         if self.inter is not None:
             ctx.on(Kind.RELAY, self.inter.on_relay)
+        ctx.on(Kind.ASK_PULL, self._on_notice)
+
+    def _on_notice(self, msg: Message) -> None:
+        overlay = msg.meta.get(TS_META)
+        peer = self.inter if overlay == "inter" else self.intra if overlay == "intra" else None
+        if peer is None:
+            raise ValueError(f"a TSEngine {overlay!r} notice, but that overlay is off")
+        peer.on_notice(msg)
 
     def receive_push(self, msg: Message) -> bool:
         overlay = msg.meta.get(TS_META)
@@ -514,7 +629,7 @@ class _TsLocal(SchedLocalSide):
             v = _flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
             v = v if isinstance(v, Payload) else v.copy()
             await peer.contribute(key, part.index, round_, v, meta)
-            return part, await peer.receive(key, part.index)
+            return part, await peer.receive(key, part.index, round_)
 
         if len(parts) == 1:
             return [await one(parts[0])]
@@ -555,6 +670,7 @@ class _TsGlobal(SchedGlobalSide):
         self.ctx = ctx
         self.peer = OverlayPeer(ctx, "inter", ctx.job.global_scheduler, ctx.pushers,
                                 root_receive=ctx.accept_merged)
+        ctx.on(Kind.ASK_PULL, self.peer.on_notice)
 
     def on_key_ready(self, key: int, part: int) -> None:
         self.peer.root_ready(key, part)  # this shard roots its own tree
