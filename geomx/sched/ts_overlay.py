@@ -201,6 +201,11 @@ class _Merge:
 #: ``root_receive(msg, value, count, senders)``: what the root does with a merged push
 RootReceive = Callable[[Message, Value, int, list[str]], None]
 
+#: broadcast meta (jobs that may replace a member): per member, its round the broadcast
+#: answers, so a replaced member's successor tells the round it waits for from an older
+#: one relayed to it
+TS_ROUNDS = "ts_rounds"
+
 #: the hop each overlay's merges travel on, as the codec policy names it
 OVERLAY_TIER = {"inter": "wan", "intra": "lan"}
 
@@ -253,6 +258,9 @@ class OverlayPeer:
         #: the root: the last round taken from each sender per (key, part) (a replaced
         #: member's successor sends again a round its predecessor had sent)
         self._taken: dict[tuple[int, int], dict[str, int]] = {}
+        #: whether a member may be replaced (``[membership] on_server_loss = "wait"``):
+        #: broadcasts then say which round of each member they answer
+        self._replaceable = getattr(ctx.job, "on_server_loss", "fail") == "wait"
 
     # ------------------------------------------------------------------ aggregation
     async def contribute(self, key: int, part: int, round_: int, value: Value,
@@ -334,7 +342,16 @@ class OverlayPeer:
                 self.root_ready(msg.key, msg.part, msg.version)
                 return
             value = self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
-            self.root_receive(msg, value, count, senders)
+            # noted before the root takes it: taking it may complete the round, whose
+            # broadcast says which rounds it answers (taken back if the root refuses it)
+            taken = self._taken.setdefault((msg.key, msg.part), {})
+            before = dict(taken)
+            taken.update((s, msg.version) for s in senders)
+            try:
+                self.root_receive(msg, value, count, senders)
+            except Exception:
+                self._taken[(msg.key, msg.part)] = before
+                raise
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
             return
@@ -357,17 +374,13 @@ class OverlayPeer:
     def _again(self, msg: Message, senders: list[str]) -> bool:
         """Whether the root took round ``msg.version`` from every one of ``senders``
         already (it is sent again by a replaced member's successor, which restarted
-        from the round before); otherwise note that it takes it now."""
-        taken = self._taken.setdefault((msg.key, msg.part), {})
+        from the round before)."""
+        taken = self._taken.get((msg.key, msg.part), {})
         seen = [s for s in senders if taken.get(s, -1) >= msg.version]
         if seen and len(seen) != len(senders):
             raise ValueError(f"a merge of round {msg.version} names {senders}, of which "
                              f"{seen} were taken in that round already")
-        if seen:
-            return True
-        for s in senders:
-            taken[s] = msg.version
-        return False
+        return bool(seen)
 
     def on_notice(self, msg: Message) -> None:
         """The coordinator says a member was replaced (``TsCoordinatorRole.on_member_replaced``):
@@ -400,6 +413,8 @@ class OverlayPeer:
         if self._broadcast_rounds.get((key, part), -1) >= round_:
             return
         self._broadcast_rounds[(key, part)] = round_
+        if self._replaceable:
+            meta = {**meta, TS_ROUNDS: dict(self._taken.get((key, part), {}))}
         self._last_broadcast[(key, part)] = (round_, payloads, meta)
         self._start_relay(key, part, round_, payloads, meta)
 
@@ -467,14 +482,15 @@ class OverlayPeer:
         return ev
 
     async def receive(self, key: int, part: int, round_: int = 0) -> Message:
-        """The next broadcast round of (key, part) this node has not consumed, and not
-        before round ``round_`` (a replaced member's successor is relayed rounds it has
-        from the global tier)."""
+        """The next broadcast round of (key, part) this node has not consumed; one that
+        answers this member's round ``round_`` when the broadcast says (``TS_ROUNDS``: a
+        replaced member's successor may be relayed a round it has from the global tier)."""
         k = (key, part)
+        me = self.ctx.node_name
         while True:
             msg = self._latest.get(k)
             if msg is not None and msg.version > self._consumed.get(k, 0) and \
-                    msg.version >= round_:
+                    int(msg.meta.get(TS_ROUNDS, {}).get(me, round_)) >= round_:
                 self._consumed[k] = msg.version
                 return msg
             ev = self._event(k)
