@@ -15,6 +15,14 @@ Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` 
   holder's last transfer; answered ``SCHED_REPLY`` ``to`` = next receiver or None.
 * ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
   AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
+* ``ASK_PULL`` with ``meta["replaced"]`` (coordinator -> the overlay's other nodes, no
+  reply): a new process took over that member (``[membership] on_server_loss =
+  "wait"``, docs/reliability.md); relays to the old process are given up and their loops
+  started again, a root relays again the rounds ``again`` names, a member asks again for
+  the buffers ``ask`` names (``Coordinator.replace`` in geomx/sched/tsengine.py). In such
+  a job the root numbers each member's rounds it takes: a round sent again by a
+  successor is acknowledged and not added twice, and every broadcast says which round of
+  each member it answers (``ts_rounds``).
 
 Bulk data (merges and relays) travels on ``TS_DATA_CHANNEL``, control (asks, answers,
 acknowledgements) on channel 0, so an acknowledgement never waits behind the rest of a
@@ -335,23 +343,26 @@ class OverlayPeer:
             raise ValueError("a TSEngine merge carries one dense payload (or a codec's) and "
                              "ts_n = len(ts_from)")
         if self.root_receive is not None:
-            if self._again(msg, senders):
+            if self._replaceable and self._again(msg, senders):
                 self.ctx.record("ts_dedupe", overlay=self.overlay, key=msg.key,
                                 part=msg.part, round=msg.version, src=msg.src)
                 self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
                 self.root_ready(msg.key, msg.part, msg.version)
                 return
             value = self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
-            # noted before the root takes it: taking it may complete the round, whose
-            # broadcast says which rounds it answers (taken back if the root refuses it)
-            taken = self._taken.setdefault((msg.key, msg.part), {})
-            before = dict(taken)
-            taken.update((s, msg.version) for s in senders)
-            try:
+            if not self._replaceable:
                 self.root_receive(msg, value, count, senders)
-            except Exception:
-                self._taken[(msg.key, msg.part)] = before
-                raise
+            else:
+                # noted before the root takes it: taking it may complete the round, whose
+                # broadcast says which rounds it answers (taken back if the root refuses it)
+                taken = self._taken.setdefault((msg.key, msg.part), {})
+                before = dict(taken)
+                taken.update((s, msg.version) for s in senders)
+                try:
+                    self.root_receive(msg, value, count, senders)
+                except Exception:
+                    self._taken[(msg.key, msg.part)] = before
+                    raise
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
             return

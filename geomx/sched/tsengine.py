@@ -13,6 +13,11 @@ transfer:
 * **broadcast**: every holder of the new model asks (ASKPULL) for a receiver, sends, and
   reports the throughput it measured; the coordinator answers with an ε-greedy choice
   among the nodes that do not have it yet, until none is left.
+* **replacement** (``[membership] on_server_loss = "wait"``, docs/reliability.md): when
+  a new process takes over a member, :meth:`Coordinator.replace` plans again what went
+  through the old one: a root that waited for its merge is queued again (the successor
+  sends its sum again), and the round being broadcast goes again to it and to the
+  members it was chosen to relay to. GeoMX has no such case (a lost node ends its job).
 
 What this module fixes relative to GeoMX (docs/geomx-behaviour.md §4.5, docs/papers.md
 §2 (b)):
