@@ -49,16 +49,12 @@ STILL_REFUSED = {
         "layer + program", "hfa + layer", "esync + layer",
         # the inter-DC overlay merges every DC's push of a round: MixedSync has no such round
         "mixed + tsengine",
-        # not yet (docs/scenario.md, "Combinations"): the inter-DC merge tree rebuilt
-        # around a local server's successor
-        "tsengine + server_loss",
     )
 }
 
 #: Of those, the ones that could work and are not built yet: their reason says so; the
 #: others' reasons give the contradiction instead.
-NOT_BUILT_YET = {frozenset(p.split(" + ")) for p in (
-    "tsengine + server_loss",)}
+NOT_BUILT_YET: set[frozenset[str]] = set()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from geomx.policy.scheduling import Uniform, Value
+from geomx.policy.scheduling import SchedCoordinatorSide, Uniform, Value
 from geomx.wire import Kind, Message, Payload
 
 __all__ = ["SchedNodeContext", "install_coordinators"]
@@ -109,4 +109,6 @@ def install_coordinators(node: Any, job: Any) -> list[object]:
     that decide transfers centrally; none for most jobs)."""
     ctx = SchedNodeContext(node, job)
     sides = (s.coordinator_side(ctx) for s in job.transfer_schedulers)
-    return [c for c in sides if c is not None]
+    out = [c for c in sides if c is not None]
+    node.coordinators.extend(c for c in out if isinstance(c, SchedCoordinatorSide))
+    return out

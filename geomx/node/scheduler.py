@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from geomx.node.base import CLAIM_PREFIX, Node, NodeFailure
+from geomx.policy.scheduling import SchedCoordinatorSide
 from geomx.wire import Kind, Message
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,9 @@ class Scheduler(Node):
         self.on(Kind.SHUTDOWN, self._on_leave)
         self.on(Kind.HEARTBEAT, self._on_heartbeat)
         self.on(Kind.NODE_FAILED, self._on_member_failed)
+        #: the transfer schedulers' coordinators on this node that hear of replaced
+        #: members (geomx/node/sched_context.py)
+        self.coordinators: list[SchedCoordinatorSide] = []
 
     def _on_register(self, msg: Message) -> None:
         claim = msg.meta.get("claim")
@@ -319,6 +323,8 @@ class Scheduler(Node):
         self.last_seen[node] = self.now()
         self.record("server_takeover", member=node,
                     down_s=(self.now() - lost_since) if lost_since is not None else None)
+        for c in self.coordinators:
+            c.on_member_replaced(node)  # before the members hear of it
         log.warning("%s: %s taken over by a new process", self.name, node)
         book = dict(self.addresses)
         book[self.name] = self.transport.local_address()

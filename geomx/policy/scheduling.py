@@ -47,6 +47,7 @@ from geomx.policy.context import NodeContext
 from geomx.wire import Kind, Message, Payload
 
 __all__ = ["TransferScheduler", "SchedWorkerSide", "SchedLocalSide", "SchedGlobalSide",
+           "SchedCoordinatorSide",
            "SchedContext", "WorkerSchedContext", "LocalSchedContext", "GlobalSchedContext",
            "SchedJobView", "Uniform", "HELD", "MERGED_FROM_META", "worker_side_of",
            "local_side_of", "global_side_of", "sync_problem_of"]
@@ -367,7 +368,20 @@ class TransferScheduler(Policy):
 
     def coordinator_side(self, ctx: SchedContext) -> object | None:
         """On a scheduler node: install whatever coordinates transfers centrally (its
-        handlers, through ``ctx.on``); the object is kept alive with the node."""
+        handlers, through ``ctx.on``); the object is kept alive with the node. One that
+        is a :class:`SchedCoordinatorSide` also hears of its members' replacements."""
+        return None
+
+
+class SchedCoordinatorSide:
+    """A coordinator that decides transfers between nodes the job may replace: the
+    scheduler tells it when a new process takes over a member's name
+    (``[membership] on_server_loss = "wait"``, docs/reliability.md), so that transfers
+    planned through the old process can be planned again."""
+
+    def on_member_replaced(self, member: str) -> None:
+        """A new process took over ``member``: whatever the old one held or was sent is
+        gone, and the new one starts from the global tier's state."""
         return None
 
 

@@ -538,16 +538,26 @@ def _check_worker_loss(s: Scenario) -> None:
 
 
 def _server_loss_schedulers(s: Scenario) -> list[tuple[bool, str, Any, str, str]]:
-    """The schedulers whose in-flight state a local server's successor cannot rebuild:
-    TSEngine's merge trees pass sums through their members, so a lost local server takes
-    with it what was merged into it (another DC's sum in the inter-DC tree; its workers'
-    gradients as the intra-DC tree's root)."""
-    field = "sched.tsengine_inter" if s.sched.tsengine_inter else "sched.tsengine_intra"
+    """The schedulers whose in-flight state a server's successor cannot rebuild.
+
+    TSEngine's overlay across DCs plans again what went through a replaced local server
+    (geomx/sched/tsengine.py, ``Coordinator.replace``): its successor sends the DC's
+    sum again, and the round's broadcast goes again to whoever it had to relay to. That
+    needs the lost process to hold no other DC's sum, which with two party DCs it never
+    does (each tree is a star of two members around its global server); the intra-DC
+    tree passes workers' gradients to their local server, which dies with them; a
+    global server's successor (with checkpoints) would lose the round's merged sums."""
     return [
-        (s.sched.tsengine_intra or s.sched.tsengine_inter, field, True,
-         "TSEngine's merge trees pass other members' sums through a local server, which "
-         "die with it, and rebuilding a round's tree around its successor is not built "
-         "yet", "false"),
+        (s.sched.tsengine_intra, "sched.tsengine_intra", True,
+         "TSEngine's intra-DC merge tree sends the workers' gradients to their local "
+         "server, whose successor has not got them, and asking them again is not built "
+         "yet", "false (sched.tsengine_inter composes)"),
+        (s.sched.tsengine_inter and len(s.party_dcs) > 2, "sched.tsengine_inter", True,
+         f"with {len(s.party_dcs)} party DCs a local server may hold another DC's sum "
+         "merged into it, which dies with it", "false (or at most 2 party DCs)"),
+        (s.sched.tsengine_inter and s.checkpoint.enabled, "sched.tsengine_inter", True,
+         "with checkpoints a global server may be taken over, and its successor has not "
+         "got the sums merged into it", "false with checkpoint.every"),
     ]
 
 

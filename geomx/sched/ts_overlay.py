@@ -15,6 +15,14 @@ Messages (all carry ``meta["ts"]`` = the overlay, ``key``/``part``, ``version`` 
   holder's last transfer; answered ``SCHED_REPLY`` ``to`` = next receiver or None.
 * ``RELAY`` (request, holder -> receiver): the new model; answered ``RELAY_ACK`` (GeoMX's
   AUTOPULLREPLY) on arrival; the receiver then runs the same relay loop.
+* ``ASK_PULL`` with ``meta["replaced"]`` (coordinator -> the overlay's other nodes, no
+  reply): a new process took over that member (``[membership] on_server_loss =
+  "wait"``, docs/reliability.md); relays to the old process are given up and their loops
+  started again, a root relays again the rounds ``again`` names, a member asks again for
+  the buffers ``ask`` names (``Coordinator.replace`` in geomx/sched/tsengine.py). In such
+  a job the root numbers each member's rounds it takes: a round sent again by a
+  successor is acknowledged and not added twice, and every broadcast says which round of
+  each member it answers (``ts_rounds``).
 
 When the job runs DGT, a merge across DCs is a DGT push instead: its blocks on DGT's
 channels, the end block as the request (geomx/sched/ts_dgt.py).
@@ -39,13 +47,15 @@ from typing import Any, Callable, ClassVar, Iterable
 
 import numpy as np
 
-from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedContext,
-                                     SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
-                                     TransferScheduler, Value, WorkerSchedContext)
+from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext,
+                                     SchedContext, SchedCoordinatorSide, SchedGlobalSide,
+                                     SchedLocalSide, SchedWorkerSide, TransferScheduler,
+                                     Value, WorkerSchedContext)
 from geomx.sched.p3 import P3, layer_priority
 from geomx.sched.ts_dgt import BlockMerges, dgt_of
 from geomx.sched.ts_merge_codec import MergeCodec
-from geomx.sched.tsengine import TS_COUNT, TS_FROM, TS_META, Coordinator, TsSettings
+from geomx.sched.tsengine import (TS_COUNT, TS_FROM, TS_META, Coordinator, Pairing,
+                                  TsSettings)
 from geomx.wire import Kind, Message, Payload
 
 #: reliable channel of TSEngine's merges and relays (control stays on channel 0, the
@@ -80,13 +90,49 @@ class TsCoordinatorRole:
         self._asks[(key, part, msg.src)] = msg
         for p in self.policy.ask_push(key, part, msg.src, root=bool(msg.meta.get("root")),
                                       round_=msg.version):
-            self.ctx.record("ts_pair", overlay=self.overlay, key=key, part=part,
-                             round=msg.version, src=p.sender, dst=p.receiver, rule=p.rule,
-                             a_sr=p.a_sr, a_rs=p.a_rs)
-            snd = self._asks.pop((key, part, p.sender))
-            rcv = self._asks.pop((key, part, p.receiver))
+            self._answer(key, part, msg.version, p)
+
+    def _answer(self, key: int, part: int, round_: int, p: Pairing) -> None:
+        """Tell a pairing's sender where to send (and its receiver, when it asked, that
+        the data is coming: a root put back in the queue by a replacement did not ask)."""
+        self.ctx.record("ts_pair", overlay=self.overlay, key=key, part=part,
+                        round=round_, src=p.sender, dst=p.receiver, rule=p.rule,
+                        a_sr=p.a_sr, a_rs=p.a_rs)
+        snd = self._asks.pop((key, part, p.sender))
+        rcv = self._asks.pop((key, part, p.receiver), None)
+        if rcv is not None:
             self.ctx.post(rcv.reply(Kind.SCHED_REPLY, meta={"to": None}))
-            self.ctx.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
+        self.ctx.post(snd.reply(Kind.SCHED_REPLY, meta={"to": p.receiver}))
+
+    def on_member_replaced(self, member: str) -> None:
+        """A new process took over ``member``: plan again what went through the old one
+        (:meth:`geomx.sched.tsengine.Coordinator.replace`) and tell the overlay's other
+        nodes (an ``ASK_PULL`` from the coordinator, ``meta["replaced"]``): each stops
+        waiting for a relay to the old process and starts that relay loop again, a root
+        relays again the rounds ``meta["again"]`` names, a member asks again for the
+        merge buffers ``meta["ask"]`` names."""
+        if member not in self._members:
+            return
+        for where in [w for w in self._asks if w[2] == member]:
+            del self._asks[where]  # the old process's asks: nobody waits for their answer
+        again: dict[str, list[list[int]]] = {}
+        ask: dict[str, list[list[int]]] = {}
+        for r in self.policy.replace(member):
+            self.ctx.record("ts_replaced", overlay=self.overlay, member=member, key=r.key,
+                            part=r.part, round=r.round, requeued=list(r.requeued),
+                            reask=list(r.reask), rebroadcast=list(r.rebroadcast))
+            for p in r.pairings:
+                self._answer(r.key, r.part, r.round, p)
+            for m in r.reask:
+                ask.setdefault(m, []).append([r.key, r.part])
+            root = self.policy.root_of(r.key, r.part)
+            if r.rebroadcast and root is not None:
+                again.setdefault(root, []).append([r.key, r.part, r.round])
+        for node in sorted((self._members | self._roots) - {member}):
+            self.ctx.post(Message(Kind.ASK_PULL, self.ctx.node_name, node,
+                                  meta={TS_META: self.overlay, "replaced": member,
+                                        "again": again.get(node, []),
+                                        "ask": ask.get(node, [])}))
 
     def on_ask_pull(self, msg: Message) -> None:
         if msg.src not in self._members | self._roots:
@@ -107,7 +153,7 @@ class TsCoordinatorRole:
         self.ctx.post(msg.reply(Kind.SCHED_REPLY, meta={"to": c.receiver}))
 
 
-class TsCoordinators:
+class TsCoordinators(SchedCoordinatorSide):
     """Routes a scheduler's ASK_PUSH / ASK_PULL to the coordinator of their overlay."""
 
     def __init__(self, roles: list[TsCoordinatorRole]):
@@ -116,6 +162,10 @@ class TsCoordinators:
     def install(self, ctx: SchedContext) -> None:
         ctx.on(Kind.ASK_PUSH, lambda m: self._role(ctx, m).on_ask_push(m))
         ctx.on(Kind.ASK_PULL, lambda m: self._role(ctx, m).on_ask_pull(m))
+
+    def on_member_replaced(self, member: str) -> None:
+        for overlay in sorted(self.roles):
+            self.roles[overlay].on_member_replaced(member)
 
     def _role(self, ctx: SchedContext, msg: Message) -> TsCoordinatorRole:
         role = self.roles.get(str(msg.meta.get(TS_META)))
@@ -162,6 +212,11 @@ class _Merge:
 
 #: ``root_receive(msg, value, count, senders)``: what the root does with a merged push
 RootReceive = Callable[[Message, Value, int, list[str]], None]
+
+#: broadcast meta (jobs that may replace a member): per member, its round the broadcast
+#: answers, so a replaced member's successor tells the round it waits for from an older
+#: one relayed to it
+TS_ROUNDS = "ts_rounds"
 
 #: the hop each overlay's merges travel on, as the codec policy names it
 OVERLAY_TIER = {"inter": "wan", "intra": "lan"}
@@ -210,6 +265,19 @@ class OverlayPeer:
         self._arrived: dict[tuple[int, int], asyncio.Event] = {}
         self._broadcast_rounds: dict[tuple[int, int], int] = {}
         self._relays: set[asyncio.Task[Any]] = set()
+        #: a relay loop's transfer in progress: its task -> (receiver, what it relays),
+        #: so that a relay to a process that was replaced is started again
+        self._relaying: dict[asyncio.Task[Any], tuple[str, int, int, int, list[Payload],
+                                                      dict[str, Any]]] = {}
+        #: the root: the last round it broadcast per (key, part), to relay it again
+        self._last_broadcast: dict[tuple[int, int], tuple[int, list[Payload],
+                                                          dict[str, Any]]] = {}
+        #: the root: the last round taken from each sender per (key, part) (a replaced
+        #: member's successor sends again a round its predecessor had sent)
+        self._taken: dict[tuple[int, int], dict[str, int]] = {}
+        #: whether a member may be replaced (``[membership] on_server_loss = "wait"``):
+        #: broadcasts then say which round of each member they answer
+        self._replaceable = getattr(ctx.job, "on_server_loss", "fail") == "wait"
 
     # ------------------------------------------------------------------ aggregation
     async def contribute(self, key: int, part: int, round_: int, value: Value,
@@ -309,11 +377,29 @@ class OverlayPeer:
             raise ValueError("a TSEngine merge carries one dense payload (or a codec's, or "
                              "DGT's blocks) and ts_n = len(ts_from)")
         if self.root_receive is not None:
+            if self._replaceable and self._again(msg, senders):
+                self.ctx.record("ts_dedupe", overlay=self.overlay, key=msg.key,
+                                part=msg.part, round=msg.version, src=msg.src)
+                self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
+                self.root_ready(msg.key, msg.part, msg.version)
+                return
             value = blocks if blocks is not None else \
                 self.codec.decode(msg, None) if coded else _from_payload(msg.payloads[0])
             if self.blocks is not None:  # late blocks join this round at the root
                 value = self.blocks.late_into(msg.key, msg.part, value)
-            self.root_receive(msg, value, count, senders)
+            if not self._replaceable:
+                self.root_receive(msg, value, count, senders)
+            else:
+                # noted before the root takes it: taking it may complete the round, whose
+                # broadcast says which rounds it answers (taken back if the root refuses it)
+                taken = self._taken.setdefault((msg.key, msg.part), {})
+                before = dict(taken)
+                taken.update((s, msg.version) for s in senders)
+                try:
+                    self.root_receive(msg, value, count, senders)
+                except Exception:
+                    self._taken[(msg.key, msg.part)] = before
+                    raise
             self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
             self.root_ready(msg.key, msg.part, msg.version)
             return
@@ -341,6 +427,41 @@ class OverlayPeer:
         self.ctx.post(msg.reply(Kind.PUSH_ACK, payloads=[], channel=0))
         self.ctx.spawn(self._ask(msg.key, msg.part, buf.round))
 
+    def _again(self, msg: Message, senders: list[str]) -> bool:
+        """Whether the root took round ``msg.version`` from every one of ``senders``
+        already (it is sent again by a replaced member's successor, which restarted
+        from the round before)."""
+        taken = self._taken.get((msg.key, msg.part), {})
+        seen = [s for s in senders if taken.get(s, -1) >= msg.version]
+        if seen and len(seen) != len(senders):
+            raise ValueError(f"a merge of round {msg.version} names {senders}, of which "
+                             f"{seen} were taken in that round already")
+        return bool(seen)
+
+    def on_notice(self, msg: Message) -> None:
+        """The coordinator says a member was replaced (``TsCoordinatorRole.on_member_replaced``):
+        stop waiting for relays to its old process and start those loops again, relay
+        again the rounds named in ``again`` (a root), ask again for the merge buffers
+        named in ``ask`` (a member)."""
+        if msg.src != self.coordinator:
+            raise ValueError(f"{msg.src} is not the {self.overlay} overlay's coordinator")
+        member = str(msg.meta.get("replaced"))
+        for task, (to, key, part, round_, payloads, meta) in sorted(
+                self._relaying.items(), key=lambda kv: kv[1][1:4]):
+            if to == member:
+                task.cancel()  # its request to the old process is never answered
+                self.ctx.record("ts_abandon", overlay=self.overlay, dst=member, key=key,
+                                part=part, round=round_)
+                self._start_relay(key, part, round_, payloads, meta)
+        for key, part, round_ in msg.meta.get("again", []):
+            last = self._last_broadcast.get((int(key), int(part)))
+            if last is not None and last[0] == int(round_):
+                self._start_relay(int(key), int(part), *last)
+        for key, part in msg.meta.get("ask", []):
+            buf = self._bufs.get((int(key), int(part)))
+            if buf is not None:
+                self.ctx.spawn(self._ask(int(key), int(part), buf.round))
+
     # ------------------------------------------------------------------ broadcast
     def broadcast(self, key: int, part: int, round_: int, payloads: list[Payload],
                   meta: dict[str, Any]) -> None:
@@ -348,6 +469,9 @@ class OverlayPeer:
         if self._broadcast_rounds.get((key, part), -1) >= round_:
             return
         self._broadcast_rounds[(key, part)] = round_
+        if self._replaceable:
+            meta = {**meta, TS_ROUNDS: dict(self._taken.get((key, part), {}))}
+        self._last_broadcast[(key, part)] = (round_, payloads, meta)
         self._start_relay(key, part, round_, payloads, meta)
 
     def _start_relay(self, key: int, part: int, round_: int, payloads: list[Payload],
@@ -381,7 +505,13 @@ class OverlayPeer:
                            channel=TS_DATA_CHANNEL, payloads=payloads,
                            priority=self._priority(key))
             t0 = self.ctx.now()
-            await self.ctx.request(data)
+            task = asyncio.current_task()
+            assert task is not None
+            self._relaying[task] = (str(to), key, part, round_, payloads, meta)
+            try:
+                await self.ctx.request(data)
+            finally:
+                del self._relaying[task]
             dt = self.ctx.now() - t0
             self._span("relay", data, t0)
             last, thr, nbytes = str(to), (data.nbytes / dt if dt > 0 else -1.0), data.nbytes
@@ -407,12 +537,16 @@ class OverlayPeer:
             ev = self._arrived[k] = asyncio.Event()
         return ev
 
-    async def receive(self, key: int, part: int) -> Message:
-        """The next broadcast round of (key, part) this node has not consumed."""
+    async def receive(self, key: int, part: int, round_: int = 0) -> Message:
+        """The next broadcast round of (key, part) this node has not consumed; one that
+        answers this member's round ``round_`` when the broadcast says (``TS_ROUNDS``: a
+        replaced member's successor may be relayed a round it has from the global tier)."""
         k = (key, part)
+        me = self.ctx.node_name
         while True:
             msg = self._latest.get(k)
-            if msg is not None and msg.version > self._consumed.get(k, 0):
+            if msg is not None and msg.version > self._consumed.get(k, 0) and \
+                    int(msg.meta.get(TS_ROUNDS, {}).get(me, round_)) >= round_:
                 self._consumed[k] = msg.version
                 return msg
             ev = self._event(k)
@@ -530,6 +664,14 @@ class _TsLocal(SchedLocalSide):
                         root_receive=ctx.accept_merged) if ts.intra else None)
         if self.inter is not None:
             ctx.on(Kind.RELAY, self.inter.on_relay)
+        ctx.on(Kind.ASK_PULL, self._on_notice)
+
+    def _on_notice(self, msg: Message) -> None:
+        overlay = msg.meta.get(TS_META)
+        peer = self.inter if overlay == "inter" else self.intra if overlay == "intra" else None
+        if peer is None:
+            raise ValueError(f"a TSEngine {overlay!r} notice, but that overlay is off")
+        peer.on_notice(msg)
 
     def receive_push(self, msg: Message) -> bool:
         overlay = msg.meta.get(TS_META)
@@ -563,7 +705,7 @@ class _TsLocal(SchedLocalSide):
             v = _flat_slice(value, part.lo, part.hi) if len(parts) > 1 else value
             v = v if isinstance(v, Payload) else v.copy()
             await peer.contribute(key, part.index, round_, v, meta)
-            return part, await peer.receive(key, part.index)
+            return part, await peer.receive(key, part.index, round_)
 
         if len(parts) == 1:
             return [await one(parts[0])]
@@ -611,6 +753,7 @@ class _TsGlobal(SchedGlobalSide):
         self.ctx = ctx
         self.peer = OverlayPeer(ctx, "inter", ctx.job.global_scheduler, ctx.pushers,
                                 root_receive=ctx.accept_merged)
+        ctx.on(Kind.ASK_PULL, self.peer.on_notice)
 
     def on_key_ready(self, key: int, part: int) -> None:
         self.peer.root_ready(key, part)  # this shard roots its own tree

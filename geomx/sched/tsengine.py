@@ -13,6 +13,11 @@ transfer:
 * **broadcast**: every holder of the new model asks (ASKPULL) for a receiver, sends, and
   reports the throughput it measured; the coordinator answers with an ε-greedy choice
   among the nodes that do not have it yet, until none is left.
+* **replacement** (``[membership] on_server_loss = "wait"``, docs/reliability.md): when
+  a new process takes over a member, :meth:`Coordinator.replace` plans again what went
+  through the old one: a root that waited for its merge is queued again (the successor
+  sends its sum again), and the round being broadcast goes again to it and to the
+  members it was chosen to relay to. GeoMX has no such case (a lost node ends its job).
 
 What this module fixes relative to GeoMX (docs/geomx-behaviour.md §4.5, docs/papers.md
 §2 (b)):
@@ -151,6 +156,32 @@ class _KeyState:
     done_round: int = 0
     #: the round being broadcast (got belongs to it)
     round: int = 0
+    #: aggregation: receiver -> (the sender it waits for, the other members' sums that
+    #: sender carries); an entry ends when the receiver asks again (it has the data)
+    awaiting: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+    #: aggregation: the other members' sums a node holds or is being sent
+    holds: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: broadcast: receiver -> the node chosen to send it the round
+    chooser: dict[str, str] = field(default_factory=dict)
+    #: broadcast: members taken out of ``got`` when a member was replaced
+    redone: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """What a member's replacement changed for one (key, part): the receivers that
+    waited for the lost process's merge (the root is put back in the queue, a member
+    must ask again: ``reask``), the pairings now due, and the members the round
+    ``round`` must be broadcast to again (the lost process may not have relayed it to
+    them)."""
+
+    key: int
+    part: int
+    requeued: tuple[str, ...]
+    reask: tuple[str, ...]
+    pairings: tuple[Pairing, ...]
+    round: int
+    rebroadcast: tuple[str, ...]
 
 
 class Coordinator:
@@ -186,14 +217,24 @@ class Coordinator:
         st = self._state(key, part)
         if root:
             st.root = node
+        st.awaiting.pop(node, None)  # a receiver asks again once the data arrived
         if node in st.queue:
             return []  # already waiting (GeoMX ignores a repeated ask)
         st.queue.append(node)
+        return self._pairs_due(st, round_)
+
+    def _pairs_due(self, st: _KeyState, round_: int) -> list[Pairing]:
         out = []
         while len(st.queue) >= 2:
             a = st.queue.popleft()
             b = st.queue.popleft()
-            out.append(self._pair(st, a, b, round_))
+            p = self._pair(st, a, b, round_)
+            carried = st.holds.pop(p.sender, frozenset())
+            st.awaiting[p.receiver] = (p.sender, carried)
+            if p.receiver != st.root:
+                st.holds[p.receiver] = st.holds.get(p.receiver, frozenset()) | carried | \
+                    {p.sender}
+            out.append(p)
         return out
 
     def _pair(self, st: _KeyState, a: str, b: str, round_: int) -> Pairing:
@@ -217,13 +258,17 @@ class Coordinator:
         st = self._state(key, part)
         if last is not None and throughput > 0:
             st.table.record(node, last, throughput, round_)
-        if round_ <= st.done_round:
-            return Choice(None, "done")
+        if round_ <= st.done_round or round_ < st.round:
+            return Choice(None, "done")  # (an older round: asked again after a replacement)
         if round_ != st.round:
             # the first ask of a new round (rounds of one key are sequential: a round
             # cannot start before every member holds the previous one)
             st.round = round_
             st.got = set()
+            st.chooser = {}
+            st.redone = set()
+        if node in st.redone:
+            st.got.add(node)  # it had the round from the lost process after all
         if node in self.members and node not in st.got:
             raise TsEngineError(f"{node} asks to relay round {round_} of key {key} part "
                                 f"{part}, which it was not sent")
@@ -246,6 +291,59 @@ class Coordinator:
             c, thr = pool[int(self.rng.integers(0, len(pool)))]
             choice = Choice(c, "explore", p, len(known), len(unknown), thr)
         st.got.add(choice.receiver)  # type: ignore[arg-type]
+        st.chooser[choice.receiver] = node  # type: ignore[index]
         if len(st.got & set(self.members)) == len(self.members):
             st.done_round = round_
         return choice
+
+    # ------------------------------------------------------------------ replacement
+    def replace(self, member: str) -> list[Replaced]:
+        """A new process took over ``member`` (``[membership] on_server_loss = "wait"``):
+        the old one's asks, merge buffer and relays are gone. Per (key, part):
+
+        * it leaves the queue, and a receiver paired with it as the sender goes back in
+          the queue (the successor sends the DC's sum again: it pushes again every round
+          the global tier does not have);
+        * the round being broadcast goes again to it and to every member it was chosen
+          to relay to (those that had the round from it are taken back, as ``redone``).
+
+        A lost process that held other members' sums (merged into it, or on their way
+        to or from it) took them with it; that raises :class:`TsEngineError`, as no member
+        keeps a copy of its own sum to send again."""
+        out = []
+        for (key, part), st in sorted(self._keys.items()):
+            lost = st.holds.pop(member, frozenset())
+            lost |= frozenset().union(*(c for s, c in st.awaiting.values() if s == member))
+            if lost:
+                raise TsEngineError(
+                    f"{member} was replaced holding the merged sums of {sorted(lost)} for "
+                    f"key {key} part {part}; the overlay cannot ask them again")
+            if member in st.queue:
+                st.queue.remove(member)
+            st.awaiting.pop(member, None)
+            waiting = [r for r, (s, _) in st.awaiting.items() if s == member]
+            for r in waiting:
+                del st.awaiting[r]
+            # the root takes data without an answer to its ask; a member sends its buffer
+            # when paired, which needs its own ask
+            requeued = tuple(r for r in waiting if r == st.root and r not in st.queue)
+            reask = tuple(r for r in waiting if r != st.root)
+            st.queue.extend(requeued)
+            pairings = tuple(self._pairs_due(st, st.round)) if requeued else ()
+            redo = ({member} | {r for r, c in st.chooser.items() if c == member}) & st.got
+            redo.discard(st.root)  # type: ignore[arg-type]
+            if redo:
+                st.got -= redo
+                st.redone |= redo
+                for r in redo:
+                    st.chooser.pop(r, None)
+                st.done_round = min(st.done_round, st.round - 1)
+            if waiting or redo:
+                out.append(Replaced(key, part, requeued, reask, pairings, st.round,
+                                    tuple(sorted(redo))))
+        return out
+
+    def root_of(self, key: int, part: int) -> str | None:
+        """The root that named itself for (key, part), if any yet."""
+        st = self._keys.get((key, part))
+        return None if st is None else st.root

@@ -379,6 +379,115 @@ def test_tsengine_intra_dc_with_mixed_trains(tmp_path: Path) -> None:
     assert e.value.path == "sched.tsengine_inter"
 
 
+# ------------------------------------------------------------- TSEngine + server takeover
+TS_WAIT = [*LOSS, "sched.tsengine_inter=true", "membership.on_server_loss=wait",
+           "fault.0.node=ls:party-a"]
+
+
+def test_tsengine_inter_local_server_takeover_trains_as_clean(tmp_path: Path) -> None:
+    """``ls:party-a`` dies at 3 s while the global server relays it round 10's model and
+    is taken over 2 s later: the coordinator puts the round's broadcast back to it (and
+    whoever it was to relay to), the global server gives up its relay to the dead process
+    and starts the loop again, and the overlay carries every later round; the two DCs'
+    sums add in either order to the same bits, so the model is the clean run's."""
+    sets = ["run.iterations=60"]
+    clean, _, _ = _run(tmp_path / "clean", ["sched.tsengine_inter=true", *sets])
+    crash = [*TS_WAIT, *sets, "fault.0.at=3s", "fault.0.duration=2s"]
+    r, nodes, events = _run(tmp_path / "crash", crash)
+    (takeover,) = [e["t"] for e in events if e["ev"] == "server_takeover"
+                   and e["node"] == "gh"]
+    keys = len(nodes["gs:0"].slots)
+    replaced = [e for e in events if e["ev"] == "ts_replaced"]
+    assert len(replaced) == keys and all(e["member"] == "ls:party-a" for e in replaced)
+    assert all("ls:party-a" in e["rebroadcast"] for e in replaced)
+    assert [e["dst"] for e in events if e["ev"] == "ts_abandon"] == ["ls:party-a"] * keys
+    after = [e for e in events if e["ev"] == "ts_xfer" and e["t"] > takeover]
+    assert {(e["node"], e["msg"]) for e in after} >= {("ls:party-a", "merge"),
+                                                       ("gs:0", "relay")}
+    assert all(s.version == 60 for s in nodes["gs:0"].slots.values())
+    assert r.summary.iterations == 60
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+    lost_s = r.summary.emulated_seconds - clean.summary.emulated_seconds
+    assert 1.0 <= lost_s < 2.3, lost_s  # down 2 s, less the round it had in hand
+    again, _, _ = _run(tmp_path / "again", crash)
+    assert (again.run_dir / "events.jsonl").read_bytes() == \
+        (r.run_dir / "events.jsonl").read_bytes()
+    print(f"clean {clean.summary.emulated_seconds:.2f} s acc {clean.summary.final_accuracy:.4f}; "
+          f"taken over {r.summary.emulated_seconds:.2f} s acc {r.summary.final_accuracy:.4f}")
+
+
+def test_tsengine_inter_takeover_takes_a_resent_round_once(tmp_path: Path) -> None:
+    """party-b is slow: party-a's round sum waits at the global server when its local
+    server dies; the successor restarts from the round before and sends that sum again
+    through the overlay, which the root acknowledges without adding it twice."""
+    slow = ["run.iterations=12", "dc.2.compute_per_iter=1s"]
+    clean, _, _ = _run(tmp_path / "clean", ["sched.tsengine_inter=true", *slow])
+    r, nodes, events = _run(tmp_path / "crash", [*TS_WAIT, *slow, "fault.0.at=3.1s",
+                                                 "fault.0.duration=0.3s"])
+    keys = len(nodes["gs:0"].slots)
+    dedupe = [e for e in events if e["ev"] == "ts_dedupe"]
+    assert len(dedupe) == keys and {e["src"] for e in dedupe} == {"ls:party-a"}
+    assert all(s.version == 12 for s in nodes["gs:0"].slots.values())
+    assert r.summary.final_accuracy == clean.summary.final_accuracy
+
+
+def test_tsengine_coordinator_replans_around_a_replaced_member() -> None:
+    """The coordinator's bookkeeping alone: a root left waiting for the lost process's
+    merge is queued again, the round's broadcast goes again to the lost process and to
+    whom it was to relay, and a lost process holding another member's sum is an error."""
+    from geomx.sched.tsengine import Coordinator, TsEngineError, TsSettings
+
+    class Draws:
+        def random(self) -> float:
+            return 0.99  # always explore
+
+        def integers(self, low: int, high: int) -> int:
+            return low
+
+    c = Coordinator(TsSettings(mode="inter"), ["a", "b"], Draws())
+    assert c.ask_push(0, 0, "g", root=True, round_=1) == []
+    (p,) = c.ask_push(0, 0, "a", round_=1)
+    assert (p.sender, p.receiver) == ("a", "g")
+    (r,) = c.replace("a")  # died before its merge arrived: the root waits for nobody
+    assert r.requeued == ("g",) and r.pairings == () and r.rebroadcast == ()
+    (p,) = c.ask_push(0, 0, "a", round_=1)  # the successor sends the DC's sum again
+    assert (p.sender, p.receiver) == ("a", "g")
+    assert c.ask_pull(0, 0, "g", 1).receiver == "a"
+    assert c.ask_push(0, 0, "g", root=True, round_=1) == []  # the root took the merge
+    assert c.ask_pull(0, 0, "a", 1).receiver == "b"  # the broadcast is complete now
+    (r,) = c.replace("a")  # ... but "a" died before relaying to "b"
+    assert r.rebroadcast == ("a", "b") and r.requeued == ()
+    assert c.ask_pull(0, 0, "g", 1).receiver == "a"
+    assert c.ask_pull(0, 0, "b", 1).receiver is None  # "b" had it from "a" after all
+    assert c.ask_pull(0, 0, "g", 0).receiver is None  # an older round is over
+
+    c = Coordinator(TsSettings(mode="inter"), ["a", "b", "c"], Draws())
+    (p,) = [*c.ask_push(1, 0, "a"), *c.ask_push(1, 0, "b")]
+    assert (p.sender, p.receiver) == ("b", "a")
+    with pytest.raises(TsEngineError, match="holding the merged sums of"):
+        c.replace("a")
+
+
+@pytest.mark.parametrize("sets, path", [
+    (["sched.tsengine_intra=true"], "sched.tsengine_intra"),
+    (["sched.tsengine_inter=true", "checkpoint.every=10"], "sched.tsengine_inter")])
+def test_tsengine_server_loss_refusals(sets: list[str], path: str) -> None:
+    with pytest.raises(ScenarioError, match="on_server_loss = 'wait'") as e:
+        load_scenario(QUICKSTART, [*LOSS, "membership.on_server_loss=wait", *sets])
+    assert e.value.path == path
+
+
+@pytest.mark.slow
+def test_real_tsengine_inter_local_server_killed_and_taken_over(tmp_path: Path) -> None:
+    _, events, _ = _kill_and_take_over(tmp_path, "ls:party-a", ["sched.tsengine_inter=true"])
+    assert any(e["ev"] == "takeover_init" for e in events)
+    (takeover,) = [e["t"] for e in events if e["ev"] == "server_takeover"
+                   and e["node"] == "gh"]
+    assert any(e["ev"] == "ts_replaced" for e in events)
+    assert any(e["ev"] == "ts_xfer" and e["node"] == "ls:party-a" and e["t"] > takeover
+               for e in events)
+
+
 # --------------------------------------------------------------------------- MixedSync
 MIXED_GS = [*LOSS, "run.iterations=30", "sync.algorithm=mixed", "checkpoint.every=5",
             "dc.party-b.compute_per_iter=35ms", "membership.on_server_loss=wait",
