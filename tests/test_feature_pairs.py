@@ -1,6 +1,8 @@
 """Features compose: every pair of common settings that loads on the quickstart runs with
-both features active in its event log and trains; every pair still refused is refused at
-load with a one-line reason, and is one of :data:`STILL_REFUSED`.
+both features active in its event log and trains; a pair with checkpoints, stopped part
+way and resumed, ends with the uninterrupted run's model bit for bit (a pair with a
+fault: resumes and trains); every pair still refused is refused at load with a one-line
+reason, and is one of :data:`STILL_REFUSED`.
 
 The pairs, the checks of each feature's events and the accuracy bar (0.5 on ten balanced
 classes, where an untrained model scores about 0.1) are tools/feature_pairs.py's; each
@@ -80,6 +82,15 @@ def test_every_pair_that_loads_runs_both_features_and_trains(outcomes):
     for o in outcomes.values():
         if o.status == "ok":
             assert o.accuracy >= TOOL.MIN_ACCURACY
+
+
+@pytest.mark.slow
+def test_every_pair_with_checkpoints_resumes_as_if_uninterrupted(outcomes):
+    with_checkpoints = [o for k, o in outcomes.items() if "checkpoint" in k and o.status == "ok"]
+    assert len(with_checkpoints) >= 10, [o.name for o in with_checkpoints]
+    for o in with_checkpoints:
+        fault = any(TOOL.BY_NAME[n].group == TOOL.FAULT_GROUP for n in o.settings)
+        assert o.resumed == ("trained" if fault else "bit-exact"), o.name
 
 
 @pytest.mark.slow

@@ -17,7 +17,10 @@ tests/test_golden_event_logs.py does) in a child process of its own, and ends as
   (each setting's ``active`` check says what it looks for);
 * ``untrained``: both were active, but the final test accuracy is below
   :data:`MIN_ACCURACY`;
-* ``ok``: both active and trained.
+* ``not_resumed``: a combination with checkpoints, stopped part way and resumed with
+  ``resume_scenario`` (what ``geomx run --resume`` does), did not end as its uninterrupted
+  run did (see :func:`check_resume`);
+* ``ok``: both active and trained (and, with checkpoints, resumed).
 
 Each setting alone is run first, so a pair's failure can be told from its settings'. Every
 run is a child forked from this process, which never runs one itself: a codec's parallel
@@ -201,6 +204,9 @@ class Outcome:
     accuracy: float | None = None
     inactive: list[str] = field(default_factory=list)
     cpu_s: float = 0.0
+    #: with checkpoints: ``bit-exact`` (the resumed run's model is the uninterrupted
+    #: run's, bit for bit) or ``trained`` (a fault pair: see :func:`check_resume`)
+    resumed: str = ""
 
     @property
     def name(self) -> str:
@@ -210,6 +216,69 @@ class Outcome:
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+#: Settings whose fault a resumed job does not replay: ``resume_scenario`` drops the
+#: crashes that happened before the checkpoint and restarts every process, so a worker
+#: lost before it comes back. Such a pair is held to resuming and training, not to the
+#: uninterrupted run's bits.
+FAULT_GROUP = "fault"
+
+
+#: Where the first half of a resumed pair stops: a checkpoint round for every setting
+#: (every 5 rounds; HFA's k1 = k2 = 2 makes iteration 20 its fifth global sync).
+RESUME_STOP_ITERATION = 20
+
+
+def _model_state(into: dict[str, list[Any]]) -> Callable[[list[Any]], None]:
+    """``inspect`` hook: every global server's arrays and every worker's parameters."""
+    import numpy as np
+
+    def grab(nodes: list[Any]) -> None:
+        for n in nodes:
+            if n.name.startswith("gs:"):
+                into[n.name] = [np.array(sl.store) for _, sl in sorted(n.slots.items())]
+            elif n.name.startswith("w:") and getattr(n, "params", None) is not None:
+                into[n.name] = [np.array(p) for p in n.params]
+    return grab
+
+
+def _same_bits(a: dict[str, list[Any]], b: dict[str, list[Any]]) -> bool:
+    import numpy as np
+
+    return a.keys() == b.keys() and bool(a) and all(
+        len(a[n]) == len(b[n]) and all(np.array_equal(x, y) for x, y in zip(a[n], b[n]))
+        for n in a)
+
+
+def check_resume(settings: Sequence[Setting], out_dir: str | os.PathLike[str],
+                 uninterrupted: dict[str, list[Any]]) -> tuple[str, str]:
+    """Stop ``settings`` at :data:`RESUME_STOP_ITERATION`, resume it from its last checkpoint to
+    the end, and compare: ``("bit-exact" | "trained", "")`` or ``("", why not)``."""
+    from geomx.experiment import resume_scenario, run_scenario
+    from geomx.scenario import load_scenario
+
+    end = int(next(o for o in BASE if o.startswith("run.iterations=")).split("=")[1])
+    overrides = [*BASE, *(o for s in settings for o in s.overrides),
+                 f"run.iterations={RESUME_STOP_ITERATION}"]
+    first = run_scenario(load_scenario(QUICKSTART, overrides), runtime="emu",
+                         out_dir=out_dir, progress=False)
+    resumed: dict[str, list[Any]] = {}
+    second = run_scenario(resume_scenario(first.run_dir, [f"run.iterations={end}"]),
+                          runtime="emu", out_dir=out_dir, progress=False,
+                          inspect=_model_state(resumed))
+    for d in (first.run_dir, second.run_dir):
+        shutil.rmtree(d, ignore_errors=True)
+    accuracy = second.summary.final_accuracy
+    if second.summary.iterations != end:
+        return "", f"resumed run ended at iteration {second.summary.iterations}, not {end}"
+    if any(s.group == FAULT_GROUP for s in settings):
+        if accuracy is None or accuracy < MIN_ACCURACY:
+            return "", f"resumed run's final accuracy {accuracy} < {MIN_ACCURACY}"
+        return "trained", ""
+    if not _same_bits(uninterrupted, resumed):
+        return "", "stopped and resumed, the model differs from the uninterrupted run's"
+    return "bit-exact", ""
 
 
 def run_combination(settings: Sequence[Setting], out_dir: str | os.PathLike[str]) -> Outcome:
@@ -226,8 +295,10 @@ def run_combination(settings: Sequence[Setting], out_dir: str | os.PathLike[str]
     except ScenarioError as exc:
         return Outcome(names, "refused", str(exc).strip().splitlines()[0])
     run_dir = None
+    final: dict[str, list[Any]] = {}
     try:
-        result = run_scenario(scenario, runtime="emu", out_dir=out_dir, progress=False)
+        result = run_scenario(scenario, runtime="emu", out_dir=out_dir, progress=False,
+                              inspect=_model_state(final))
         run_dir = result.run_dir
         events = list(load_run(run_dir).events())
         accuracy = result.summary.final_accuracy
@@ -245,7 +316,16 @@ def run_combination(settings: Sequence[Setting], out_dir: str | os.PathLike[str]
     if accuracy is None or accuracy < MIN_ACCURACY:
         return Outcome(names, "untrained", f"final accuracy {accuracy} < {MIN_ACCURACY}",
                        accuracy, cpu_s=cpu_s)
-    return Outcome(names, "ok", "", accuracy, cpu_s=cpu_s)
+    resumed = ""
+    if any(s.name == "checkpoint" for s in settings):
+        try:
+            resumed, why = check_resume(settings, out_dir, final)
+        except Exception as exc:  # a resume that fails is what is measured here
+            resumed, why = "", f"resuming: {_one_line(exc)}"
+        cpu_s = time.process_time() - cpu0
+        if not resumed:
+            return Outcome(names, "not_resumed", why, accuracy, cpu_s=cpu_s)
+    return Outcome(names, "ok", "", accuracy, cpu_s=cpu_s, resumed=resumed)
 
 
 def _child(names: list[str], out_dir: str, conn: Any) -> None:
@@ -317,9 +397,14 @@ def run_forked(combos: Iterable[Sequence[Setting]], *, jobs: int = 1,
 
 def summary_line(outcomes: Sequence[Outcome]) -> str:
     count = {s: sum(o.status == s for o in outcomes)
-             for s in ("refused", "error", "inactive", "untrained", "ok")}
+             for s in ("refused", "error", "inactive", "untrained", "not_resumed", "ok")}
     line = (f"{len(outcomes)} pairs: {count['refused']} refused, {count['error']} "
             f"deadlock/error, {count['untrained']} did not train, {count['ok']} ok")
+    if count["not_resumed"]:
+        line += f", {count['not_resumed']} not resumed as uninterrupted"
+    exact = sum(o.resumed == "bit-exact" for o in outcomes)
+    if exact:
+        line += f" ({exact} with checkpoints resumed bit for bit)"
     if count["inactive"]:
         line += f", {count['inactive']} with a feature inactive"
     return line
@@ -327,10 +412,12 @@ def summary_line(outcomes: Sequence[Outcome]) -> str:
 
 def table(outcomes: Sequence[Outcome]) -> str:
     width = max((len(o.name) for o in outcomes), default=10)
-    rows = [f"{'settings':<{width}}  {'status':<9}  {'acc':>5}  {'cpu_s':>5}  reason"]
+    rows = [f"{'settings':<{width}}  {'status':<11}  {'acc':>5}  {'cpu_s':>5}  "
+            f"{'resumed':<9}  reason"]
     for o in outcomes:
         acc = "" if o.accuracy is None else f"{o.accuracy:.2f}"
-        rows.append(f"{o.name:<{width}}  {o.status:<9}  {acc:>5}  {o.cpu_s:5.1f}  {o.reason}")
+        rows.append(f"{o.name:<{width}}  {o.status:<11}  {acc:>5}  {o.cpu_s:5.1f}  "
+                    f"{o.resumed:<9}  {o.reason}")
     return "\n".join(rows)
 
 
