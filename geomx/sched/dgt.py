@@ -388,10 +388,44 @@ class DgtSender:
 
 @dataclass
 class ReceiverTotals:
+    """A receiver's count of one band's blocks (``dgt_receiver_totals``)."""
+
     received: int = 0
     on_time: int = 0
     late: int = 0
     bytes: int = 0
+
+    def count(self, nbytes: int, *, late: bool) -> None:
+        """One block of ``nbytes`` arrived, after its round was assembled if ``late``."""
+        self.received += 1
+        self.bytes += nbytes
+        if late:
+            self.late += 1
+        else:
+            self.on_time += 1
+
+
+def block_header(msg: Message, channels: int) -> tuple[int, int, int, int, int]:
+    """``(seq, blocks, values per block, band, round)`` of a DGT block, checked for what a
+    block says of itself (the tensor it must fit is the receiver's to check).
+
+    Raises ValueError on a malformed descriptor, a band past the job's ``channels`` or a
+    round that is not an integer: what a stranger may send is refused before any use."""
+    desc = msg.meta.get(DGT_META)
+    if (not isinstance(desc, list) or len(desc) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in desc)):
+        raise ValueError(f"bad DGT block descriptor {desc!r}")
+    seq, nb, be = desc
+    if be <= 0 or nb < 1 or not 0 <= seq < nb:
+        raise ValueError(f"DGT block {seq}/{nb} of {be} values")
+    band = band_of_channel(msg.channel)
+    if band > channels:
+        raise ValueError(f"DGT block on channel {msg.channel}; this job has "
+                         f"{channels} low-priority channels")
+    round_ = msg.meta.get(ROUND_META)
+    if not isinstance(round_, int) or isinstance(round_, bool):
+        raise ValueError(f"DGT block without an integer round ({ROUND_META})")
+    return seq, nb, be, band, round_
 
 
 class DgtReceiver:
@@ -419,24 +453,13 @@ class DgtReceiver:
 
         Raises ValueError (the caller answers ERROR) on a block that does not fit ``like``.
         """
-        desc = msg.meta.get(DGT_META)
-        if (not isinstance(desc, list) or len(desc) != 3
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in desc)):
-            raise ValueError(f"bad DGT block descriptor {desc!r}")
-        seq, nb, be = desc
+        seq, nb, be, band, round_ = block_header(msg, self.s.channels)
         if is_phantom(like):
             raise ValueError("DGT blocks for a phantom tensor")
         n = int(like.size)
-        if be <= 0 or nb != max(1, math.ceil(n / be)) or not 0 <= seq < nb:
+        if nb != max(1, math.ceil(n / be)):
             raise ValueError(f"DGT block {seq}/{nb} of {be} values does not fit key "
                              f"{msg.key} part {msg.part} ({n} values)")
-        band = band_of_channel(msg.channel)
-        if band > self.s.channels:
-            raise ValueError(f"DGT block on channel {msg.channel}; this job has "
-                             f"{self.s.channels} low-priority channels")
-        round_ = msg.meta.get(ROUND_META)
-        if not isinstance(round_, int) or isinstance(round_, bool):
-            raise ValueError(f"DGT block without an integer round ({ROUND_META})")
         lo, hi = seq * be, min(n, (seq + 1) * be)
         block = self._decode(node, msg, hi - lo)
         ident = (msg.src, msg.key, msg.part)
@@ -447,14 +470,11 @@ class DgtReceiver:
         if seq in seen and msg.meta.get(RESENT_META) and not is_end:
             return None  # it reached this receiver before the checkpoint
         seen.add(seq)
-        t = self.totals[band]
-        t.received += 1
-        t.bytes += msg.nbytes
         buf = self.buffers.setdefault(ident, {})
-        if round_ <= self.assembled.get(ident, -1):
-            t.late += 1  # its round is done: it joins the next one
-        else:
-            t.on_time += 1
+        # a late block's round is done: it joins the next one
+        late = round_ <= self.assembled.get(ident, -1)
+        self.totals[band].count(msg.nbytes, late=late)
+        if not late:
             self.on_time_now[ident] = self.on_time_now.get(ident, 0) + 1
         have = buf.get(seq)
         if have is None:

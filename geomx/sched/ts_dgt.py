@@ -43,7 +43,7 @@ import numpy as np
 from geomx.policy.codec import Codec
 from geomx.policy.scheduling import SchedContext, Value
 from geomx.sched.dgt import (DGT_META, QUANT_META, ROUND_META, SENT_META, Dgt, DgtSender,
-                             DgtSettings, ReceiverTotals, band_of_channel)
+                             DgtSettings, ReceiverTotals, block_header)
 from geomx.sched.dgt_quant import dequantise4
 from geomx.wire import Message, Payload
 
@@ -146,33 +146,17 @@ class BlockMerges:
         """Take one block of a merge: the merge's value (flat) when ``msg`` is its end
         block, else None (held until its end block, or late: kept for this node's next
         round, :meth:`late_into`). Raises ValueError on a malformed block."""
-        desc = msg.meta.get(DGT_META)
-        if (not isinstance(desc, list) or len(desc) != 3
-                or not all(isinstance(v, int) and not isinstance(v, bool) for v in desc)):
-            raise ValueError(f"bad DGT block descriptor {desc!r}")
-        seq, nb, be = desc
-        if be <= 0 or nb < 1 or not 0 <= seq < nb:
-            raise ValueError(f"DGT block {seq}/{nb} of {be} values")
-        band = band_of_channel(msg.channel)
-        if band > self.s.channels:
-            raise ValueError(f"DGT block on channel {msg.channel}; this job has "
-                             f"{self.s.channels} low-priority channels")
-        round_ = msg.meta.get(ROUND_META)
-        if not isinstance(round_, int) or isinstance(round_, bool):
-            raise ValueError(f"DGT block without an integer round ({ROUND_META})")
+        seq, nb, be, band, round_ = block_header(msg, self.s.channels)
         is_end = seq == nb - 1
         if is_end and not msg.request_id:
             raise ValueError("a DGT end block must be a request (it is answered)")
         block = self._decode(msg, None if is_end else be)
-        t = self.totals[band]
-        t.received += 1
-        t.bytes += msg.nbytes
         ident = (msg.src, msg.key, msg.part)
-        if round_ <= self._assembled.get(ident, -1):
-            t.late += 1
+        late = round_ <= self._assembled.get(ident, -1)
+        self.totals[band].count(msg.nbytes, late=late)
+        if late:
             self._add_late(msg.key, msg.part, seq * be, block)
             return None
-        t.on_time += 1
         at = self._open.setdefault((*ident, round_), _Assembly({}))
         at.on_time += 1
         at.blocks[seq] = block

@@ -21,3 +21,13 @@ def arun(coro: Coroutine[Any, Any, T], timeout_s: float = 30.0,
         return await asyncio.wait_for(coro, timeout_s)
 
     return eventloop.run(guarded(), use_uvloop=use_uvloop)
+
+
+async def start_pair(a: Any, b: Any) -> None:
+    """Start transports ``a`` and ``b`` (named "a" and "b") and give each the other's
+    address."""
+    for t in (a, b):
+        await t.start()
+    book = {"a": a.local_address(), "b": b.local_address()}
+    a.set_address_book(book)
+    b.set_address_book(book)

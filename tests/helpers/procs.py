@@ -61,11 +61,12 @@ def pid_of(node: str, marker: str) -> int | None:
     return None
 
 
-def launch_kill_rejoin(tmp_path: Path, scenario: Path, sets: list[str], node: str, *,
-                       watch: str, steps: int, rejoin_log: str) -> tuple[Path, Path]:
+def launch_and_kill(tmp_path: Path, scenario: Path, sets: list[str], node: str, *,
+                    watch: str, steps: int, rejoin_log: str | None = None) -> tuple[Path, Path]:
     """``geomx launch`` ``scenario`` over real sockets; once worker ``watch`` (a file name
-    stem, e.g. ``w_party-a_0``) has computed ``steps`` times, SIGKILL ``node`` and start its
-    command again with ``--rejoin``; both must exit 0. The run folder and the launch log."""
+    stem, e.g. ``w_party-a_0``) has computed ``steps`` times, SIGKILL ``node``, and, with a
+    ``rejoin_log``, start its command again with ``--rejoin`` (its output in that file);
+    every process started must exit 0. The run folder and the launch log."""
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            "PYTHONUNBUFFERED": "1"}
     out = tmp_path / "real"
@@ -86,15 +87,24 @@ def launch_kill_rejoin(tmp_path: Path, scenario: Path, sets: list[str], node: st
             time.sleep(0.05)
         assert victim is not None, log.read_text()[-3000:]
         os.kill(victim, signal.SIGKILL)
-        cmd = json.loads((run_dir / "launch.json").read_text())["commands"][node]
-        args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
-        back = subprocess.Popen(args, env=env, stdout=(tmp_path / rejoin_log).open("w"),
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        if rejoin_log is not None:
+            cmd = json.loads((run_dir / "launch.json").read_text())["commands"][node]
+            args = [a for a in shlex.split(cmd) if a != "--watch-stdin"] + ["--rejoin"]
+            back = subprocess.Popen(args, env=env, stdout=(tmp_path / rejoin_log).open("w"),
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
-        assert back.wait(timeout=60) == 0, (tmp_path / rejoin_log).read_text()[-3000:]
+        if back is not None:
+            assert back.wait(timeout=60) == 0, (tmp_path / rejoin_log).read_text()[-3000:]
     finally:
         for q in (p, back):
             if q is not None and q.poll() is None:
                 os.killpg(q.pid, signal.SIGKILL)
                 q.wait()
     return run_dir, log
+
+
+def launch_kill_rejoin(tmp_path: Path, scenario: Path, sets: list[str], node: str, *,
+                       watch: str, steps: int, rejoin_log: str) -> tuple[Path, Path]:
+    """:func:`launch_and_kill` with ``node`` restarted with ``--rejoin``."""
+    return launch_and_kill(tmp_path, scenario, sets, node, watch=watch, steps=steps,
+                           rejoin_log=rejoin_log)

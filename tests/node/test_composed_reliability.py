@@ -33,7 +33,7 @@ from geomx.scenario import ScenarioError, load_scenario
 
 from tests.helpers.events import run_events
 from tests.helpers.paths import ROOT
-from tests.helpers.procs import launch_kill_rejoin
+from tests.helpers.procs import launch_and_kill, launch_kill_rejoin
 from tests.node.test_checkpoint import _bitwise_equal, _final_state
 from tests.node.test_server_takeover import _kill_and_take_over
 
@@ -549,46 +549,23 @@ def test_real_checkpoints_with_a_killed_worker_resume(tmp_path: Path) -> None:
     ``geomx launch --resume`` to 60 iterations starts every process again, the lost
     worker rejoining from the checkpoint's model."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from geomx.node import checkpoint as ckpt
-    from tests.helpers.procs import pid_of
 
     sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
             "run.iterations=40", "checkpoint.every=5", "membership.on_worker_loss=continue",
             "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
             "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=40ms"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    out = tmp_path / "real"
-    log = tmp_path / "launch.log"
-    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
-                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
-                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        victim = run_dir = None
-        while victim is None and time.monotonic() < deadline and p.poll() is None:
-            for f in out.glob("*/nodes/w_party-a_1.events.jsonl"):
-                if f.read_text().count('"ev":"compute"') >= 5:
-                    run_dir = f.parent.parent
-                    victim = pid_of("w:party-a:1", str(run_dir))
-            time.sleep(0.05)
-        assert victim is not None, log.read_text()[-3000:]
-        os.kill(victim, signal.SIGKILL)
-        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    run_dir, _ = launch_and_kill(tmp_path, QUICKSTART, sets, "w:party-a:1",
+                                 watch="w_party-a_1", steps=5)
     latest = ckpt.latest_checkpoint(run_dir)
     assert latest is not None and int(latest.name) == 40
     assert ckpt.read_manifest(latest)["lost"] == ["w:party-a:1"]
     r = subprocess.run([sys.executable, "-m", "geomx", "launch", "--resume", str(run_dir),
-                        "--set", "run.iterations=60", "--quiet"], env=env,
+                        "--set", "run.iterations=60", "--quiet"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     new_dir = Path(r.stdout.split("run folder: ", 1)[1].split("\n", 1)[0])

@@ -18,7 +18,7 @@ from geomx.experiment import JobFailed, run_scenario
 from geomx.scenario import ScenarioError, load_scenario, parse_scenario
 
 from tests.helpers.paths import ROOT
-from tests.helpers.procs import launch_kill_rejoin
+from tests.helpers.procs import launch_and_kill, launch_kill_rejoin
 from tests.helpers.events import run_events
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
@@ -168,41 +168,13 @@ def test_esync_state_server_drops_a_lost_worker(tmp_path: Path) -> None:
 def test_real_esync_worker_killed_job_continues(tmp_path: Path) -> None:
     """Over real sockets, ESync: SIGKILL one worker's process once it trains; the state
     server drops it and the other three finish the job."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.helpers.procs import pid_of
-
     sets = ["run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false",
             "run.iterations=60", "membership.on_worker_loss=continue",
             "membership.heartbeat_timeout=3s", "wan.0.latency=5ms", "wan.1.latency=5ms",
             "sync.algorithm=esync", "training.worker_optimizer=adam",
             "dc.1.compute_per_iter=40ms", "dc.2.compute_per_iter=80ms"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    out, log = tmp_path / "real", tmp_path / "launch.log"
-    p = subprocess.Popen([sys.executable, "-m", "geomx", "launch", str(QUICKSTART), "--quiet",
-                          "--out", str(out), *[a for s in sets for a in ("--set", s)]],
-                         env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    try:
-        victim = run_dir = None
-        deadline = time.monotonic() + 120
-        while victim is None and time.monotonic() < deadline and p.poll() is None:
-            for f in out.glob("*/nodes/w_party-a_1.events.jsonl"):
-                if f.read_text().count('"ev":"compute"') >= 5:
-                    run_dir = f.parent.parent
-                    victim = pid_of("w:party-a:1", str(run_dir))
-            time.sleep(0.05)
-        assert victim is not None, log.read_text()[-3000:]
-        os.kill(victim, signal.SIGKILL)
-        assert p.wait(timeout=240) == 0, log.read_text()[-3000:]
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    run_dir, _ = launch_and_kill(tmp_path, QUICKSTART, sets, "w:party-a:1",
+                                 watch="w_party-a_1", steps=5)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["iterations"] == 60 and summary["final_accuracy"] > 0.8
     ss = [json.loads(line) for line in (run_dir / "nodes" / "ss.events.jsonl").open()]

@@ -28,7 +28,7 @@ from geomx.runtime.shm_ring import (MIN_RING_BYTES, RecvRing, RingBudget, RingRe
 from geomx.runtime.tcp import TcpTransport
 from geomx.wire import Kind, Message, Payload
 
-from tests.helpers.aio import arun
+from tests.helpers.aio import arun, start_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,11 +45,7 @@ def big_msg(n: int, *, kind: Kind = Kind.PUSH, rid: int = 1, seed: int = 0,
 async def pair(**kw) -> tuple[TcpTransport, TcpTransport]:
     a = TcpTransport("a", udp=False, **kw)
     b = TcpTransport("b", udp=False, **kw)
-    for t in (a, b):
-        await t.start()
-    book = {"a": a.local_address(), "b": b.local_address()}
-    a.set_address_book(book)
-    b.set_address_book(book)
+    await start_pair(a, b)
     return a, b
 
 
@@ -149,11 +145,7 @@ def test_a_ring_the_receiver_declines_is_closed_by_the_sender():
     async def main():
         a = TcpTransport("a", udp=False)
         b = TcpTransport("b", udp=False, shm_ring_bytes=0)
-        for t in (a, b):
-            await t.start()
-        book = {"a": a.local_address(), "b": b.local_address()}
-        a.set_address_book(book)
-        b.set_address_book(book)
+        await start_pair(a, b)
         m = big_msg(2_000_000)
         await a.send(m)
         same(await b.recv(), m)
@@ -168,11 +160,7 @@ def test_shaped_traffic_never_takes_a_ring():
     async def main():
         a = TcpTransport("a", udp=False, shaper=Shaper({"b": LinkShape(2e9, 0.0)}, seed=1))
         b = TcpTransport("b", udp=False)
-        for t in (a, b):
-            await t.start()
-        book = {"a": a.local_address(), "b": b.local_address()}
-        a.set_address_book(book)
-        b.set_address_book(book)
+        await start_pair(a, b)
         m = big_msg(1_000_000)
         await a.send(m)
         same(await b.recv(), m)

@@ -19,7 +19,7 @@ from geomx.runtime.shaper import LinkShape, Shaper
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload
 
-from tests.helpers.aio import arun
+from tests.helpers.aio import arun, start_pair
 
 PIECE = 70_000  # small pieces: many of them, and bodies larger than the decoder's scratch
 
@@ -235,11 +235,7 @@ def test_a_connection_lost_mid_stream_frees_its_buffer_and_budget():
 
 async def pair(**kw) -> tuple[TcpTransport, TcpTransport]:
     a, b = TcpTransport("a", udp=False, **kw), TcpTransport("b", udp=False, **kw)
-    for t in (a, b):
-        await t.start()
-    book = {"a": a.local_address(), "b": b.local_address()}
-    a.set_address_book(book)
-    b.set_address_book(book)
+    await start_pair(a, b)
     return a, b
 
 
@@ -277,11 +273,7 @@ def test_a_shaped_stream_arrives_and_its_queue_accounting_returns_to_zero():
         a = TcpTransport("a", udp=False, max_frame_bytes=128 << 10,
                          shaper=Shaper({"b": LinkShape(400e6, 0.001)}, seed=1))
         b = TcpTransport("b", udp=False)
-        for t in (a, b):
-            await t.start()
-        book = {"a": a.local_address(), "b": b.local_address()}
-        a.set_address_book(book)
-        b.set_address_book(book)
+        await start_pair(a, b)
         m = big_msg(600_000)
         await a.send(m)
         got = await b.recv()
@@ -443,11 +435,7 @@ def test_the_sender_follows_the_limits_its_receiver_announces():
     async def main():
         a = TcpTransport("a", udp=False)  # 2 GiB frames allowed here
         b = TcpTransport("b", udp=False, max_frame_bytes=128 << 10, max_message_bytes=8 << 20)
-        for t in (a, b):
-            await t.start()
-        book = {"a": a.local_address(), "b": b.local_address()}
-        a.set_address_book(book)
-        b.set_address_book(book)
+        await start_pair(a, b)
         m = big_msg(1_000_000)  # 4 MB: one frame for a, a stream of 31 pieces for b
         await a.send(m)
         got = await asyncio.wait_for(b.recv(), 10)

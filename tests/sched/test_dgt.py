@@ -1,20 +1,19 @@
 """DGT (geomx/sched/dgt.py) in the emulator: blocks, ranking, bands, reassembly, adaptive K,
 MultiGPS, fp16, determinism, accuracy; plus the scenario's validation."""
 
-import asyncio
 import json
 
 import numpy as np
 import pytest
 
 from geomx.experiment import run_scenario
-from geomx.node.link_codec import LinkCodec
 from geomx.scenario import ScenarioError
 from geomx.sched.dgt import (DGT_META, SENT_META, DgtReceiver, DgtSender, DgtSettings,
                              adaptive_k, assign_bands, block_means)
 from geomx.sched.dgt_quant import dequantise4, quantise4
-from geomx.wire import UNRELIABLE_BASE, Kind, Message, decode, encode
+from geomx.wire import UNRELIABLE_BASE, Kind, Message
 
+from tests.helpers.dgt_context import FakeSchedContext, push_round
 from tests.helpers.events import run_events
 from tests.helpers.paths import QUICKSTART
 
@@ -92,51 +91,13 @@ def test_quantisation_error_feedback_keeps_the_sum_unbiased():
 
 # ---------------------------------------------------------------- sender + receiver
 
-class _FakeServer:
-    """Enough of a scheduler context for DgtSender/DgtReceiver (posts are captured)."""
-
-    def __init__(self, name="ls:a"):
-        self.node_name = name
-        self.codec = LinkCodec(None)
-        self.posted: list[Message] = []
-        self.events: list[tuple[str, dict]] = []
-        self._rid = 0
-
-    def post(self, msg):
-        self.posted.append(decode(b"".join(bytes(f) for f in encode(msg))))
-
-    async def request(self, msg):
-        self._rid += 1
-        msg.request_id = self._rid
-        self.post(msg)
-        return msg.reply(Kind.PUSH_ACK)
-
-    def record(self, ev, **fields):
-        self.events.append((ev, fields))
-
-    def encode_push(self, key, value, *, tier):
-        return self.codec.encode_push(key, value, tier=tier)
-
-    def codec_for(self, num_elements, *, tier):
-        return self.codec.codec_for(num_elements, tier)
-
-    def decode(self, msg, like=None):
-        return self.codec.decode(msg, like=like)
-
-
-def _push(sender, node, value, round_):
-    node.posted.clear()
-    asyncio.run(sender.push(node, "gs:0", 0, 0, round_, value, {}))
-    return list(node.posted)
-
-
 def test_sender_first_push_whole_then_blocks_in_strict_order():
     s = DgtSettings(mode="udp", block_bytes=64, k=0.5, channels=2, adaptive_k=False)
-    sender, ls = DgtSender(s), _FakeServer()
+    sender, ls = DgtSender(s), FakeSchedContext()
     g = np.arange(1, 65, dtype=np.float32)  # 4 blocks of 16 values, rising contribution
-    first = _push(sender, ls, g, 1)
+    first = push_round(sender, ls, g, 1)
     assert len(first) == 1 and DGT_META not in first[0].meta and first[0].channel == 0
-    msgs = _push(sender, ls, g, 2)
+    msgs = push_round(sender, ls, g, 2)
     seqs = [m.meta[DGT_META][0] for m in msgs]
     chans = [m.channel for m in msgs]
     # ranked non-end blocks 2, 1, 0; round(0.5*3) = 2 reliable; then the end block (3) on
@@ -147,18 +108,18 @@ def test_sender_first_push_whole_then_blocks_in_strict_order():
     # tcp mode: the same band on reliable channel 1
     tcp = DgtSender(DgtSettings(mode="tcp", block_bytes=64, k=0.5, channels=2,
                                 adaptive_k=False))
-    _push(tcp, ls, g, 1)
-    assert [m.channel for m in _push(tcp, ls, g, 2)] == [0, 0, 0, 1]
+    push_round(tcp, ls, g, 1)
+    assert [m.channel for m in push_round(tcp, ls, g, 2)] == [0, 0, 0, 1]
 
 
 def test_receiver_zero_fills_missing_blocks_and_adds_late_ones_into_the_next_round_once():
     s = DgtSettings(mode="udp", block_bytes=64, k=0.5, channels=2, adaptive_k=False)
-    sender, ls, gs = DgtSender(s), _FakeServer(), _FakeServer("gs:0")
+    sender, ls, gs = DgtSender(s), FakeSchedContext(), FakeSchedContext(name="gs:0")
     rx = DgtReceiver(s)
     like = np.zeros(64, dtype=np.float32)
     g1 = np.arange(1, 65, dtype=np.float32)
-    _push(sender, ls, g1, 1)                          # initialisation push (whole)
-    r2 = _push(sender, ls, g1, 2)                     # band block 0 travels last
+    push_round(sender, ls, g1, 1)                          # initialisation push (whole)
+    r2 = push_round(sender, ls, g1, 2)                     # band block 0 travels last
     band = r2[3]
     assert band.meta[DGT_META][0] == 0
     for m in r2[:3]:                                  # the band block is late
@@ -167,7 +128,7 @@ def test_receiver_zero_fills_missing_blocks_and_adds_late_ones_into_the_next_rou
     expect[:16] = 0                                   # missing -> zeros
     np.testing.assert_array_equal(out, expect)
     assert rx.receive(gs, band, like) is None         # arrives after its round: buffered
-    r3 = _push(sender, ls, g1, 3)
+    r3 = push_round(sender, ls, g1, 3)
     out3 = None
     for m in r3[:3]:
         out3 = rx.receive(gs, m, like)
@@ -176,7 +137,7 @@ def test_receiver_zero_fills_missing_blocks_and_adds_late_ones_into_the_next_rou
     np.testing.assert_array_equal(out3, expect3)
     assert rx.receive(gs, r3[3], like) is None        # round 3's band: late again
     out4 = None
-    for m in _push(sender, ls, g1, 4)[:3]:
+    for m in push_round(sender, ls, g1, 4)[:3]:
         out4 = rx.receive(gs, m, like)
     np.testing.assert_array_equal(out4[:16], g1[:16])  # applied once, not twice
     assert [t.late for t in rx.totals] == [0, 2, 0]
@@ -186,7 +147,7 @@ def test_receiver_zero_fills_missing_blocks_and_adds_late_ones_into_the_next_rou
 
 def test_receiver_refuses_blocks_that_do_not_fit():
     s = DgtSettings(mode="tcp", block_bytes=64, channels=2)
-    rx, gs = DgtReceiver(s), _FakeServer("gs:0")
+    rx, gs = DgtReceiver(s), FakeSchedContext(name="gs:0")
     like = np.zeros(64, dtype=np.float32)
     blk = np.ones(16, dtype=np.float32)
     from geomx.wire import Payload

@@ -2,58 +2,17 @@
 DGT is encoded apart, with its own error-feedback state, by the whole tensor's codec; the
 global server decodes each block into its slice and re-sparsifies its pull reply."""
 
-import asyncio
-
 import numpy as np
 import pytest
 
 from geomx.experiment import run_scenario
-from geomx.node.link_codec import LinkCodec
 from geomx.sched.dgt import DGT_META, DgtReceiver, DgtSender, DgtSettings
 from geomx.sched.dgt_codec import block_key
-from geomx.wire import Kind, decode, encode
 
+from tests.helpers.dgt_context import FakeSchedContext, push_round
 from tests.helpers.events import run_events
 
 QUICK = ("run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false")
-
-
-class _Node:
-    """Enough of a scheduler context for a DGT sender or receiver with a codec."""
-
-    def __init__(self, codec: dict | None, name: str = "ls:a"):
-        self.node_name = name
-        self.codec = LinkCodec(codec)
-        self.posted = []
-        self.events = []
-        self._rid = 0
-
-    def post(self, msg):
-        self.posted.append(decode(b"".join(bytes(f) for f in encode(msg))))
-
-    async def request(self, msg):
-        self._rid += 1
-        msg.request_id = self._rid
-        self.post(msg)
-        return msg.reply(Kind.PUSH_ACK)
-
-    def record(self, ev, **fields):
-        self.events.append((ev, fields))
-
-    def encode_push(self, key, value, *, tier):
-        return self.codec.encode_push(key, value, tier=tier)
-
-    def codec_for(self, num_elements, *, tier):
-        return self.codec.codec_for(num_elements, tier)
-
-    def decode(self, msg, like=None):
-        return self.codec.decode(msg, like=like)
-
-
-def _push(sender, node, value, round_, key=0):
-    node.posted.clear()
-    asyncio.run(sender.push(node, "gs:0", key, 0, round_, value, {}))
-    return list(node.posted)
 
 
 def _deliver(rx, gs, msgs, like):
@@ -86,12 +45,12 @@ def test_block_codec_lifts_only_the_size_bound():
 def test_mpq_blocks_large_tensors_with_bisparse_and_small_ones_in_half_precision():
     s = DgtSettings(mode="tcp", block_bytes=4096, adaptive_k=False)
     sender = DgtSender(s)
-    ls = _Node({"type": "mpq", "threshold": 0.01, "size_lower_bound": 3000})
+    ls = FakeSchedContext({"type": "mpq", "threshold": 0.01, "size_lower_bound": 3000})
     g = np.random.default_rng(3).normal(size=4096).astype(np.float32)
     for r in (1, 2):
-        big = _push(sender, ls, g, r)
+        big = push_round(sender, ls, g, r)
         assert len(big) == 4 and {m.meta["codec"] for m in big} == {"bsc"}
-    small = _push(sender, ls, g[:2500], 2, key=1)   # below the bound: fp16, whole at first
+    small = push_round(sender, ls, g[:2500], 2, key=1)   # below the bound: fp16, whole at first
     assert len(small) == 1 and small[0].meta["codec"] == "fp16"
 
 
@@ -99,12 +58,12 @@ def test_bsc_blocks_below_the_size_bound_are_still_sparse():
     # the tensor (4096 values) passes the bound (2000), its 1024-value blocks alone would not
     s = DgtSettings(mode="udp", block_bytes=4096, k=0.5, channels=2, adaptive_k=False)
     sender = DgtSender(s)
-    ls = _Node({"type": "bsc", "threshold": 0.01, "size_lower_bound": 2000})
+    ls = FakeSchedContext({"type": "bsc", "threshold": 0.01, "size_lower_bound": 2000})
     g = np.random.default_rng(0).normal(size=4096).astype(np.float32)
-    first = _push(sender, ls, g, 1)
+    first = push_round(sender, ls, g, 1)
     # the first push: every block on the reliable channel, encoded (not one dense message)
     assert len(first) == 4 and {m.channel for m in first} == {0}
-    for msgs in (first, _push(sender, ls, g, 2)):
+    for msgs in (first, push_round(sender, ls, g, 2)):
         for m in msgs:
             assert m.meta["codec"] == "bsc" and m.meta["n"] == 1024
             assert m.payloads[0].num_elements <= 10          # floor(1024 * 0.01)
@@ -113,7 +72,7 @@ def test_bsc_blocks_below_the_size_bound_are_still_sparse():
     assert ev[-1]["codec"] == "bsc" and sum(ev[-1]["dense_bytes"]) == 4096 * 4
     assert sum(ev[-1]["bytes"]) < sum(ev[-1]["dense_bytes"]) / 8
     # a tensor below the bound travels as dense blocks, as without a codec
-    small = _push(sender, ls, g[:1000], 1, key=1)
+    small = push_round(sender, ls, g[:1000], 1, key=1)
     assert len(small) == 1 and "codec" not in small[0].meta and DGT_META not in small[0].meta
 
 
@@ -123,7 +82,7 @@ def test_onebit_blocks_keep_their_own_residual_and_conserve_the_sum(mode):
     is what was pushed, round after round (nothing double-counted, nothing lost)."""
     s = DgtSettings(mode=mode, block_bytes=256, k=0.5, channels=2, adaptive_k=False)
     sender, rx = DgtSender(s), DgtReceiver(s)
-    ls, gs = _Node({"type": "onebit"}), _Node({"type": "onebit"}, "gs:0")
+    ls, gs = FakeSchedContext({"type": "onebit"}), FakeSchedContext({"type": "onebit"}, "gs:0")
     rng = np.random.default_rng(1)
     like = np.zeros(1000, dtype=np.float32)     # 16 blocks of 64 values, the last of 40
     pushed = np.zeros(1000, dtype=np.float64)
@@ -131,7 +90,7 @@ def test_onebit_blocks_keep_their_own_residual_and_conserve_the_sum(mode):
     for r in range(1, 9):
         g = (rng.normal(size=1000) * np.linspace(0.1, 2, 1000)).astype(np.float32)
         pushed += g
-        msgs = _push(sender, ls, g, r)
+        msgs = push_round(sender, ls, g, r)
         assert all(m.meta["codec"] == "onebit" for m in msgs)
         got += _deliver(rx, gs, msgs, like)
     residual = np.zeros(1000, dtype=np.float64)
@@ -147,16 +106,16 @@ def test_block_codec_states_survive_a_checkpoint():
     """A sender restored from another's state_dict sends the same next push, bit for bit."""
     s = DgtSettings(mode="udp", block_bytes=1024, k=0.5, channels=3, adaptive_k=False)
     cfg = {"type": "bsc", "threshold": 0.05, "size_lower_bound": 1000}
-    a, ls_a = DgtSender(s), _Node(cfg)
+    a, ls_a = DgtSender(s), FakeSchedContext(cfg)
     rng = np.random.default_rng(2)
     grads = [rng.normal(size=3000).astype(np.float32) for _ in range(4)]
     for r, g in enumerate(grads[:3], start=1):
-        _push(a, ls_a, g, r)
+        push_round(a, ls_a, g, r)
     state = a.state_dict()
     assert state["block_codec"]["config"]["type"] == "bsc"
-    b, ls_b = DgtSender(s), _Node(cfg)
+    b, ls_b = DgtSender(s), FakeSchedContext(cfg)
     b.load_state_dict(state)
-    ma, mb = _push(a, ls_a, grads[3], 4), _push(b, ls_b, grads[3], 4)
+    ma, mb = push_round(a, ls_a, grads[3], 4), push_round(b, ls_b, grads[3], 4)
     assert [(m.channel, m.meta[DGT_META]) for m in ma] == [(m.channel, m.meta[DGT_META])
                                                            for m in mb]
     for x, y in zip(ma, mb):
@@ -168,9 +127,9 @@ def test_a_new_codec_starts_the_block_states_afresh():
     s = DgtSettings(mode="tcp", block_bytes=256, adaptive_k=False)
     sender = DgtSender(s)
     g = np.ones(500, dtype=np.float32)
-    _push(sender, _Node({"type": "onebit"}), g, 1)
+    push_round(sender, FakeSchedContext({"type": "onebit"}), g, 1)
     assert sender.coder.states and sender.coder.config["type"] == "onebit"
-    _push(sender, _Node({"type": "bsc", "threshold": 0.1, "size_lower_bound": 0}), g, 2)
+    push_round(sender, FakeSchedContext({"type": "bsc", "threshold": 0.1, "size_lower_bound": 0}), g, 2)
     assert sender.coder.config["type"] == "bsc"
     assert all(st.v is not None for st in sender.coder.states.values())
 
