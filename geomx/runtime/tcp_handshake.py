@@ -20,10 +20,9 @@ a message, so the exchange has a module of its own. It owns
 * the accepting side's limits (:func:`limits_of`): the WELCOME says the longest frame
   and the largest message it takes, and the dialling side's connection keeps them
   (:class:`~geomx.runtime.tcp_conn.Conn`'s ``peer_max_*``) for its sender;
-* a shared-memory ring (:mod:`geomx.runtime.shm_ring`): the HELLO may offer the
-  sender's ring (``shm``); once the peer is authenticated the accepting side asks its
-  ``attach_ring`` callback to map it and answers ``shm: true`` or ``false`` in the
-  WELCOME; on ``true`` both ends of the connection attach it.
+* no shared-memory ring: one is offered later on the open connection, when its sender
+  first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"), so a
+  connection that carries only small messages never holds one.
 
 The cryptography (nonces, HMAC proofs, constant-time compare) is
 :mod:`geomx.runtime.security`'s; the frames are :mod:`geomx.runtime.framing`'s; the
@@ -96,36 +95,17 @@ def limits_of(conn: Conn) -> dict[str, int]:
 
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                            secret: bytes | None, host: str, port: int,
-                           session: str | None = None,
-                           new_ring: Callable[[], Any] | None = None) -> tuple[int, str]:
+                           session: str | None = None) -> tuple[int, str]:
     """Handshake as node ``name`` dialling ``peer`` at ``host:port`` on ``channel``.
 
     Opens ``proto`` on success; raises :class:`HandshakeRefused` (or ConnectionError if
     the connection closes) otherwise. With a ``session`` (a resumable stream), returns
     the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
-    and the peer's incarnation; ``(0, "")`` without one. ``new_ring()`` makes a
-    :class:`~geomx.runtime.shm_ring.SendRing` (or None) for the HELLO to offer; ``proto``
-    is attached to it if the peer maps it, and it is closed otherwise.
+    and the peer's incarnation; ``(0, "")`` without one.
     """
-    ring = new_ring() if new_ring is not None else None
-    try:
-        resumed = await _client_handshake(proto, name=name, peer=peer, channel=channel,
-                                          secret=secret, host=host, port=port,
-                                          session=session, ring=ring)
-    finally:
-        if ring is not None and proto.shm is not ring:
-            ring.close()  # not taken by the peer (once taken, the connection closes it)
-    return resumed
-
-
-async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
-                            secret: bytes | None, host: str, port: int,
-                            session: str | None, ring: Any) -> tuple[int, str]:
     ch = channel
     where = f"{peer!r} at {host}:{port}"
     fields: dict[str, Any] = {"sess": session} if session is not None else {}
-    if ring is not None:
-        fields["shm"] = ring.offer()
     proto.write(control_frame(FrameType.HELLO, v=HANDSHAKE_VERSION, name=name, to=peer,
                               ch=ch, auth=secret is not None, **fields))
     ftype, body = await next_control(proto)
@@ -176,26 +156,19 @@ async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
             raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
                                    f"resumes (ack={ack!r}, inc={inc!r})")
         resumed = (ack, inc)
-    if ring is not None and body.get("shm") is True:
-        ring.attached()
-        proto.attach_ring(ring)
     proto.open(peer, ch, **limits)
     return resumed
 
 
 async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeout_s: float,
                           rejects: RejectLog, on_refused: Callable[[], None],
-                          resume: Callable[[Conn, str, int, str], dict] | None = None,
-                          attach_ring: Callable[[Conn, Any], bool] | None = None) -> None:
+                          resume: Callable[[Conn, str, int, str], dict] | None = None) -> None:
     """Answer the handshake on the accepted connection ``conn`` as node ``name``.
 
     Opens ``conn`` on success. A HELLO with a session id asks to resume a stream:
     ``resume(conn, peer, channel, session)`` -- called only once the peer is
     authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
-    is refused). A HELLO offering a shared-memory ring (``shm``) has
-    ``attach_ring(conn, offer)`` -- also called only once the peer is authenticated --
-    map it and attach ``conn`` to it; its True or False is the WELCOME's ``shm``
-    (without ``attach_ring``: False). A refusal is logged in ``rejects`` (by category),
+    is refused). A refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -243,13 +216,13 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                 if not security.verify(expected, mac):
                     raise Refuse("wrong shared secret", "auth", "authentication failed")
                 proof = security.server_proof(secret, ns, nc, claimed, name, ch)
-                extra = {**(resume(conn, claimed, ch, session) if session is not None
-                            else {}), **_ring_answer(conn, hello, attach_ring)}
+                extra = (resume(conn, claimed, ch, session) if session is not None
+                         else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(),
                                          **limits_of(conn), **extra))
             else:
-                extra = {**(resume(conn, claimed, ch, session) if session is not None
-                            else {}), **_ring_answer(conn, hello, attach_ring)}
+                extra = (resume(conn, claimed, ch, session) if session is not None
+                         else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, **limits_of(conn),
                                          **extra))
             conn.open(claimed, ch)
@@ -277,12 +250,3 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
         else:
             log.debug("%s: connection from %s closed during the handshake: %s", name,
                       conn.label, e)
-
-
-def _ring_answer(conn: Conn, hello: dict,
-                 attach_ring: Callable[[Conn, Any], bool] | None) -> dict[str, bool]:
-    """The WELCOME's ``shm`` field: whether the ring the HELLO offered is attached."""
-    offer = hello.get("shm")
-    if offer is None:
-        return {}
-    return {"shm": attach_ring is not None and attach_ring(conn, offer)}
