@@ -258,6 +258,9 @@ class Conn(asyncio.BufferedProtocol):
 
     def _on_ring_offer(self, body: Body) -> None:
         """A SHM_OFFER: map the peer's ring if the transport takes it, and answer."""
+        if not self.incoming:
+            raise FramingError("a shared-memory ring offer on an outgoing connection",
+                               "protocol")
         if self.shm_asked:
             raise FramingError("a second shared-memory ring offer", "protocol")
         self.shm_asked = True
@@ -443,12 +446,12 @@ class Conn(asyncio.BufferedProtocol):
             except ValueError as e:
                 raise FramingError(str(e), "protocol") from None
             return
-        if ftype == FrameType.SHM_OFFER and self.state == OPEN and self.incoming:
+        if ftype == FrameType.SHM_OFFER and self.state == OPEN:
             if flags:
                 raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
             self._on_ring_offer(body)
             return
-        if ftype == FrameType.SHM_ANSWER and self.state == OPEN and self.out is not None:
+        if ftype == FrameType.SHM_ANSWER and self.state == OPEN:
             if flags:
                 raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
             self._on_ring_answer(body)
