@@ -66,7 +66,9 @@ Same-host pieces
 ----------------
 A connection's sender asks for a shared-memory ring (:mod:`geomx.runtime.shm_ring`)
 when it first has a message large enough for one to write, never before (a connection
-that only carries small messages holds no ring), and at most once per connection::
+that only carries small messages holds no ring), at most once per connection, and only
+where both handshake frames said ``shm: true`` (:mod:`geomx.runtime.tcp_handshake`;
+elsewhere these are unknown frame types)::
 
     SHM_OFFER  body = JSON {"shm": the ring's offer} (sender -> receiver)
     SHM_ANSWER body = u8 1 (mapped) or 0 (declined) (receiver -> sender)

@@ -723,7 +723,8 @@ class TcpTransport:
     async def _serve_handshake(self, conn: Conn) -> None:
         await serve_handshake(conn, name=self.name, secret=self.secret,
                               timeout_s=self.handshake_timeout_s, rejects=self._rejects,
-                              on_refused=self._count_refused, resume=self._streams.attach)
+                              on_refused=self._count_refused, resume=self._streams.attach,
+                              rings=self.shm_ring_bytes != 0)
 
     def _count_refused(self) -> None:
         self._refused += 1

@@ -164,6 +164,9 @@ class Conn(asyncio.BufferedProtocol):
         #: the shared-memory ring its stream pieces may pass through (geomx.runtime.shm_ring):
         #: the SendRing it writes (outgoing) or the peer's RecvRing it reads (incoming)
         self.shm: Any = None
+        #: whether both ends agreed in the handshake that a ring may be offered later
+        #: (without it the ring frames are unknown frames)
+        self.shm_ok = False
         #: whether a ring was offered on this connection (at most once, by the sender)
         self.shm_asked = False
         self._ring_offer: Any = None  # the SendRing offered, until the peer answers
@@ -258,9 +261,6 @@ class Conn(asyncio.BufferedProtocol):
 
     def _on_ring_offer(self, body: Body) -> None:
         """A SHM_OFFER: map the peer's ring if the transport takes it, and answer."""
-        if not self.incoming:
-            raise FramingError("a shared-memory ring offer on an outgoing connection",
-                               "protocol")
         if self.shm_asked:
             raise FramingError("a second shared-memory ring offer", "protocol")
         self.shm_asked = True
@@ -446,12 +446,14 @@ class Conn(asyncio.BufferedProtocol):
             except ValueError as e:
                 raise FramingError(str(e), "protocol") from None
             return
-        if ftype == FrameType.SHM_OFFER and self.state == OPEN:
+        if ftype == FrameType.SHM_OFFER and self.state == OPEN and self.shm_ok \
+                and self.incoming:
             if flags:
                 raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
             self._on_ring_offer(body)
             return
-        if ftype == FrameType.SHM_ANSWER and self.state == OPEN:
+        if ftype == FrameType.SHM_ANSWER and self.state == OPEN and self.shm_ok \
+                and not self.incoming:
             if flags:
                 raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
             self._on_ring_answer(body)

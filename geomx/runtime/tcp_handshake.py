@@ -20,9 +20,13 @@ a message, so the exchange has a module of its own. It owns
 * the accepting side's limits (:func:`limits_of`): the WELCOME says the longest frame
   and the largest message it takes, and the dialling side's connection keeps them
   (:class:`~geomx.runtime.tcp_conn.Conn`'s ``peer_max_*``) for its sender;
-* no shared-memory ring: one is offered later on the open connection, when its sender
-  first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"), so a
-  connection that carries only small messages never holds one.
+* whether shared-memory rings may be offered later (:mod:`geomx.runtime.shm_ring`):
+  the HELLO says ``shm: true`` where the dialling side could offer one, the WELCOME
+  ``shm: true`` where the accepting side would look at one; both set the connection's
+  ``shm_ok``. No ring is made here: one is offered on the open connection when its
+  sender first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"),
+  so a connection that carries only small messages never holds one, and on a
+  connection that did not agree to rings the ring frames are unknown frames.
 
 The cryptography (nonces, HMAC proofs, constant-time compare) is
 :mod:`geomx.runtime.security`'s; the frames are :mod:`geomx.runtime.framing`'s; the
@@ -95,17 +99,20 @@ def limits_of(conn: Conn) -> dict[str, int]:
 
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                            secret: bytes | None, host: str, port: int,
-                           session: str | None = None) -> tuple[int, str]:
+                           session: str | None = None, rings: bool = False) -> tuple[int, str]:
     """Handshake as node ``name`` dialling ``peer`` at ``host:port`` on ``channel``.
 
     Opens ``proto`` on success; raises :class:`HandshakeRefused` (or ConnectionError if
     the connection closes) otherwise. With a ``session`` (a resumable stream), returns
     the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
-    and the peer's incarnation; ``(0, "")`` without one.
+    and the peer's incarnation; ``(0, "")`` without one. ``rings``: this side could
+    offer a shared-memory ring later (``proto.shm_ok`` is set if the peer agrees).
     """
     ch = channel
     where = f"{peer!r} at {host}:{port}"
     fields: dict[str, Any] = {"sess": session} if session is not None else {}
+    if rings:
+        fields["shm"] = True
     proto.write(control_frame(FrameType.HELLO, v=HANDSHAKE_VERSION, name=name, to=peer,
                               ch=ch, auth=secret is not None, **fields))
     ftype, body = await next_control(proto)
@@ -156,19 +163,22 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
             raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
                                    f"resumes (ack={ack!r}, inc={inc!r})")
         resumed = (ack, inc)
+    proto.shm_ok = rings and body.get("shm") is True
     proto.open(peer, ch, **limits)
     return resumed
 
 
 async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeout_s: float,
                           rejects: RejectLog, on_refused: Callable[[], None],
-                          resume: Callable[[Conn, str, int, str], dict] | None = None) -> None:
+                          resume: Callable[[Conn, str, int, str], dict] | None = None,
+                          rings: bool = False) -> None:
     """Answer the handshake on the accepted connection ``conn`` as node ``name``.
 
     Opens ``conn`` on success. A HELLO with a session id asks to resume a stream:
     ``resume(conn, peer, channel, session)`` -- called only once the peer is
     authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
-    is refused). A refusal is logged in ``rejects`` (by category),
+    is refused). ``rings``: this side maps shared-memory rings; a HELLO with ``shm: true``
+    is then answered ``shm: true`` and ``conn.shm_ok`` set. A refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -219,12 +229,13 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                 extra = (resume(conn, claimed, ch, session) if session is not None
                          else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(),
-                                         **limits_of(conn), **extra))
+                                         **limits_of(conn), **extra,
+                                         **_rings_answer(conn, hello, rings)))
             else:
                 extra = (resume(conn, claimed, ch, session) if session is not None
                          else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, **limits_of(conn),
-                                         **extra))
+                                         **extra, **_rings_answer(conn, hello, rings)))
             conn.open(claimed, ch)
     except Refuse as r:
         on_refused()
@@ -250,3 +261,10 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
         else:
             log.debug("%s: connection from %s closed during the handshake: %s", name,
                       conn.label, e)
+
+
+def _rings_answer(conn: Conn, hello: dict, rings: bool) -> dict[str, bool]:
+    """The WELCOME's ``shm``: whether the peer may offer this side a ring later (sets
+    ``conn.shm_ok``)."""
+    conn.shm_ok = rings and hello.get("shm") is True
+    return {"shm": True} if conn.shm_ok else {}

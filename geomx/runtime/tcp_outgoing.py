@@ -88,6 +88,7 @@ class OutgoingOwner(ConnOwner, Protocol):
     connect_timeout_s: float
     reconnect_timeout_s: float
     handshake_timeout_s: float
+    shm_ring_bytes: int
     closed: bool
 
     @property
@@ -247,7 +248,11 @@ class Outgoing:
                 ack, inc = await asyncio.wait_for(
                     client_handshake(proto, name=tr.name, peer=self.peer, channel=self.channel,
                                      secret=tr.secret, host=host, port=port,
-                                     session=self.window.session),
+                                     session=self.window.session,
+                                     # a same-host peer may take large pieces through
+                                     # shared memory (unshaped traffic only: a shaped
+                                     # link paces every byte)
+                                     rings=self.link is None and tr.shm_ring_bytes != 0),
                     timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
             except HandshakeRefused:
                 if proto is not None:
@@ -395,7 +400,7 @@ class Outgoing:
                 # a message a ring carries, or that first asks for one, goes through the
                 # writer
                 and (nbytes - PREAMBLE_BYTES < RING_MIN_MESSAGE_BYTES
-                     or (proto.shm is None and proto.shm_asked)))
+                     or (proto.shm is None and (proto.shm_asked or not proto.shm_ok))))
 
     def write_direct(self, frames: list, nbytes: int) -> None:
         """Write at once, without waiting (see :meth:`idle_unshaped`).
@@ -586,10 +591,9 @@ class Outgoing:
                 wire, wire_nbytes = frames, nbytes
                 ring = proto.shm
                 large = nbytes - PREAMBLE_BYTES >= RING_MIN_MESSAGE_BYTES
-                if ring is None and large and not proto.shm_asked and self.link is None:
+                if ring is None and large and proto.shm_ok and not proto.shm_asked:
                     # the connection's first large message: a same-host peer may take
-                    # it through shared memory (unshaped traffic only: a shaped link
-                    # paces every byte)
+                    # it through shared memory
                     ring = await ask_for_ring(proto, self.tr.new_ring)
                     if proto.state != OPEN:
                         raise ConnectionError(f"connection to {self.peer!r} lost")

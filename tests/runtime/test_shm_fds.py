@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from geomx.runtime.framing import (PREAMBLE, FrameType, control_frame, pack_preamble,
-                                   shm_answer_frame)
+)
 from geomx.runtime.shm_ring import (MIN_RING_BYTES, RING_MIN_MESSAGE_BYTES, RingBudget,
                                     SendRing, default_max_rings)
 from geomx.runtime.tcp import TcpTransport, parse_address
@@ -103,9 +103,9 @@ def test_small_messages_never_make_a_ring_and_the_first_large_one_does():
     arun(main())
 
 
-def test_a_declined_offer_leaves_no_ring_and_is_not_made_again():
-    """The receiver has rings off: the first large message asks, is declined and takes
-    the socket; the ring and its fd are gone, and later large messages do not ask again."""
+def test_a_receiver_without_rings_is_never_offered_one():
+    """The receiver has rings off (its WELCOME says so): no large message asks, none
+    is ever made, and every value takes the socket."""
     async def main():
         a = TcpTransport("a", udp=False)
         b = TcpTransport("b", udp=False, shm_ring_bytes=0)
@@ -127,15 +127,21 @@ def test_a_declined_offer_leaves_no_ring_and_is_not_made_again():
     arun(main())
 
 
-async def _raw_open(victim: TcpTransport) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _raw_open(victim: TcpTransport, rings: bool):
+    """A stranger's connection to ``victim``, its HELLO saying it may offer rings or not."""
     host, port = parse_address(victim.local_address())
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(control_frame(FrameType.HELLO, v=1, name="x", to="victim", ch=0,
-                               auth=False))
-    _, ftype, _, n = PREAMBLE.unpack(await reader.readexactly(PREAMBLE.size))
+                               auth=False, **({"shm": True} if rings else {})))
+    ftype, welcome = await _read_frame(reader)
     assert ftype == FrameType.WELCOME
-    await reader.readexactly(n)
+    assert json.loads(welcome).get("shm") is (True if rings else None)
     return reader, writer
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    _, ftype, _, n = PREAMBLE.unpack(await reader.readexactly(PREAMBLE.size))
+    return ftype, await reader.readexactly(n)
 
 
 def _offer_frame(offer: object) -> bytes:
@@ -143,25 +149,32 @@ def _offer_frame(offer: object) -> bytes:
     return pack_preamble(FrameType.SHM_OFFER, len(body)) + body
 
 
-@pytest.mark.parametrize("what", ["second_offer", "unasked_answer"])
-def test_a_peer_cannot_offer_twice_or_answer_what_was_not_offered(what):
-    """A stranger's first offer is answered (no: not a ring of this host); a second
-    offer on the connection, or a SHM_ANSWER sent to the accepting side, closes it as a
-    protocol error; the victim maps nothing."""
+def test_a_peer_offers_one_ring_at_most_and_only_where_the_handshake_agreed():
+    """A stranger whose HELLO said nothing of rings: its offer (of a genuine ring) is an
+    unknown frame, skipped and never mapped. One whose HELLO did: its first offer is
+    answered (no: not a ring of this host), a second one closes the connection as a
+    protocol error. The victim maps nothing either way."""
     async def main():
         victim = TcpTransport("victim", udp=False)
         await victim.start()
-        reader, writer = await _raw_open(victim)
         ring = SendRing(MIN_RING_BYTES)
-        fake = {**ring.offer(), "host": "elsewhere"}
-        writer.write(_offer_frame(fake))
-        _, ftype, _, n = PREAMBLE.unpack(await reader.readexactly(PREAMBLE.size))
-        assert ftype == FrameType.SHM_ANSWER and await reader.readexactly(n) == b"\x00"
-        writer.write(_offer_frame(ring.offer()) if what == "second_offer"
-                     else shm_answer_frame(True))
+
+        reader, writer = await _raw_open(victim, rings=False)
+        writer.write(_offer_frame(ring.offer()))
+        deadline = time.monotonic() + 10
+        while not victim.stats()["rejected"].get("unknown_frame_type"):
+            assert time.monotonic() < deadline, victim.stats()["rejected"]
+            await asyncio.sleep(0.01)
+        assert victim.stats()["shm"]["rings_in"] == 0
+        writer.close()
+
+        reader, writer = await _raw_open(victim, rings=True)
+        writer.write(_offer_frame({**ring.offer(), "host": "elsewhere"}))
+        assert await _read_frame(reader) == (FrameType.SHM_ANSWER, b"\x00")
+        writer.write(_offer_frame(ring.offer()))
         assert await asyncio.wait_for(reader.read(), 10) == b""  # closed
         st = victim.stats()
-        assert st["rejected"].get("protocol", 0) >= 1, st["rejected"]
+        assert st["rejected"].get("protocol", 0) == 1, st["rejected"]
         assert st["shm"]["rings_in"] == 0 and st["shm"]["mapped_bytes"] == 0
         assert st["shm"]["refused_offers"] == 1
         writer.close()
