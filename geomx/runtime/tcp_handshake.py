@@ -21,9 +21,11 @@ a message, so the exchange has a module of its own. It owns
   and the largest message it takes, and the dialling side's connection keeps them
   (:class:`~geomx.runtime.tcp_conn.Conn`'s ``peer_max_*``) for its sender;
 * whether shared-memory rings may be offered later (:mod:`geomx.runtime.shm_ring`):
-  the HELLO says ``shm: true`` where the dialling side could offer one, the WELCOME
-  ``shm: true`` where the accepting side would look at one; both set the connection's
-  ``shm_ok``. No ring is made here: one is offered on the open connection when its
+  the HELLO names the dialling side's host identity (``shm``,
+  :func:`~geomx.runtime.shm_ring.host_identity`) where it could offer one, the WELCOME
+  says ``shm: true`` where the accepting side would map one and shares that identity
+  (same host, namespaces and user: a peer elsewhere is never offered a ring, so its
+  first large message waits for no answer); both set the connection's ``shm_ok``. No ring is made here: one is offered on the open connection when its
   sender first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"),
   so a connection that carries only small messages never holds one, and on a
   connection that did not agree to rings the ring frames are unknown frames.
@@ -42,6 +44,7 @@ from typing import Any
 
 from geomx.runtime import security
 from geomx.runtime.framing import FrameType, RejectLog, control_frame, parse_control
+from geomx.runtime.shm_ring import host_identity
 from geomx.runtime.tcp_conn import Conn
 from geomx.runtime.tcp_resume import SESSION_BYTES
 from geomx.wire import UNRELIABLE_BASE
@@ -112,7 +115,7 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
     where = f"{peer!r} at {host}:{port}"
     fields: dict[str, Any] = {"sess": session} if session is not None else {}
     if rings:
-        fields["shm"] = True
+        fields["shm"] = host_identity()
     proto.write(control_frame(FrameType.HELLO, v=HANDSHAKE_VERSION, name=name, to=peer,
                               ch=ch, auth=secret is not None, **fields))
     ftype, body = await next_control(proto)
@@ -177,8 +180,8 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
     Opens ``conn`` on success. A HELLO with a session id asks to resume a stream:
     ``resume(conn, peer, channel, session)`` -- called only once the peer is
     authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
-    is refused). ``rings``: this side maps shared-memory rings; a HELLO with ``shm: true``
-    is then answered ``shm: true`` and ``conn.shm_ok`` set. A refusal is logged in ``rejects`` (by category),
+    is refused). ``rings``: this side maps shared-memory rings; a HELLO with ``shm``
+    naming this host's identity is then answered ``shm: true`` and ``conn.shm_ok`` set. A refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -265,6 +268,7 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
 
 def _rings_answer(conn: Conn, hello: dict, rings: bool) -> dict[str, bool]:
     """The WELCOME's ``shm``: whether the peer may offer this side a ring later (sets
-    ``conn.shm_ok``)."""
-    conn.shm_ok = rings and hello.get("shm") is True
+    ``conn.shm_ok``): this side maps rings and the peer is on this host, in its
+    namespaces, as its user."""
+    conn.shm_ok = rings and hello.get("shm") == host_identity()
     return {"shm": True} if conn.shm_ok else {}

@@ -21,7 +21,7 @@ import pytest
 from geomx.runtime.framing import (PREAMBLE, FrameType, control_frame, pack_preamble,
 )
 from geomx.runtime.shm_ring import (MIN_RING_BYTES, RING_MIN_MESSAGE_BYTES, RingBudget,
-                                    SendRing, default_max_rings)
+                                    SendRing, default_max_rings, host_identity)
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload
 from tests.helpers.aio import arun
@@ -127,15 +127,15 @@ def test_a_receiver_without_rings_is_never_offered_one():
     arun(main())
 
 
-async def _raw_open(victim: TcpTransport, rings: bool):
-    """A stranger's connection to ``victim``, its HELLO saying it may offer rings or not."""
+async def _raw_open(victim: TcpTransport, hello_shm: str | None):
+    """A stranger's connection to ``victim``, its HELLO's ``shm`` ``hello_shm``."""
     host, port = parse_address(victim.local_address())
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(control_frame(FrameType.HELLO, v=1, name="x", to="victim", ch=0,
-                               auth=False, **({"shm": True} if rings else {})))
+                               auth=False, **({"shm": hello_shm} if hello_shm else {})))
     ftype, welcome = await _read_frame(reader)
     assert ftype == FrameType.WELCOME
-    assert json.loads(welcome).get("shm") is (True if rings else None)
+    assert json.loads(welcome).get("shm") is (True if hello_shm == host_identity() else None)
     return reader, writer
 
 
@@ -150,8 +150,8 @@ def _offer_frame(offer: object) -> bytes:
 
 
 def test_a_peer_offers_one_ring_at_most_and_only_where_the_handshake_agreed():
-    """A stranger whose HELLO said nothing of rings: its offer (of a genuine ring) is an
-    unknown frame, skipped and never mapped. One whose HELLO did: its first offer is
+    """A stranger whose HELLO said nothing of rings, or named another host: its offer
+    (of a genuine ring) is an unknown frame, skipped and never mapped. One whose HELLO did: its first offer is
     answered (no: not a ring of this host), a second one closes the connection as a
     protocol error. The victim maps nothing either way."""
     async def main():
@@ -159,16 +159,17 @@ def test_a_peer_offers_one_ring_at_most_and_only_where_the_handshake_agreed():
         await victim.start()
         ring = SendRing(MIN_RING_BYTES)
 
-        reader, writer = await _raw_open(victim, rings=False)
-        writer.write(_offer_frame(ring.offer()))
-        deadline = time.monotonic() + 10
-        while not victim.stats()["rejected"].get("unknown_frame_type"):
-            assert time.monotonic() < deadline, victim.stats()["rejected"]
-            await asyncio.sleep(0.01)
-        assert victim.stats()["shm"]["rings_in"] == 0
-        writer.close()
+        for n, hello_shm in enumerate([None, "another-host"], 1):
+            reader, writer = await _raw_open(victim, hello_shm)
+            writer.write(_offer_frame(ring.offer()))
+            deadline = time.monotonic() + 10
+            while victim.stats()["rejected"].get("unknown_frame_type", 0) < n:
+                assert time.monotonic() < deadline, victim.stats()["rejected"]
+                await asyncio.sleep(0.01)
+            assert victim.stats()["shm"]["rings_in"] == 0
+            writer.close()
 
-        reader, writer = await _raw_open(victim, rings=True)
+        reader, writer = await _raw_open(victim, host_identity())
         writer.write(_offer_frame({**ring.offer(), "host": "elsewhere"}))
         assert await _read_frame(reader) == (FrameType.SHM_ANSWER, b"\x00")
         writer.write(_offer_frame(ring.offer()))
