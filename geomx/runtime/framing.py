@@ -64,8 +64,17 @@ A connection that closes mid-stream frees it as a connection closing mid-frame d
 
 Same-host pieces
 ----------------
-Where the connection's handshake set up a shared-memory ring
-(:mod:`geomx.runtime.shm_ring`), a stream's pieces may travel through it instead of the
+A connection's sender asks for a shared-memory ring (:mod:`geomx.runtime.shm_ring`)
+when it first has a message large enough for one to write, never before (a connection
+that only carries small messages holds no ring), at most once per connection, and only
+where both handshake frames said ``shm: true`` (:mod:`geomx.runtime.tcp_handshake`;
+elsewhere these are unknown frame types)::
+
+    SHM_OFFER  body = JSON {"shm": the ring's offer} (sender -> receiver)
+    SHM_ANSWER body = u8 1 (mapped) or 0 (declined) (receiver -> sender)
+
+A second SHM_OFFER on a connection, or a SHM_ANSWER nobody asked for, is a protocol
+error. Once the ring is mapped, a stream's pieces may travel through it instead of the
 socket::
 
     SHM_PIECE  body = u32 stream id, u64 ring position, u32 piece length (16 bytes)
@@ -182,6 +191,8 @@ class FrameType(enum.IntEnum):
     STREAM_PIECE = 10
     SHM_PIECE = 11
     SHM_FREED = 12
+    SHM_OFFER = 13
+    SHM_ANSWER = 14
 
 
 CONTROL_TYPES = frozenset({FrameType.HELLO, FrameType.CHALLENGE, FrameType.AUTH,
@@ -301,6 +312,17 @@ def shm_piece_frame(stream_id: int, pos: int, nbytes: int) -> bytes:
 def shm_freed_frame(pos: int) -> bytes:
     """A SHM_FREED frame: the ring may be written again up to ``pos``."""
     return pack_preamble(FrameType.SHM_FREED, SHM_FREED.size) + SHM_FREED.pack(pos)
+
+
+def shm_offer_frame(offer: dict[str, Any]) -> bytes:
+    """A SHM_OFFER frame: the sender's ring (:meth:`geomx.runtime.shm_ring.SendRing.offer`)."""
+    body = json.dumps({"shm": offer}, separators=(",", ":"), sort_keys=True).encode()
+    return pack_preamble(FrameType.SHM_OFFER, len(body)) + body
+
+
+def shm_answer_frame(taken: bool) -> bytes:
+    """A SHM_ANSWER frame: whether the receiver mapped the offered ring."""
+    return pack_preamble(FrameType.SHM_ANSWER, 1) + (b"\x01" if taken else b"\x00")
 
 
 def ack_frame(seq: int) -> bytes:

@@ -10,13 +10,19 @@ twice a ring allreduce's. A ring halves the copies' cost: the sender copies a pi
 the value into shared memory, the receiver copies it out into the buffer the TCP stream
 would have filled, and only a 24-byte reference crosses the socket.
 
-What a ring is: one ``memfd`` per outgoing TCP connection, created and owned by the
-*sending* node (:class:`SendRing`): a 4 KiB header (magic, a random token, the data
-size) and ``ring_bytes`` of data, sealed against shrinking or growing. The HELLO of the
-connection's handshake offers it (:meth:`SendRing.offer`: this host's identity, the
-sender's pid and fd, the size, the token); the receiving node, once the peer is
-authenticated, opens it read-only through ``/proc/<pid>/fd/<fd>`` (:class:`RecvRing`),
-checks the seals, the size and the token, maps it and says yes in its WELCOME. Nothing
+What a ring is: one ``memfd`` per outgoing TCP connection that carries large messages,
+created and owned by the *sending* node (:class:`SendRing`): a 4 KiB header (magic, a
+random token, the data size) and ``ring_bytes`` of data, sealed against shrinking or
+growing. It is made when the connection's writer first has a message of
+:data:`RING_MIN_MESSAGE_BYTES` or more (:func:`geomx.runtime.shm_stream.ask_for_ring`),
+never when the connection opens, so a connection that only carries small messages (a
+scheduler's, a heartbeat's) costs neither side a ring. A SHM_OFFER frame on the open,
+authenticated connection offers it (:meth:`SendRing.offer`: this host's identity, the
+sender's pid and fd, the size, the token); the receiving node opens it read-only
+through ``/proc/<pid>/fd/<fd>`` (:class:`RecvRing`), checks the seals, the size and
+the token, maps it, closes the fd it opened and says yes in a SHM_ANSWER frame; the
+sender then closes its own fd (:meth:`SendRing.attached`), which it kept only for the
+receiver to open the ring by. Nothing
 is ever named in ``/dev/shm``: the memory is freed by the kernel when the sender's
 mapping and the receiver's are both gone, whichever way the processes end, ``kill -9``
 included.
@@ -39,10 +45,13 @@ budget of mapped ring bytes (:class:`RingBudget`) is spent; ``[real] shm = false
 the connection carries its messages as before.
 
 What a stranger can make a node hold: a receiver maps rings only for authenticated
-(or, without a secret, handshaken) connections, at most ``max_mapped_bytes`` over all
-of them, and each ring is the sender's memory; the bytes a piece is copied into are the
-same receive buffer, within the same budget, as a TCP stream's. Each mapped ring also
-holds one file descriptor on each side (``mmap`` keeps a duplicate of the one it mapped).
+(or, without a secret, handshaken) connections, one per connection at most, at most
+``max_mapped_bytes`` and :func:`default_max_rings` rings over all of them
+(:class:`RingBudget`), and each ring is the sender's memory; the bytes a piece is
+copied into are the same receive buffer, within the same budget, as a TCP stream's.
+File descriptors: from Python 3.13 a mapped ring holds none (``mmap(trackfd=False)``);
+before, ``mmap`` keeps a duplicate of the fd it mapped, so a ring holds one on each
+side -- and the count bound keeps the receiver's within a quarter of its fd limit.
 """
 
 from __future__ import annotations
@@ -51,13 +60,15 @@ import asyncio
 import fcntl
 import mmap
 import os
+import resource
 import secrets
 import struct
+import sys
 from typing import Any
 
 __all__ = ["SendRing", "RecvRing", "RingBudget", "RingRefused", "host_identity",
            "DEFAULT_RING_BYTES", "DEFAULT_MAX_MAPPED_BYTES", "MIN_RING_BYTES",
-           "RING_MIN_MESSAGE_BYTES"]
+           "RING_MIN_MESSAGE_BYTES", "default_max_rings"]
 
 #: Data bytes of one ring: eight 4 MiB pieces in flight, enough for the copy into the
 #: ring and the copy out of it to overlap on two cores.
@@ -65,9 +76,9 @@ DEFAULT_RING_BYTES = 32 << 20
 #: The smallest ring a transport makes or maps (a piece of 64 KiB at least).
 MIN_RING_BYTES = 64 << 10
 #: Ring bytes a receiver maps over all its incoming connections at once: 512 default
-#: rings. Every outgoing connection offers one (which will carry large values is not
-#: known when it opens), so this counts address space, not memory: a page of a ring is
-#: the sender's, and only the pages a value passed through are ever touched.
+#: rings. Only connections that carry large messages offer one; this counts address
+#: space, not memory: a page of a ring is the sender's, and only the pages a value
+#: passed through are ever touched.
 DEFAULT_MAX_MAPPED_BYTES = 16 << 30
 #: Messages shorter than this take the socket even where a ring is open: below it the
 #: two extra frames cost about what the kernel's copies do.
@@ -83,6 +94,20 @@ _HEADER = struct.Struct(f"<8s{_TOKEN_BYTES}sQ")
 #: the seals a ring carries (Linux only: elsewhere no ring is made or mapped)
 _SEALS = (getattr(fcntl, "F_SEAL_SHRINK", 0) | getattr(fcntl, "F_SEAL_GROW", 0)
           | getattr(fcntl, "F_SEAL_SEAL", 0))
+#: mmap keeps no duplicate of the fd it maps (Python 3.13 on; the rings never resize)
+_MMAP_NO_FD = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
+def default_max_rings() -> int:
+    """Rings a receiver maps at once unless told otherwise: a quarter of its soft limit
+    on open files (each ring may hold one, module docstring), at least 1, at most 4096."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        soft = 1024
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        soft = 1 << 14
+    return max(1, min(4096, soft // 4))
 
 
 class RingRefused(Exception):
@@ -132,7 +157,7 @@ class SendRing:
         try:
             os.ftruncate(fd, HEADER_BYTES + self.size)
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            self._map = mmap.mmap(fd, HEADER_BYTES + self.size)
+            self._map = mmap.mmap(fd, HEADER_BYTES + self.size, **_MMAP_NO_FD)
         except BaseException:
             os.close(fd)
             raise
@@ -212,22 +237,29 @@ class SendRing:
 
 
 class RingBudget:
-    """Ring bytes a receiver has mapped, over its incoming connections (module docstring)."""
+    """Ring bytes and rings a receiver has mapped, over its incoming connections (module
+    docstring): at most ``limit_bytes`` and ``limit_rings`` (default
+    :func:`default_max_rings`)."""
 
-    __slots__ = ("limit_bytes", "used_bytes")
+    __slots__ = ("limit_bytes", "used_bytes", "limit_rings", "rings")
 
-    def __init__(self, limit_bytes: int = DEFAULT_MAX_MAPPED_BYTES):
+    def __init__(self, limit_bytes: int = DEFAULT_MAX_MAPPED_BYTES,
+                 limit_rings: int | None = None):
         self.limit_bytes = limit_bytes
         self.used_bytes = 0
+        self.limit_rings = default_max_rings() if limit_rings is None else limit_rings
+        self.rings = 0
 
     def take(self, nbytes: int) -> bool:
-        if self.used_bytes + nbytes > self.limit_bytes:
+        if self.used_bytes + nbytes > self.limit_bytes or self.rings >= self.limit_rings:
             return False
         self.used_bytes += nbytes
+        self.rings += 1
         return True
 
     def give(self, nbytes: int) -> None:
         self.used_bytes -= nbytes
+        self.rings -= 1
 
 
 class RecvRing:
@@ -261,8 +293,9 @@ class RecvRing:
         if len(token_b) != _TOKEN_BYTES:
             raise RingRefused("bad ring token")
         if not budget.take(size):
-            raise RingRefused(f"{budget.used_bytes} ring bytes mapped already (limit "
-                              f"{budget.limit_bytes})")
+            raise RingRefused(f"{budget.rings} rings of {budget.used_bytes} bytes mapped "
+                              f"already (limits {budget.limit_rings} rings, "
+                              f"{budget.limit_bytes} bytes)")
         try:
             self._map = _open_ring(pid, fd, size, token_b)
         except BaseException:
@@ -330,7 +363,7 @@ def _open_ring(pid: int, fd: int, size: int, token: bytes) -> mmap.mmap:
             raise RingRefused("the peer's ring is not sealed against resizing")
         if os.fstat(ours).st_size != HEADER_BYTES + size:
             raise RingRefused("the peer's ring is not of the announced size")
-        m = mmap.mmap(ours, HEADER_BYTES + size, prot=mmap.PROT_READ)
+        m = mmap.mmap(ours, HEADER_BYTES + size, prot=mmap.PROT_READ, **_MMAP_NO_FD)
     finally:
         os.close(ours)
     magic, tok, n = _HEADER.unpack_from(m, 0)

@@ -1,4 +1,10 @@
-"""Writing a large message as a stream whose pieces pass through a shared-memory ring.
+"""Asking for a shared-memory ring, and writing a large message as a stream whose pieces
+pass through it.
+
+A connection's ring is asked for (:func:`ask_for_ring`) when its writer first has a
+message of :data:`~geomx.runtime.shm_ring.RING_MIN_MESSAGE_BYTES` or more, not when it
+opens: a connection that only carries small messages then never holds one (no memory,
+no mapping, no file descriptor on either side).
 
 The receiving side is :class:`geomx.runtime.framing.FrameDecoder` (SHM_PIECE frames,
 module docstring "Same-host pieces"); the ring is :mod:`geomx.runtime.shm_ring`'s; the
@@ -10,10 +16,34 @@ STREAM_HEAD (the wire header) and a 24-byte frame per piece cross the socket.
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, Callable
 
 from geomx.runtime.framing import shm_piece_frame, stream_head
 from geomx.runtime.shm_ring import SendRing
+
+
+#: Seconds the writer waits for the peer's answer to a ring offer before writing the
+#: message through the socket (the answer normally comes within one round trip; a
+#: later one still attaches the ring, for the messages that follow).
+ANSWER_WAIT_S = 2.0
+
+
+async def ask_for_ring(conn: Any, new_ring: Callable[[], SendRing | None]) -> SendRing | None:
+    """Offer the peer of ``conn`` (an open outgoing
+    :class:`~geomx.runtime.tcp_conn.Conn` that has not asked yet) a ring made by
+    ``new_ring`` and wait for its answer: the ring if it mapped it, None if it declined,
+    did not answer in time, or this host makes no rings (the message takes the socket)."""
+    ring = new_ring()
+    if ring is None:
+        conn.shm_asked = True
+        return None
+    answer = conn.offer_ring(ring)
+    try:
+        await asyncio.wait_for(asyncio.shield(answer), ANSWER_WAIT_S)
+    except TimeoutError:
+        return None
+    return conn.shm
 
 
 async def write_ring_stream(conn: Any, ring: SendRing, frames: list, stream_id: int,

@@ -80,10 +80,12 @@ other that drops.
 
 Same-host peers
 ---------------
-Each outgoing connection of an unshaped stream offers its peer a shared-memory ring in
-its handshake (:mod:`geomx.runtime.shm_ring`, ``shm_ring_bytes``, 0 = never); a peer on
-the same host, namespace and user maps it (within ``max_shm_mapped_bytes`` over its
-incoming connections), and the pieces of messages of 1 MiB and more then pass through
+An outgoing connection of an unshaped stream offers its peer a shared-memory ring
+(:mod:`geomx.runtime.shm_ring`, ``shm_ring_bytes``, 0 = never) when it first has a
+message of 1 MiB or more to write, never before: a connection that carries only small
+messages (a scheduler's, most control traffic) holds no ring. A peer on the same host,
+namespace and user maps it (within ``max_shm_mapped_bytes`` and a count of rings over
+its incoming connections), and the pieces of messages of 1 MiB and more then pass through
 it, copied once in by the writer and once out into the stream's destination buffer by
 the receiver (:mod:`geomx.runtime.shm_stream`), with only small frames on the socket.
 Nothing above the transport knows: a message arrives the same either way.
@@ -722,7 +724,7 @@ class TcpTransport:
         await serve_handshake(conn, name=self.name, secret=self.secret,
                               timeout_s=self.handshake_timeout_s, rejects=self._rejects,
                               on_refused=self._count_refused, resume=self._streams.attach,
-                              attach_ring=self.attach_ring)
+                              rings=self.shm_ring_bytes != 0)
 
     def _count_refused(self) -> None:
         self._refused += 1

@@ -14,7 +14,9 @@ same line. This module owns what happens on *one* socket, in either direction:
   transport with their stream, and ACK frames coming back on an outgoing connection go
   to the :class:`~geomx.runtime.tcp_outgoing.Outgoing` writing on it (frame types a
   connection did not negotiate are unknown to it, as any other); where the handshake
-  attached a shared-memory ring (:mod:`geomx.runtime.shm_ring`), the decoder copies
+  attached a shared-memory ring (:mod:`geomx.runtime.shm_ring`; offered by SHM_OFFER
+  when the sender first has a large message, see :mod:`geomx.runtime.framing`, "Same-host
+  pieces"), the decoder copies
   SHM_PIECE frames' bytes out of it, the connection answers SHM_FREED once per read, the
   sending side hands SHM_FREED frames to its ring, and closing unmaps it;
 * :class:`FrameBudget`, the bytes of large frames' bodies (and of streamed messages,
@@ -37,7 +39,8 @@ from typing import Any, Protocol
 
 from geomx.runtime.framing import (CONTROL_TYPES, MAX_CONTROL_FRAME_BYTES, SCRATCH_BYTES,
                                    SEQ, SEQ_BYTES, SHM_FREED, Body, FrameDecoder, FrameType,
-                                   SPLIT_BATCH, FramingError, RejectLog, shm_freed_frame)
+                                   SPLIT_BATCH, FramingError, RejectLog, parse_control,
+                                   shm_answer_frame, shm_freed_frame, shm_offer_frame)
 from geomx.runtime.recv_pool import RecvBufferPool
 from geomx.runtime.tcp_liveness import apply_dead_after
 
@@ -135,6 +138,8 @@ class ConnOwner(Protocol):
 
     def on_seq_frame(self, conn: "Conn", body: Body, flags: int) -> None: ...
 
+    def attach_ring(self, conn: "Conn", offer: Any) -> bool: ...
+
     def route_frame(self, conn: "Conn", ftype: int, first: memoryview,
                     length: int) -> tuple[int, Any] | None: ...
 
@@ -159,6 +164,13 @@ class Conn(asyncio.BufferedProtocol):
         #: the shared-memory ring its stream pieces may pass through (geomx.runtime.shm_ring):
         #: the SendRing it writes (outgoing) or the peer's RecvRing it reads (incoming)
         self.shm: Any = None
+        #: whether both ends agreed in the handshake that a ring may be offered later
+        #: (without it the ring frames are unknown frames)
+        self.shm_ok = False
+        #: whether a ring was offered on this connection (at most once, by the sender)
+        self.shm_asked = False
+        self._ring_offer: Any = None  # the SendRing offered, until the peer answers
+        self._ring_answer: asyncio.Future | None = None
         self.transport: asyncio.Transport | None = None
         self.state = HANDSHAKE
         self.aborted = False
@@ -237,6 +249,43 @@ class Conn(asyncio.BufferedProtocol):
         if self.incoming:
             self.decoder.shm = ring
 
+    def offer_ring(self, ring: Any) -> asyncio.Future:
+        """Offer the peer ``ring`` (a SendRing, outgoing connections only): a future of
+        whether it mapped it, resolved by its SHM_ANSWER (False if the connection closes
+        first). The ring's fd stays open until then, for the peer to open it by."""
+        self.shm_asked = True
+        self._ring_offer = ring
+        fut = self._ring_answer = asyncio.get_running_loop().create_future()
+        self.transport.write(shm_offer_frame(ring.offer()))  # type: ignore[union-attr]
+        return fut
+
+    def _on_ring_offer(self, body: Body) -> None:
+        """A SHM_OFFER: map the peer's ring if the transport takes it, and answer."""
+        if self.shm_asked:
+            raise FramingError("a second shared-memory ring offer", "protocol")
+        self.shm_asked = True
+        try:
+            offer = parse_control(body).get("shm")
+        except ValueError as e:
+            raise FramingError(f"bad ring offer: {e}", "protocol") from None
+        taken = bool(self.tr.attach_ring(self, offer))
+        self.transport.write(shm_answer_frame(taken))  # type: ignore[union-attr]
+
+    def _on_ring_answer(self, body: Body) -> None:
+        """A SHM_ANSWER: attach the offered ring, or close it."""
+        ring, fut = self._ring_offer, self._ring_answer
+        if ring is None or len(body) != 1 or body[0] not in (0, 1):
+            raise FramingError("a shared-memory ring answer nobody asked for, or malformed",
+                               "protocol")
+        self._ring_offer = self._ring_answer = None
+        if body[0]:
+            ring.attached()
+            self.attach_ring(ring)
+        else:
+            ring.close()
+        if fut is not None and not fut.done():
+            fut.set_result(bool(body[0]))
+
     def eof_received(self) -> bool:
         return False
 
@@ -252,6 +301,12 @@ class Conn(asyncio.BufferedProtocol):
         if ring is not None:  # unmapped: the memory goes when both sides have let go
             self.decoder.shm = None
             ring.close()
+        offered, fut = self._ring_offer, self._ring_answer
+        self._ring_offer = self._ring_answer = None
+        if offered is not None:  # never answered: the peer has not mapped it
+            offered.close()
+        if fut is not None and not fut.done():
+            fut.set_result(False)
         err = ConnectionError(f"connection to {self.label} closed"
                               + (f": {exc}" if exc else ""))
         for fut in (self._control_waiter, self._drain_waiter):
@@ -390,6 +445,18 @@ class Conn(asyncio.BufferedProtocol):
                 self.shm.freed(SHM_FREED.unpack_from(body, 0)[0])
             except ValueError as e:
                 raise FramingError(str(e), "protocol") from None
+            return
+        if ftype == FrameType.SHM_OFFER and self.state == OPEN and self.shm_ok \
+                and self.incoming:
+            if flags:
+                raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
+            self._on_ring_offer(body)
+            return
+        if ftype == FrameType.SHM_ANSWER and self.state == OPEN and self.shm_ok \
+                and not self.incoming:
+            if flags:
+                raise FramingError(f"reserved frame flags {flags:#x} set", "bad_flags")
+            self._on_ring_answer(body)
             return
         if ftype == FrameType.MESSAGE:
             if self.state == OPEN and self.incoming:

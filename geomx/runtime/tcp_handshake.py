@@ -20,10 +20,15 @@ a message, so the exchange has a module of its own. It owns
 * the accepting side's limits (:func:`limits_of`): the WELCOME says the longest frame
   and the largest message it takes, and the dialling side's connection keeps them
   (:class:`~geomx.runtime.tcp_conn.Conn`'s ``peer_max_*``) for its sender;
-* a shared-memory ring (:mod:`geomx.runtime.shm_ring`): the HELLO may offer the
-  sender's ring (``shm``); once the peer is authenticated the accepting side asks its
-  ``attach_ring`` callback to map it and answers ``shm: true`` or ``false`` in the
-  WELCOME; on ``true`` both ends of the connection attach it.
+* whether shared-memory rings may be offered later (:mod:`geomx.runtime.shm_ring`):
+  the HELLO names the dialling side's host identity (``shm``,
+  :func:`~geomx.runtime.shm_ring.host_identity`) where it could offer one, the WELCOME
+  says ``shm: true`` where the accepting side would map one and shares that identity
+  (same host, namespaces and user: a peer elsewhere is never offered a ring, so its
+  first large message waits for no answer); both set the connection's ``shm_ok``. No ring is made here: one is offered on the open connection when its
+  sender first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"),
+  so a connection that carries only small messages never holds one, and on a
+  connection that did not agree to rings the ring frames are unknown frames.
 
 The cryptography (nonces, HMAC proofs, constant-time compare) is
 :mod:`geomx.runtime.security`'s; the frames are :mod:`geomx.runtime.framing`'s; the
@@ -39,6 +44,7 @@ from typing import Any
 
 from geomx.runtime import security
 from geomx.runtime.framing import FrameType, RejectLog, control_frame, parse_control
+from geomx.runtime.shm_ring import host_identity
 from geomx.runtime.tcp_conn import Conn
 from geomx.runtime.tcp_resume import SESSION_BYTES
 from geomx.wire import UNRELIABLE_BASE
@@ -96,36 +102,20 @@ def limits_of(conn: Conn) -> dict[str, int]:
 
 async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
                            secret: bytes | None, host: str, port: int,
-                           session: str | None = None,
-                           new_ring: Callable[[], Any] | None = None) -> tuple[int, str]:
+                           session: str | None = None, rings: bool = False) -> tuple[int, str]:
     """Handshake as node ``name`` dialling ``peer`` at ``host:port`` on ``channel``.
 
     Opens ``proto`` on success; raises :class:`HandshakeRefused` (or ConnectionError if
     the connection closes) otherwise. With a ``session`` (a resumable stream), returns
     the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
-    and the peer's incarnation; ``(0, "")`` without one. ``new_ring()`` makes a
-    :class:`~geomx.runtime.shm_ring.SendRing` (or None) for the HELLO to offer; ``proto``
-    is attached to it if the peer maps it, and it is closed otherwise.
+    and the peer's incarnation; ``(0, "")`` without one. ``rings``: this side could
+    offer a shared-memory ring later (``proto.shm_ok`` is set if the peer agrees).
     """
-    ring = new_ring() if new_ring is not None else None
-    try:
-        resumed = await _client_handshake(proto, name=name, peer=peer, channel=channel,
-                                          secret=secret, host=host, port=port,
-                                          session=session, ring=ring)
-    finally:
-        if ring is not None and proto.shm is not ring:
-            ring.close()  # not taken by the peer (once taken, the connection closes it)
-    return resumed
-
-
-async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
-                            secret: bytes | None, host: str, port: int,
-                            session: str | None, ring: Any) -> tuple[int, str]:
     ch = channel
     where = f"{peer!r} at {host}:{port}"
     fields: dict[str, Any] = {"sess": session} if session is not None else {}
-    if ring is not None:
-        fields["shm"] = ring.offer()
+    if rings:
+        fields["shm"] = host_identity()
     proto.write(control_frame(FrameType.HELLO, v=HANDSHAKE_VERSION, name=name, to=peer,
                               ch=ch, auth=secret is not None, **fields))
     ftype, body = await next_control(proto)
@@ -176,9 +166,7 @@ async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
             raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
                                    f"resumes (ack={ack!r}, inc={inc!r})")
         resumed = (ack, inc)
-    if ring is not None and body.get("shm") is True:
-        ring.attached()
-        proto.attach_ring(ring)
+    proto.shm_ok = rings and body.get("shm") is True
     proto.open(peer, ch, **limits)
     return resumed
 
@@ -186,16 +174,14 @@ async def _client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
 async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeout_s: float,
                           rejects: RejectLog, on_refused: Callable[[], None],
                           resume: Callable[[Conn, str, int, str], dict] | None = None,
-                          attach_ring: Callable[[Conn, Any], bool] | None = None) -> None:
+                          rings: bool = False) -> None:
     """Answer the handshake on the accepted connection ``conn`` as node ``name``.
 
     Opens ``conn`` on success. A HELLO with a session id asks to resume a stream:
     ``resume(conn, peer, channel, session)`` -- called only once the peer is
     authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
-    is refused). A HELLO offering a shared-memory ring (``shm``) has
-    ``attach_ring(conn, offer)`` -- also called only once the peer is authenticated --
-    map it and attach ``conn`` to it; its True or False is the WELCOME's ``shm``
-    (without ``attach_ring``: False). A refusal is logged in ``rejects`` (by category),
+    is refused). ``rings``: this side maps shared-memory rings; a HELLO with ``shm``
+    naming this host's identity is then answered ``shm: true`` and ``conn.shm_ok`` set. A refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -243,15 +229,16 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                 if not security.verify(expected, mac):
                     raise Refuse("wrong shared secret", "auth", "authentication failed")
                 proof = security.server_proof(secret, ns, nc, claimed, name, ch)
-                extra = {**(resume(conn, claimed, ch, session) if session is not None
-                            else {}), **_ring_answer(conn, hello, attach_ring)}
+                extra = (resume(conn, claimed, ch, session) if session is not None
+                         else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, mac=proof.hex(),
-                                         **limits_of(conn), **extra))
+                                         **limits_of(conn), **extra,
+                                         **_rings_answer(conn, hello, rings)))
             else:
-                extra = {**(resume(conn, claimed, ch, session) if session is not None
-                            else {}), **_ring_answer(conn, hello, attach_ring)}
+                extra = (resume(conn, claimed, ch, session) if session is not None
+                         else {})
                 conn.write(control_frame(FrameType.WELCOME, name=name, **limits_of(conn),
-                                         **extra))
+                                         **extra, **_rings_answer(conn, hello, rings)))
             conn.open(claimed, ch)
     except Refuse as r:
         on_refused()
@@ -279,10 +266,9 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
                       conn.label, e)
 
 
-def _ring_answer(conn: Conn, hello: dict,
-                 attach_ring: Callable[[Conn, Any], bool] | None) -> dict[str, bool]:
-    """The WELCOME's ``shm`` field: whether the ring the HELLO offered is attached."""
-    offer = hello.get("shm")
-    if offer is None:
-        return {}
-    return {"shm": attach_ring is not None and attach_ring(conn, offer)}
+def _rings_answer(conn: Conn, hello: dict, rings: bool) -> dict[str, bool]:
+    """The WELCOME's ``shm``: whether the peer may offer this side a ring later (sets
+    ``conn.shm_ok``): this side maps rings and the peer is on this host, in its
+    namespaces, as its user."""
+    conn.shm_ok = rings and hello.get("shm") == host_identity()
+    return {"shm": True} if conn.shm_ok else {}

@@ -42,7 +42,7 @@ from geomx.runtime.framing import (PREAMBLE_BYTES, SPLIT_BATCH, sequenced_frames
                                    stream_frames, stream_piece_bytes)
 from geomx.runtime.shaper import PACING_LEAD_S, DelayLine, Shaper, ShapedLink, now_s
 from geomx.runtime.shm_ring import RING_MIN_MESSAGE_BYTES, SendRing
-from geomx.runtime.shm_stream import write_ring_stream
+from geomx.runtime.shm_stream import ask_for_ring, write_ring_stream
 from geomx.runtime.tcp_conn import OPEN, Conn, ConnOwner
 from geomx.runtime.tcp_counters import PeerCounters, TransportCounts
 from geomx.runtime.tcp_handshake import HandshakeRefused, client_handshake
@@ -88,6 +88,7 @@ class OutgoingOwner(ConnOwner, Protocol):
     connect_timeout_s: float
     reconnect_timeout_s: float
     handshake_timeout_s: float
+    shm_ring_bytes: int
     closed: bool
 
     @property
@@ -251,7 +252,7 @@ class Outgoing:
                                      # a same-host peer may take large pieces through
                                      # shared memory (unshaped traffic only: a shaped
                                      # link paces every byte)
-                                     new_ring=tr.new_ring if self.link is None else None),
+                                     rings=self.link is None and tr.shm_ring_bytes != 0),
                     timeout=min(tr.handshake_timeout_s, max(0.01, deadline - loop.time())))
             except HandshakeRefused:
                 if proto is not None:
@@ -396,8 +397,10 @@ class Outgoing:
         return (self.link is None and self.queued_bytes == 0 and not self.heap
                 and not self._waiters and proto is not None and proto.state == OPEN
                 and not proto.write_paused and self.window.has_room(nbytes)
-                # a message the connection's ring carries goes through the writer
-                and (proto.shm is None or nbytes - PREAMBLE_BYTES < RING_MIN_MESSAGE_BYTES))
+                # a message a ring carries, or that first asks for one, goes through the
+                # writer
+                and (nbytes - PREAMBLE_BYTES < RING_MIN_MESSAGE_BYTES
+                     or (proto.shm is None and (proto.shm_asked or not proto.shm_ok))))
 
     def write_direct(self, frames: list, nbytes: int) -> None:
         """Write at once, without waiting (see :meth:`idle_unshaped`).
@@ -587,7 +590,14 @@ class Outgoing:
                 counters = self._peer_counts or self._count_peer()
                 wire, wire_nbytes = frames, nbytes
                 ring = proto.shm
-                if ring is not None and nbytes - PREAMBLE_BYTES >= RING_MIN_MESSAGE_BYTES:
+                large = nbytes - PREAMBLE_BYTES >= RING_MIN_MESSAGE_BYTES
+                if ring is None and large and proto.shm_ok and not proto.shm_asked:
+                    # the connection's first large message: a same-host peer may take
+                    # it through shared memory
+                    ring = await ask_for_ring(proto, self.tr.new_ring)
+                    if proto.state != OPEN:
+                        raise ConnectionError(f"connection to {self.peer!r} lost")
+                if ring is not None and large:
                     # a same-host peer: the pieces pass through shared memory
                     wire_nbytes = await write_ring_stream(
                         proto, ring, frames, next(self._stream_ids), self.piece_bytes)
