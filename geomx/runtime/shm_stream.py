@@ -36,7 +36,7 @@ async def ask_for_ring(conn: Any, new_ring: Callable[[], SendRing | None]) -> Se
     did not answer in time, or this host makes no rings (the message takes the socket)."""
     ring = new_ring()
     if ring is None:
-        conn.shm_asked = True
+        conn.forgo_ring()
         return None
     answer = conn.offer_ring(ring)
     try:

@@ -6,7 +6,8 @@ same line. This module owns what happens on *one* socket, in either direction:
 
 * :class:`Conn`, the ``asyncio.BufferedProtocol``: TCP_NODELAY, the dead-peer bound
   (:mod:`geomx.runtime.tcp_liveness`) and the write-buffer limits, frames read straight
-  into :class:`~geomx.runtime.framing.FrameDecoder`'s buffer, the connection's state (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
+  into :class:`~geomx.runtime.framing.FrameDecoder`'s buffer, the connection's state
+  (``HANDSHAKE`` -> ``OPEN`` -> ``CLOSED``), handshake
   frames queued for :mod:`geomx.runtime.tcp_handshake`, message frames handed to the
   transport only once the connection is open (and only on incoming connections),
   write flow control (``drain``), and bad frames counted in the transport's reject log;
@@ -248,6 +249,16 @@ class Conn(asyncio.BufferedProtocol):
         self.shm = ring
         if self.incoming:
             self.decoder.shm = ring
+
+    def agree_rings(self, ok: bool) -> None:
+        """The handshake settled whether this connection may carry a ring later (the
+        peer is on this host and both sides map rings)."""
+        self.shm_ok = ok
+
+    def forgo_ring(self) -> None:
+        """This side makes no ring for the connection: its large messages take the
+        socket, and it never offers one."""
+        self.shm_asked = True
 
     def offer_ring(self, ring: Any) -> asyncio.Future:
         """Offer the peer ``ring`` (a SendRing, outgoing connections only): a future of

@@ -25,7 +25,8 @@ a message, so the exchange has a module of its own. It owns
   :func:`~geomx.runtime.shm_ring.host_identity`) where it could offer one, the WELCOME
   says ``shm: true`` where the accepting side would map one and shares that identity
   (same host, namespaces and user: a peer elsewhere is never offered a ring, so its
-  first large message waits for no answer); both set the connection's ``shm_ok``. No ring is made here: one is offered on the open connection when its
+  first large message waits for no answer); both tell the connection (``Conn.agree_rings``).
+  No ring is made here: one is offered on the open connection when its
   sender first has a large message (:mod:`geomx.runtime.framing`, "Same-host pieces"),
   so a connection that carries only small messages never holds one, and on a
   connection that did not agree to rings the ring frames are unknown frames.
@@ -109,7 +110,7 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
     the connection closes) otherwise. With a ``session`` (a resumable stream), returns
     the WELCOME's ``(ack, inc)``: the last message of the session the peer delivered
     and the peer's incarnation; ``(0, "")`` without one. ``rings``: this side could
-    offer a shared-memory ring later (``proto.shm_ok`` is set if the peer agrees).
+    offer a shared-memory ring later (``proto.agree_rings`` says whether the peer agrees).
     """
     ch = channel
     where = f"{peer!r} at {host}:{port}"
@@ -166,7 +167,7 @@ async def client_handshake(proto: Conn, *, name: str, peer: str, channel: int,
             raise HandshakeRefused(f"{name}: {where} did not answer where the stream "
                                    f"resumes (ack={ack!r}, inc={inc!r})")
         resumed = (ack, inc)
-    proto.shm_ok = rings and body.get("shm") is True
+    proto.agree_rings(rings and body.get("shm") is True)
     proto.open(peer, ch, **limits)
     return resumed
 
@@ -181,7 +182,8 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
     ``resume(conn, peer, channel, session)`` -- called only once the peer is
     authenticated -- gives the WELCOME's extra fields (without ``resume`` such a HELLO
     is refused). ``rings``: this side maps shared-memory rings; a HELLO with ``shm``
-    naming this host's identity is then answered ``shm: true`` and ``conn.shm_ok`` set. A refusal is logged in ``rejects`` (by category),
+    naming this host's identity is then answered ``shm: true`` (``Conn.agree_rings``). A
+    refusal is logged in ``rejects`` (by category),
     counted through ``on_refused``, told to the peer when it is a :class:`Refuse`, and
     closes (or aborts) the connection; this function does not raise for it.
     """
@@ -267,8 +269,9 @@ async def serve_handshake(conn: Conn, *, name: str, secret: bytes | None, timeou
 
 
 def _rings_answer(conn: Conn, hello: dict, rings: bool) -> dict[str, bool]:
-    """The WELCOME's ``shm``: whether the peer may offer this side a ring later (sets
-    ``conn.shm_ok``): this side maps rings and the peer is on this host, in its
+    """The WELCOME's ``shm``: whether the peer may offer this side a ring later (told to
+    ``conn.agree_rings``): this side maps rings and the peer is on this host, in its
     namespaces, as its user."""
-    conn.shm_ok = rings and hello.get("shm") == host_identity()
-    return {"shm": True} if conn.shm_ok else {}
+    ok = rings and hello.get("shm") == host_identity()
+    conn.agree_rings(ok)
+    return {"shm": True} if ok else {}
