@@ -34,13 +34,13 @@ class MembershipConfig(Section):
         key="request_timeout")
     on_worker_loss: str = setting(Choice("fail", "continue"), "fail",
                                   "A worker declared dead (missed heartbeats): `fail` stops the "
-                                  "job naming it; `continue` (HiPS + FSA) lets its DC go on "
+                                  "job naming it; `continue` (HiPS) lets its DC go on "
                                   "without it: the round it held up completes once the loss is "
                                   "declared (bounded by heartbeat_timeout), and the DC's sum is "
                                   "scaled by workers / contributors.")
     on_server_loss: str = setting(Choice("fail", "wait"), "fail",
                                   "A server declared dead (missed heartbeats): `fail` "
-                                  "stops the job naming it; `wait` (HiPS + FSA) holds the job "
+                                  "stops the job naming it; `wait` (HiPS) holds the job "
                                   "for a local server (and a global one, with checkpoints): "
                                   "its peers keep their unanswered requests and send them "
                                   "again when a process takes over its name (`geomx node "
