@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -428,6 +428,32 @@ def block_header(msg: Message, channels: int) -> tuple[int, int, int, int, int]:
     return seq, nb, be, band, round_
 
 
+def decode_block(decode: Callable[[Message], Any], msg: Message,
+                 count: int | None) -> np.ndarray:
+    """The float32 values of one DGT block: 4-bit, a codec's (``decode``: the node's
+    codec decoder, given the block without DGT's meta) or dense. ``count``: how many
+    values the block must hold; None for a block whose size only its receiver's
+    assembly knows (a merge's end block), which cannot be 4-bit."""
+    if msg.meta.get(QUANT_META):
+        if count is None or len(msg.payloads) != 2 or any(p.data is None for p in msg.payloads):
+            raise ValueError("a 4-bit DGT block is a band block with two payloads "
+                             "(codes, bounds)")
+        return dequantise4(msg.payloads[0].data, msg.payloads[1].data, count)
+    if msg.meta.get("codec"):
+        meta = {k: v for k, v in msg.meta.items()
+                if k not in (DGT_META, ROUND_META, SENT_META)}
+        plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
+                        payloads=msg.payloads)
+        value = np.array(decode(plain), dtype=np.float32).reshape(-1)
+    else:
+        if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
+            raise ValueError("a dense DGT block needs exactly one real payload")
+        value = np.array(msg.payloads[0].data, dtype=np.float32).reshape(-1)
+    if count is not None and value.size != count:
+        raise ValueError(f"DGT block has {value.size} values, expected {count}")
+    return value
+
+
 class DgtReceiver:
     """A global server's DGT reassembly (GeoMX's "Diff-Reception", DGT_RECONSTRUCT=1).
 
@@ -502,23 +528,7 @@ class DgtReceiver:
         return out.reshape(like.shape).astype(like.dtype, copy=False)
 
     def _decode(self, node: SchedContext, msg: Message, count: int) -> np.ndarray:
-        if msg.meta.get(QUANT_META):
-            if len(msg.payloads) != 2 or any(p.data is None for p in msg.payloads):
-                raise ValueError("a 4-bit DGT block needs two payloads (codes, bounds)")
-            return dequantise4(msg.payloads[0].data, msg.payloads[1].data, count)
-        if msg.meta.get("codec"):
-            meta = {k: v for k, v in msg.meta.items()
-                    if k not in (DGT_META, ROUND_META, SENT_META)}
-            plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
-                            payloads=msg.payloads)
-            value = np.asarray(node.decode(plain), dtype=np.float32).reshape(-1)
-        else:
-            if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
-                raise ValueError("a dense DGT block needs exactly one real payload")
-            value = np.array(msg.payloads[0].data, dtype=np.float32).reshape(-1)
-        if value.size != count:
-            raise ValueError(f"DGT block has {value.size} values, expected {count}")
-        return value
+        return decode_block(node.decode, msg, count)
 
     def state_dict(self) -> dict[str, Any]:
         """What outlives a round (a checkpoint), per (sender, key, part): the last round

@@ -42,9 +42,8 @@ import numpy as np
 
 from geomx.policy.codec import Codec
 from geomx.policy.scheduling import SchedContext, Value
-from geomx.sched.dgt import (DGT_META, QUANT_META, ROUND_META, SENT_META, Dgt, DgtSender,
-                             DgtSettings, ReceiverTotals, block_header)
-from geomx.sched.dgt_quant import dequantise4
+from geomx.sched.dgt import (DGT_META, SENT_META, Dgt, DgtSender, DgtSettings,
+                             ReceiverTotals, block_header, decode_block)
 from geomx.wire import Message, Payload
 
 __all__ = ["BlockMerges", "dgt_of"]
@@ -183,25 +182,7 @@ class BlockMerges:
 
     def _decode(self, msg: Message, count: int | None) -> np.ndarray:
         """The values of one block (``count``: how many a non-end block must hold)."""
-        if msg.meta.get(QUANT_META):
-            if count is None or len(msg.payloads) != 2 or \
-                    any(p.data is None for p in msg.payloads):
-                raise ValueError("a 4-bit DGT block is a band block with two payloads "
-                                 "(codes, bounds)")
-            return dequantise4(msg.payloads[0].data, msg.payloads[1].data, count)
-        if msg.meta.get("codec"):
-            meta = {k: v for k, v in msg.meta.items()
-                    if k not in (DGT_META, ROUND_META, SENT_META)}
-            plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
-                            payloads=msg.payloads)
-            value = np.array(self.ctx.decode(plain), dtype=np.float32).reshape(-1)
-        else:
-            if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
-                raise ValueError("a dense DGT block needs exactly one real payload")
-            value = np.array(msg.payloads[0].data, dtype=np.float32).reshape(-1)
-        if count is not None and value.size != count:
-            raise ValueError(f"DGT block has {value.size} values, expected {count}")
-        return value
+        return decode_block(self.ctx.decode, msg, count)
 
     def _add_late(self, key: int, part: int, lo: int, block: np.ndarray) -> None:
         n = self._size[(key, part)]  # its sender's merge of that round was assembled here

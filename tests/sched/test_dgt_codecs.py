@@ -11,6 +11,7 @@ from geomx.sched.dgt_codec import block_key
 
 from tests.helpers.dgt_context import FakeSchedContext, push_round
 from tests.helpers.events import run_events
+from tests.node.test_checkpoint import _final_state
 
 QUICK = ("run.target_accuracy=0", "metrics.plot=false", "metrics.trace=false")
 
@@ -194,17 +195,6 @@ def test_dgt_with_bisparse_over_real_sockets(scenario_of):
     chans = {e["channel"] for e in events if e["ev"] == "send" and e.get("msg") == "PUSH"
              and e["src"].startswith("ls:")}
     assert {9, 10, 11} <= chans
-
-
-def _final_state(into):
-    """``inspect`` hook: the global server's arrays and every worker's parameters."""
-    def grab(nodes):
-        for n in nodes:
-            if n.name.startswith("gs:"):
-                into[n.name] = [np.array(s.store) for _, s in sorted(n.slots.items())]
-            elif getattr(n, "params", None) is not None and n.name.startswith("w:"):
-                into[n.name] = [np.array(p) for p in n.params]
-    return grab
 
 
 @pytest.mark.slow
