@@ -13,17 +13,13 @@ from geomx.runtime.shaper import (MATHIS_C, MSS_BYTES, LinkShape, Shaper, TokenB
 from geomx.runtime.tcp import TcpTransport
 from geomx.wire import Kind, Message, Payload
 
-from tests.helpers.aio import arun
+from tests.helpers.aio import arun, start_pair
 
 
 async def pair(shape: LinkShape, seed: int = 1, **kw) -> tuple[TcpTransport, TcpTransport]:
     a = TcpTransport("a", shaper=Shaper({"b": shape}, seed=seed), **kw)
     b = TcpTransport("b", **kw)
-    for t in (a, b):
-        await t.start()
-    book = {"a": a.local_address(), "b": b.local_address()}
-    a.set_address_book(book)
-    b.set_address_book(book)
+    await start_pair(a, b)
     return a, b
 
 

@@ -24,7 +24,7 @@ from geomx.runtime.shm_ring import (MIN_RING_BYTES, RING_MIN_MESSAGE_BYTES, Ring
                                     SendRing, default_max_rings, host_identity)
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload
-from tests.helpers.aio import arun
+from tests.helpers.aio import arun, start_pair
 from tests.helpers.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,11 +58,7 @@ def msg(n_floats: int, rid: int, src: str = "a", dst: str = "b") -> Message:
 async def pair(**kw) -> tuple[TcpTransport, TcpTransport]:
     a = TcpTransport("a", udp=False, **kw)
     b = TcpTransport("b", udp=False, **kw)
-    for t in (a, b):
-        await t.start()
-    book = {"a": a.local_address(), "b": b.local_address()}
-    a.set_address_book(book)
-    b.set_address_book(book)
+    await start_pair(a, b)
     return a, b
 
 
