@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -428,10 +428,9 @@ def block_header(msg: Message, channels: int) -> tuple[int, int, int, int, int]:
     return seq, nb, be, band, round_
 
 
-def decode_block(decode: Callable[[Message], Any], msg: Message,
-                 count: int | None) -> np.ndarray:
-    """The float32 values of one DGT block: 4-bit, a codec's (``decode``: the node's
-    codec decoder, given the block without DGT's meta) or dense. ``count``: how many
+def decode_block(ctx: SchedContext, msg: Message, count: int | None) -> np.ndarray:
+    """The float32 values of one DGT block: 4-bit, a codec's (``ctx.decode`` is given the
+    block without DGT's meta) or dense. ``count``: how many
     values the block must hold; None for a block whose size only its receiver's
     assembly knows (a merge's end block), which cannot be 4-bit."""
     if msg.meta.get(QUANT_META):
@@ -444,7 +443,7 @@ def decode_block(decode: Callable[[Message], Any], msg: Message,
                 if k not in (DGT_META, ROUND_META, SENT_META)}
         plain = Message(msg.kind, msg.src, msg.dst, key=msg.key, meta=meta,
                         payloads=msg.payloads)
-        value = np.array(decode(plain), dtype=np.float32).reshape(-1)
+        value = np.array(ctx.decode(plain), dtype=np.float32).reshape(-1)
     else:
         if len(msg.payloads) != 1 or msg.payloads[0].is_phantom:
             raise ValueError("a dense DGT block needs exactly one real payload")
@@ -528,7 +527,7 @@ class DgtReceiver:
         return out.reshape(like.shape).astype(like.dtype, copy=False)
 
     def _decode(self, node: SchedContext, msg: Message, count: int) -> np.ndarray:
-        return decode_block(node.decode, msg, count)
+        return decode_block(node, msg, count)
 
     def state_dict(self) -> dict[str, Any]:
         """What outlives a round (a checkpoint), per (sender, key, part): the last round

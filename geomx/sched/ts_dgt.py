@@ -182,7 +182,7 @@ class BlockMerges:
 
     def _decode(self, msg: Message, count: int | None) -> np.ndarray:
         """The values of one block (``count``: how many a non-end block must hold)."""
-        return decode_block(self.ctx.decode, msg, count)
+        return decode_block(self.ctx, msg, count)
 
     def _add_late(self, key: int, part: int, lo: int, block: np.ndarray) -> None:
         n = self._size[(key, part)]  # its sender's merge of that round was assembled here
