@@ -177,8 +177,8 @@ class SendRing:
                 "bytes": self.size, "token": self.token.hex()}
 
     def attached(self) -> None:
-        """The receiver has mapped the ring: the fd it opened it by is no longer needed
-        (the mapping keeps the memory)."""
+        """Close the fd the receiver opens the ring by, once the receiver has mapped it
+        (the two mappings keep the memory)."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -133,7 +133,7 @@ class BlockMerges:
         self.sender.note_loss(worker, loss)
 
     def round_answered(self, key: int) -> None:
-        """Round of ``key`` is over: its trailing band blocks are kept no longer."""
+        """Drop the trailing band blocks of ``key``'s answered round."""
         self.sender.round_answered(key, checkpoint=False)
 
     # ------------------------------------------------------------------ receiving
