@@ -34,7 +34,7 @@ from geomx.optim.base import JSONScalar, OptimizerBase, as_float32, check_option
 __all__ = ["DCASGD", "DCASGDState"]
 
 # Keeps lambda / sqrt(ms) finite where a coordinate has never had a gradient.
-_ADAPTIVE_EPS = 1e-7
+ADAPTIVE_EPS = 1e-7
 
 
 #: Per-key state, a dict (the state contract in base.py): ``"backup"``: for the shared
@@ -132,7 +132,7 @@ class DCASGD(OptimizerBase):
         if mean_square is not None:
             mean_square *= np.float32(self.ms_decay)
             mean_square += np.float32(1.0 - self.ms_decay) * g * g
-            lam = np.float32(self.lamda) / (np.sqrt(mean_square) + np.float32(_ADAPTIVE_EPS))
+            lam = np.float32(self.lamda) / (np.sqrt(mean_square) + np.float32(ADAPTIVE_EPS))
         # delta = -lr * (g + wd*w + lam*g*g*(w - w_bak))
         delta = g * g
         delta *= lam
