@@ -33,7 +33,7 @@ Each part prints every configuration against DDP, then the best geomx one with i
 ratio and the issue's target, and what the wire or the loopback costs by itself.
 
 Run: ``python bench/torch_vs_ddp.py --repeat 2`` (``--quick`` for a 2M-parameter smoke
-run).
+run; ``--shaped-only`` for the shaped part alone).
 """
 
 from __future__ import annotations
@@ -360,8 +360,9 @@ def main() -> None:
     if args.quick:
         args.params, args.shaped_params, args.iterations, args.warmup = 2e6, 1e6, 4, 2
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    params = args.shaped_params if args.shaped_only else args.params
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {load:.1f}; 2 workers, "
-          f"MLP of {args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
+          f"MLP of {params / 1e6:.1f}M parameters, batch {args.batch}, median of "
           f"{args.iterations} iterations after {args.warmup}, {args.repeat} run(s) each")
     if not args.shaped_only:
         loopback_part(args)
