@@ -33,7 +33,7 @@ Each part prints every configuration against DDP, then the best geomx one with i
 ratio and the issue's target, and what the wire or the loopback costs by itself.
 
 Run: ``python bench/torch_vs_ddp.py --repeat 2`` (``--quick`` for a 2M-parameter smoke
-run).
+run; ``--shaped-only`` for the shaped part alone).
 """
 
 from __future__ import annotations
@@ -343,6 +343,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of every configuration, in turn; figures are their medians")
     p.add_argument("--shaped-mbit", type=float, default=100.0, help="0: skip the shaped part")
+    p.add_argument("--shaped-only", action="store_true", help="skip the loopback part")
     p.add_argument("--rings-off-too", action="store_true",
                    help="also run each loopback configuration with `[real] shm = false` "
                         "(every byte through loopback TCP), in the same turns")
@@ -359,9 +360,20 @@ def main() -> None:
     if args.quick:
         args.params, args.shaped_params, args.iterations, args.warmup = 2e6, 1e6, 4, 2
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    params = args.shaped_params if args.shaped_only else args.params
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, load {load:.1f}; 2 workers, "
-          f"MLP of {args.params / 1e6:.1f}M parameters, batch {args.batch}, median of "
+          f"MLP of {params / 1e6:.1f}M parameters, batch {args.batch}, median of "
           f"{args.iterations} iterations after {args.warmup}, {args.repeat} run(s) each")
+    if not args.shaped_only:
+        loopback_part(args)
+    if args.shaped_mbit <= 0:
+        print("\nshaped link: skipped (--shaped-mbit 0)")
+        return
+    shaped_part(args)
+
+
+def loopback_part(args: argparse.Namespace) -> None:
+    """Every configuration of :data:`LOOPBACK` against DDP on this host's loopback."""
     loopback = LOOPBACK
     if args.rings_off_too:
         loopback = [c for label, topology, sets in LOOPBACK
@@ -377,10 +389,12 @@ def main() -> None:
           "Per iteration each DDP rank sends and receives it once, at the same time; a PS "
           "server receives it from both workers and sends it to both (4 transfers through "
           "one process), the workers' halves of the same transfers meanwhile")
-    if args.shaped_mbit <= 0:
-        print("\nshaped link: skipped (--shaped-mbit 0)")
-        return
-    from geomx.runtime.kernel_wan import FRAME_OVERHEAD
+
+
+def shaped_part(args: argparse.Namespace) -> None:
+    """DDP and every configuration of :data:`SHAPED` across tbf-shaped links, FP16."""
+    from geomx.runtime.kernel_wan import (BURST_FRAMES, BURST_S, FRAME_OVERHEAD,
+                                          QUEUE_LATENCY_MS)
     from geomx.runtime.netns import NetnsPair, unavailable_reason
 
     why = unavailable_reason()
@@ -389,8 +403,14 @@ def main() -> None:
         return
     shaped = argparse.Namespace(**{**vars(args), "params": args.shaped_params})
 
+    # DDP's link is shaped as geomx's kernel WAN shapes each of its links (rate, bucket,
+    # queue, no slow start after idle: geomx/runtime/kernel_wan.py)
+    rate_bps = args.shaped_mbit * 1e6 * FRAME_OVERHEAD
+    burst_bytes = max(BURST_FRAMES * 1514, int(rate_bps / 8 * BURST_S))
+
     def ddp16() -> dict:
-        with NetnsPair(rate_mbit=args.shaped_mbit * FRAME_OVERHEAD, latency_ms=100) as pair:
+        with NetnsPair(rate_mbit=rate_bps / 1e6, burst_bytes=burst_bytes,
+                       latency_ms=QUEUE_LATENCY_MS) as pair:
             return run_ddp(shaped, fp16=True, netns=pair)
 
     rows = measure(shaped, args.repeat, ddp16, SHAPED, fp16=True, mbit=args.shaped_mbit)

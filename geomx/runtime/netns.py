@@ -56,11 +56,15 @@ class NetnsPair:
 
     ``subnet`` is the first three octets of a private /24 (``10.x.y``): ``a`` gets ``.1``
     and ``b`` ``.2``. ``delay_ms`` > 0 adds a netem delay under the tbf (needs
-    ``sch_netem``). Use as a context manager.
+    ``sch_netem``). ``burst_bytes`` (when set) replaces ``burst_kbit`` as the bucket's
+    size. Both namespaces turn off TCP's slow start after an idle spell, as
+    :class:`geomx.runtime.kernel_wan.KernelWan` does for its DCs, so that a program
+    measured here meets the same TCP as geomx's nodes do there. Use as a context manager.
     """
 
     rate_mbit: float = 20.0
     burst_kbit: int = 256
+    burst_bytes: int | None = None
     latency_ms: int = 400
     delay_ms: float = 0.0
     subnet: str = "10.231.7"
@@ -83,6 +87,8 @@ class NetnsPair:
                 run_command("ip", "netns", "add", ns)
                 self._made.append(ns)
                 run_command("ip", "-n", ns, "link", "set", "lo", "up")
+                run_command("ip", "netns", "exec", ns, "sysctl", "-q", "-w",
+                            "net.ipv4.tcp_slow_start_after_idle=0")
             run_command("ip", "link", "add", self.if_a, "netns", self.ns_a, "type", "veth",
                  "peer", "name", self.if_b, "netns", self.ns_b)
             for ns, dev, addr in ((self.ns_a, self.if_a, self.addr_a),
@@ -96,7 +102,9 @@ class NetnsPair:
         return self
 
     def _shape(self, ns: str, dev: str) -> None:
-        tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", f"{self.burst_kbit}kbit",
+        burst = (str(self.burst_bytes) if self.burst_bytes is not None
+                 else f"{self.burst_kbit}kbit")
+        tbf = ["tbf", "rate", f"{self.rate_mbit}mbit", "burst", burst,
                "latency", f"{self.latency_ms}ms"]
         if self.delay_ms > 0:
             run_command("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root",

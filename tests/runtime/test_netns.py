@@ -147,3 +147,19 @@ plot = false
     assert result["iterations"] == 10 and result["result"]["accuracy"] is not None
     gh = json.loads((run_dir / "nodes" / "gh.result.json").read_text())
     assert gh["counters"]  # the global scheduler ran in its own namespace and finished
+
+
+def test_pair_shapes_and_tunes_tcp_as_the_kernel_wan_does():
+    """A pair with ``burst_bytes`` has that bucket on both ends, and both namespaces run
+    without slow start after idle, as geomx's kernel WAN sets its DCs' (so a program
+    measured in the pair and geomx's nodes there meet the same TCP)."""
+    with NetnsPair(rate_mbit=RATE_MBIT, burst_bytes=26380, latency_ms=100,
+                   subnet=_subnet()) as net:
+        for side, ns, dev in (("a", net.ns_a, net.if_a), ("b", net.ns_b, net.if_b)):
+            qdisc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev",
+                                    dev], capture_output=True, text=True, check=True).stdout
+            assert "tbf" in qdisc and "burst 26380b" in qdisc, (side, qdisc)
+            sysctl = subprocess.run(net.exec_argv(side, ["sysctl", "-n",
+                                                         "net.ipv4.tcp_slow_start_after_idle"]),
+                                    capture_output=True, text=True, check=True).stdout
+            assert sysctl.strip() == "0", side
