@@ -74,7 +74,13 @@ def outcomes(tmp_path_factory):
     return {frozenset(o["settings"]): TOOL.Outcome(**o) for o in pairs}
 
 
+#: The sweep (about 110 jobs in two processes) runs inside the first test that asks for
+#: it; on a loaded 2-core machine that can pass pytest's default 300 s.
+SWEEP_TIMEOUT_S = 1200
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_TIMEOUT_S)
 def test_every_pair_that_loads_runs_both_features_and_trains(outcomes):
     bad = [f"{o.name}: {o.status}: {o.reason}" for o in outcomes.values()
            if o.status not in ("ok", "refused")]
@@ -85,6 +91,7 @@ def test_every_pair_that_loads_runs_both_features_and_trains(outcomes):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_TIMEOUT_S)
 def test_every_pair_with_checkpoints_resumes_as_if_uninterrupted(outcomes):
     with_checkpoints = [o for k, o in outcomes.items() if "checkpoint" in k and o.status == "ok"]
     assert len(with_checkpoints) >= 10, [o.name for o in with_checkpoints]
@@ -94,6 +101,7 @@ def test_every_pair_with_checkpoints_resumes_as_if_uninterrupted(outcomes):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_TIMEOUT_S)
 def test_refused_pairs_are_the_listed_ones_with_a_one_line_reason(outcomes):
     refused = {k for k, o in outcomes.items() if o.status == "refused"}
     new = sorted(" + ".join(sorted(k)) for k in refused - STILL_REFUSED)
