@@ -6,7 +6,7 @@ from types import ModuleType
 
 #: The release (semantic versioning; CHANGELOG.md says what each one changed). pyproject.toml
 #: reads it from here, so this is the one place it is written.
-__version__ = "0.6.0"
+__version__ = "0.6.1"
 
 
 def __getattr__(name: str) -> ModuleType:
