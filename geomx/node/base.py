@@ -323,9 +323,12 @@ class Node:
             return
         exc = task.exception()
         if exc is not None and self.set_failure(exc):
-            # a user policy's failure is one line that says where it raised
-            log.error("%s: task failed: %r", self.name, exc,
-                      exc_info=None if isinstance(exc, PolicyFailed) else exc)
+            if isinstance(exc, PolicyFailed):
+                # one line that says where the policy raised; the job's failure (the
+                # emulator's, or node_main's over sockets) prints it, so only debug here
+                log.debug("%s: task failed: %s", self.name, exc)
+            else:
+                log.error("%s: task failed: %r", self.name, exc, exc_info=exc)
             self.stop()
 
     def set_failure(self, exc: BaseException) -> bool:
@@ -423,7 +426,8 @@ class Node:
             handler(msg)
         except PolicyFailed as e:  # a policy's bug, not a bad request: the node stops
             if self.set_failure(e):
-                log.error("%s: handler for %s failed: %s", self.name, msg.kind.name, e)
+                # the job's failure line names the node and the policy (see _task_done)
+                log.debug("%s: handler for %s failed: %s", self.name, msg.kind.name, e)
                 self.stop()
         except Exception as e:  # a bad request must not take the node down
             log.exception("%s: handler for %s failed", self.name, msg.kind.name)
