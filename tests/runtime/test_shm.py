@@ -29,6 +29,7 @@ from geomx.runtime.tcp import TcpTransport
 from geomx.wire import Kind, Message, Payload
 
 from tests.helpers.aio import arun, start_pair
+from tests.helpers.rings import ring_fds, ring_maps, tcp_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,13 +43,6 @@ def big_msg(n: int, *, kind: Kind = Kind.PUSH, rid: int = 1, seed: int = 0,
                    payloads=payloads)
 
 
-async def pair(**kw) -> tuple[TcpTransport, TcpTransport]:
-    a = TcpTransport("a", udp=False, **kw)
-    b = TcpTransport("b", udp=False, **kw)
-    await start_pair(a, b)
-    return a, b
-
-
 def same(got: Message, sent: Message) -> None:
     assert len(got.payloads) == len(sent.payloads)
     for g, s in zip(got.payloads, sent.payloads):
@@ -60,7 +54,7 @@ def test_values_pass_through_the_ring_exactly_and_the_socket_carries_small_ones(
     a reply read into the caller's sink too; the ring carried the large ones only, and
     both ends count the same bytes."""
     async def main():
-        a, b = await pair()
+        a, b = await tcp_pair()
         sent = [big_msg(3_000_001, rid=1, seed=1, parts=3), big_msg(10, rid=2, seed=2),
                 big_msg(200_000, rid=3, seed=3)]
         for m in sent:
@@ -87,7 +81,7 @@ def test_values_pass_through_the_ring_exactly_and_the_socket_carries_small_ones(
 
 def test_a_small_ring_wraps_and_the_sender_waits_for_room():
     async def main():
-        a, b = await pair(shm_ring_bytes=MIN_RING_BYTES)
+        a, b = await tcp_pair(shm_ring_bytes=MIN_RING_BYTES)
         sent = [big_msg(700_000 + i, rid=i, seed=i) for i in range(3)]
         for m in sent:
             await a.send(m)
@@ -102,7 +96,7 @@ def test_a_small_ring_wraps_and_the_sender_waits_for_room():
 
 def test_rings_off_every_byte_takes_the_socket():
     async def main():
-        a, b = await pair(shm_ring_bytes=0)
+        a, b = await tcp_pair(shm_ring_bytes=0)
         m = big_msg(2_000_000)
         await a.send(m)
         same(await b.recv(), m)
@@ -114,7 +108,7 @@ def test_rings_off_every_byte_takes_the_socket():
 
 def test_with_a_shared_secret_the_ring_is_mapped_only_for_the_authenticated_peer():
     async def main():
-        a, b = await pair(secret="s3cret")
+        a, b = await tcp_pair(secret="s3cret")
         offers_from: list[str] = []
         attach = b.attach_ring
 
@@ -150,7 +144,7 @@ def test_a_ring_the_receiver_declines_is_closed_by_the_sender():
         await a.send(m)
         same(await b.recv(), m)
         assert a.stats()["shm"]["rings_out"] == 0
-        assert not ring_mappings() and not ring_fds()
+        assert not ring_maps() and not ring_fds()
         await a.close()
         await b.close()
     arun(main())
@@ -174,7 +168,7 @@ def test_mapped_rings_stay_within_the_receivers_bound_and_the_rest_use_the_socke
     """Room for one ring: the first connection maps it, the second carries its value
     through the socket; both arrive."""
     async def main():
-        a, b = await pair(shm_ring_bytes=1 << 20, max_shm_mapped_bytes=1 << 20)
+        a, b = await tcp_pair(shm_ring_bytes=1 << 20, max_shm_mapped_bytes=1 << 20)
         m0, m1 = big_msg(600_000, rid=1), big_msg(600_000, rid=2, seed=1, channel=1)
         await a.send(m0)
         await a.send(m1)
@@ -334,23 +328,6 @@ SENDER = textwrap.dedent("""
 """)
 
 
-def ring_fds() -> list[str]:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if "geomx-ring" in target:
-            out.append(target)
-    return out
-
-
-def ring_mappings(pid: int | str = "self") -> list[str]:
-    with open(f"/proc/{pid}/maps") as fh:
-        return [line for line in fh if "geomx-ring" in line]
-
-
 @pytest.mark.slow
 def test_a_sender_killed_mid_stream_leaves_nothing_behind(tmp_path):
     """kill -9 of the sending node while a 100 MB value streams through its ring: the
@@ -374,7 +351,7 @@ def test_a_sender_killed_mid_stream_leaves_nothing_behind(tmp_path):
             while not b.stats()["partial_frame_bytes"]:
                 assert time.monotonic() < deadline, "no second stream started"
                 await asyncio.sleep(0.002)
-            assert b.stats()["shm"]["rings_in"] == 1 and ring_mappings()
+            assert b.stats()["shm"]["rings_in"] == 1 and ring_maps()
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
             deadline = time.monotonic() + 10
@@ -388,7 +365,7 @@ def test_a_sender_killed_mid_stream_leaves_nothing_behind(tmp_path):
         await b.close()
 
     arun(main(), timeout_s=120)
-    assert not ring_mappings() and not ring_fds()
+    assert not ring_maps() and not ring_fds()
     assert set(os.listdir("/dev/shm")) <= shm_before
 
 
@@ -397,7 +374,7 @@ def test_a_connection_killed_mid_ring_stream_resends_the_value_through_a_new_rin
     ring: the sender dials again, offers a new ring, writes the value again, and every
     value arrives once, in order and exact; the old ring is unmapped."""
     async def main():
-        a, b = await pair(shm_ring_bytes=1 << 20)
+        a, b = await tcp_pair(shm_ring_bytes=1 << 20)
         sent = [big_msg(1_000_000 + i, rid=i, seed=i) for i in range(4)]
         for m in sent:
             await a.send(m)

@@ -25,6 +25,7 @@ from geomx.runtime.shm_ring import (MIN_RING_BYTES, RING_MIN_MESSAGE_BYTES, Ring
 from geomx.runtime.tcp import TcpTransport, parse_address
 from geomx.wire import Kind, Message, Payload
 from tests.helpers.aio import arun, start_pair
+from tests.helpers.rings import ring_fds, ring_maps, tcp_pair
 from tests.helpers.procs import descendants
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,32 +35,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="rings are Linux-only")
 
 
-def ring_fds(pid: int | str = "self") -> int:
-    """File descriptors of ``pid`` that are (or duplicate) a ring's memfd."""
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            n += "geomx-ring" in os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            pass
-    return n
-
-
-def ring_maps(pid: int | str = "self") -> int:
-    with open(f"/proc/{pid}/maps") as fh:
-        return sum("geomx-ring" in line for line in fh)
-
-
 def msg(n_floats: int, rid: int, src: str = "a", dst: str = "b") -> Message:
     data = np.arange(n_floats, dtype=np.float32)
     return Message(Kind.PUSH, src, dst, key=1, request_id=rid, payloads=[Payload.of(data)])
 
-
-async def pair(**kw) -> tuple[TcpTransport, TcpTransport]:
-    a = TcpTransport("a", udp=False, **kw)
-    b = TcpTransport("b", udp=False, **kw)
-    await start_pair(a, b)
-    return a, b
 
 
 def test_small_messages_never_make_a_ring_and_the_first_large_one_does():
@@ -68,7 +47,7 @@ def test_small_messages_never_make_a_ring_and_the_first_large_one_does():
     through a ring, from its first piece; each side keeps at most one fd for it (mmap's
     own, before Python 3.13) and one mapping."""
     async def main():
-        a, b = await pair()
+        a, b = await tcp_pair()
         small = RING_MIN_MESSAGE_BYTES // 4 - 64  # floats: just under the minimum
         for i in range(20):
             await a.send(msg(10, rid=i))
@@ -105,11 +84,7 @@ def test_a_receiver_without_rings_is_never_offered_one():
     async def main():
         a = TcpTransport("a", udp=False)
         b = TcpTransport("b", udp=False, shm_ring_bytes=0)
-        for t in (a, b):
-            await t.start()
-        book = {"a": a.local_address(), "b": b.local_address()}
-        a.set_address_book(book)
-        b.set_address_book(book)
+        await start_pair(a, b)
         for i in range(3):
             m = msg(600_000, rid=i)
             await a.send(m)
