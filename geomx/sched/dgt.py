@@ -486,7 +486,7 @@ class DgtReceiver:
             raise ValueError(f"DGT block {seq}/{nb} of {be} values does not fit key "
                              f"{msg.key} part {msg.part} ({n} values)")
         lo, hi = seq * be, min(n, (seq + 1) * be)
-        block = self._decode(node, msg, hi - lo)
+        block = decode_block(node, msg, hi - lo)
         ident = (msg.src, msg.key, msg.part)
         is_end = seq == nb - 1
         if is_end and not msg.request_id:
@@ -525,9 +525,6 @@ class DgtReceiver:
         node.record("dgt_assemble", src=msg.src, key=msg.key, part=msg.part, round=round_,
                     sent=sent_total, on_time=on_time, missing=missing)
         return out.reshape(like.shape).astype(like.dtype, copy=False)
-
-    def _decode(self, node: SchedContext, msg: Message, count: int) -> np.ndarray:
-        return decode_block(node, msg, count)
 
     def state_dict(self) -> dict[str, Any]:
         """What outlives a round (a checkpoint), per (sender, key, part): the last round

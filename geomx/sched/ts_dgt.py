@@ -149,7 +149,7 @@ class BlockMerges:
         is_end = seq == nb - 1
         if is_end and not msg.request_id:
             raise ValueError("a DGT end block must be a request (it is answered)")
-        block = self._decode(msg, None if is_end else be)
+        block = decode_block(self.ctx, msg, None if is_end else be)
         ident = (msg.src, msg.key, msg.part)
         late = round_ <= self._assembled.get(ident, -1)
         self.totals[band].count(msg.nbytes, late=late)
@@ -179,10 +179,6 @@ class BlockMerges:
         self.ctx.record("dgt_assemble", src=msg.src, key=msg.key, part=msg.part, round=round_,
                         sent=sent_total, on_time=at.on_time, missing=missing)
         return out
-
-    def _decode(self, msg: Message, count: int | None) -> np.ndarray:
-        """The values of one block (``count``: how many a non-end block must hold)."""
-        return decode_block(self.ctx, msg, count)
 
     def _add_late(self, key: int, part: int, lo: int, block: np.ndarray) -> None:
         n = self._size[(key, part)]  # its sender's merge of that round was assembled here
