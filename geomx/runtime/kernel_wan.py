@@ -59,6 +59,14 @@ BURST_S = 0.002
 QUEUE_LATENCY_MS = 100
 
 
+def tbf_rate_and_burst(bandwidth_bps: float) -> tuple[float, int]:
+    """The tbf rate (``bandwidth_bps`` of payload plus each frame's headers) and bucket
+    bytes a link of ``bandwidth_bps`` is shaped with; a program measured beside geomx on
+    a :class:`geomx.runtime.netns.NetnsPair` is shaped with the same."""
+    rate_bps = bandwidth_bps * FRAME_OVERHEAD
+    return rate_bps, max(BURST_FRAMES * 1514, int(rate_bps / 8 * BURST_S))
+
+
 def kernel_mode_problem(s: Scenario) -> str | None:
     """Why the kernel mode cannot run ``s`` here (None: it can)."""
     if any(w.trace for w in s.wans):
@@ -174,8 +182,7 @@ class KernelWan:
                      "via", via, "dev", dev, "src", self.address(a))
 
     def _shape(self, ns: str, dev: str, bandwidth_bps: float, w: Any) -> None:
-        rate_bps = bandwidth_bps * FRAME_OVERHEAD
-        burst = max(BURST_FRAMES * 1514, int(rate_bps / 8 * BURST_S))
+        rate_bps, burst = tbf_rate_and_burst(bandwidth_bps)
         tbf = ["tbf", "rate", f"{rate_bps:.0f}bit", "burst", str(burst),
                "latency", f"{QUEUE_LATENCY_MS}ms"]
         tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
