@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from geomx.optim.dcasgd import ADAPTIVE_EPS, DCASGD
+from geomx.optim.dcasgd import DCASGD, adaptive_lambda
 
 
 @dataclass
@@ -64,7 +64,7 @@ class CompensationProbe:
         mean_square = state.get("mean_square") if isinstance(state, dict) else None
         if mean_square is not None:  # DC-ASGD-a: lambda / sqrt of the updated mean square
             ms = np.float32(opt.ms_decay) * mean_square + np.float32(1 - opt.ms_decay) * g * g
-            lam = lam / (np.sqrt(ms) + np.float32(ADAPTIVE_EPS))
+            lam = adaptive_lambda(opt.lamda, ms)
         term = lam * g * g * drift
         g_norm = float(np.linalg.norm(g))
         self.updates += 1

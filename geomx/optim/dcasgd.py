@@ -31,10 +31,16 @@ import numpy as np
 
 from geomx.optim.base import JSONScalar, OptimizerBase, as_float32, check_option, check_shapes, write_back
 
-__all__ = ["DCASGD", "DCASGDState"]
+__all__ = ["DCASGD", "DCASGDState", "adaptive_lambda"]
 
 # Keeps lambda / sqrt(ms) finite where a coordinate has never had a gradient.
-ADAPTIVE_EPS = 1e-7
+_ADAPTIVE_EPS = 1e-7
+
+
+def adaptive_lambda(lamda: float, mean_square: np.ndarray) -> np.ndarray:
+    """DC-ASGD-a's per-element lambda, ``lamda / sqrt(mean_square)`` (finite where the
+    mean square is still 0)."""
+    return np.float32(lamda) / (np.sqrt(mean_square) + np.float32(_ADAPTIVE_EPS))
 
 
 #: Per-key state, a dict (the state contract in base.py): ``"backup"``: for the shared
@@ -132,7 +138,7 @@ class DCASGD(OptimizerBase):
         if mean_square is not None:
             mean_square *= np.float32(self.ms_decay)
             mean_square += np.float32(1.0 - self.ms_decay) * g * g
-            lam = np.float32(self.lamda) / (np.sqrt(mean_square) + np.float32(ADAPTIVE_EPS))
+            lam = adaptive_lambda(self.lamda, mean_square)
         # delta = -lr * (g + wd*w + lam*g*g*(w - w_bak))
         delta = g * g
         delta *= lam
