@@ -172,7 +172,8 @@ class SendRing:
         self.bytes = 0
 
     def offer(self) -> dict[str, Any]:
-        """The HELLO's word on this ring: where the receiver finds it and how it knows it."""
+        """The SHM_OFFER frame's word on this ring: where the receiver finds it and how
+        it knows it."""
         return {"host": host_identity(), "pid": os.getpid(), "fd": self._fd,
                 "bytes": self.size, "token": self.token.hex()}
 
