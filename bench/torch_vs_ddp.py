@@ -12,7 +12,10 @@ then, with ``--shaped-mbit`` (100 by default) and root, both again across a
 ``tc tbf``-shaped veth link -- DDP's two ranks in two network namespaces
 (geomx/runtime/netns.py), geomx's workers in their DCs' namespaces (``[real] shaper =
 "kernel"``, geomx/runtime/kernel_wan.py; no rings between namespaces) -- DDP with its
-``fp16_compress_hook``, geomx with ``Compression.fp16``.
+``fp16_compress_hook``, geomx with ``Compression.fp16``. geomx runs in two geometries
+(:data:`SITES`): on DDP's own network, one shaped link between the two workers' sites
+with the server at worker a's site (joined to it by a 10 Gbit/s link, a campus network);
+and with the server in a third DC that each worker reaches over a shaped link of its own.
 
 **What is measured, in the same run:** the communication time an iteration *exposes*,
 what a training iteration takes beyond the same iteration without communication:
@@ -120,6 +123,67 @@ def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup:
             "compute_ms": median_ms(local)}
 
 
+def raw_side(side: str, addr: str, port: int, nbytes: int, rounds: int) -> list[float]:
+    """One end of :func:`raw_both_ways_ms`: ``a`` listens, ``b`` connects; every round both
+    send ``nbytes`` on one TCP connection while receiving as much."""
+    import threading
+
+    if side == "a":
+        with socket.socket() as ls:
+            ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            ls.bind((addr, port))
+            ls.listen(1)
+            conn = ls.accept()[0]
+    else:
+        for _ in range(200):
+            try:
+                conn = socket.create_connection((addr, port))
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError(f"could not reach {addr}:{port}")
+
+    def receive(done: list[float]) -> None:
+        buf, got = bytearray(1 << 20), 0
+        while got < nbytes:
+            k = conn.recv_into(buf, min(len(buf), nbytes - got))
+            if not k:
+                raise ConnectionError("peer closed")
+            got += k
+        done.append(time.perf_counter())
+
+    data, times = memoryview(bytearray(nbytes)), []
+    with conn:
+        for _ in range(rounds):
+            conn.sendall(b"x")  # both ends start the round together
+            if conn.recv(1) != b"x":
+                raise ConnectionError("out of step")
+            t0, done = time.perf_counter(), []
+            th = threading.Thread(target=receive, args=(done,))
+            th.start()
+            conn.sendall(data)
+            th.join()
+            times.append(done[0] - t0)
+    return times
+
+
+def raw_both_ways_ms(pair: Any, nbytes: int, rounds: int = 5) -> float:
+    """``nbytes`` each way at once between the two namespaces of ``pair`` over one plain
+    TCP connection, the slower end's median over ``rounds``: the floor that a ring
+    allreduce and a sliced parameter server both stand on."""
+    port = free_port()
+    procs = [subprocess.Popen(pair.exec_argv(side, [
+        sys.executable, str(HERE), "--raw-side", side, "--addr", pair.addr_a, "--port",
+        str(port), "--raw-bytes", str(nbytes), "--iterations", str(rounds)]),
+        stdout=subprocess.PIPE, text=True) for side in "ab"]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"a raw transfer end failed: {outs}")
+    a, b = (json.loads(o.strip().splitlines()[-1]) for o in outs)
+    return 1000 * statistics.median(max(x, y) for x, y in zip(a, b))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,7 +280,7 @@ compute_per_iter = "0ms"
 [[wan]]
 a = "a"
 b = "central"
-bandwidth = "{mbit}Mbps"
+bandwidth = "{mbit_a}Mbps"
 latency = "0ms"
 [[wan]]
 a = "b"
@@ -236,9 +300,17 @@ shaper = "{shaper}"
 """
 
 
+#: where the global server sits on the shaped links: the bandwidth of worker a's link to
+#: it, as a multiple of the shaped rate (worker b's link always has the shaped rate).
+#: "one link": at worker a's site, one shaped link between the two sites as DDP has;
+#: "third DC": each worker reaches it over a shaped link of its own.
+SITES = {"one link": 100.0, "third DC": 1.0}
+
+
 def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None,
-              sets: tuple[str, ...] = ()) -> dict:
-    """One geomx.torch job over real sockets (``sets``: scenario overrides)."""
+              sets: tuple[str, ...] = (), sites: str = "third DC") -> dict:
+    """One geomx.torch job over real sockets (``sets``: scenario overrides; ``sites``: a
+    key of :data:`SITES`, for the shaped links)."""
     from geomx.experiment import run_scenario
     from geomx.metrics import load_run
     from geomx.scenario import load_scenario
@@ -246,6 +318,7 @@ def run_geomx(args, *, topology: str, fp16: bool, mbit: float | None,
     with tempfile.TemporaryDirectory() as tmp:
         text = SCENARIO.format(iterations=args.warmup + args.iterations, topology=topology,
                                program=f"{HERE}:geomx_main", mbit=mbit or 100000,
+                               mbit_a=mbit * SITES[sites] if mbit else 100000,
                                shape="true" if mbit else "false",
                                shaper="kernel" if mbit else "userspace")
         prog_args = ["--params", str(args.params), "--batch", str(args.batch),
@@ -265,14 +338,16 @@ def p3(slice_elements: int) -> tuple[str, ...]:
     return ("sched.p3=true", f"sched.p3_slice_elements={slice_elements}")
 
 
-#: the geomx.torch configurations each part measures: (label, topology, overrides)
+#: the geomx.torch configurations each part measures: (label, topology, overrides[, a key
+#: of :data:`SITES`])
 LOOPBACK = [("geomx.torch flat PS", "flat", ()),
             ("geomx.torch flat PS, 2 servers", "flat", ("dc.0.global_servers=2",)),
             ("geomx.torch flat PS + P3 1M", "flat", p3(1_000_000)),
             ("geomx.torch HiPS", "hips", ())]
-SHAPED = [("geomx.torch flat PS + P3 100k", "flat", p3(100_000)),
-          ("geomx.torch HiPS + P3 250k", "hips", p3(250_000)),
-          ("geomx.torch HiPS", "hips", ())]
+SHAPED = [("geomx.torch flat PS + P3 50k, one link", "flat", p3(50_000), "one link"),
+          ("geomx.torch flat PS + P3 100k, third DC", "flat", p3(100_000), "third DC"),
+          ("geomx.torch HiPS + P3 250k, third DC", "hips", p3(250_000), "third DC"),
+          ("geomx.torch HiPS, third DC", "hips", (), "third DC")]
 
 
 def loopback_transfer_ms(nbytes: int, repeat: int = 5) -> float:
@@ -306,9 +381,10 @@ def measure(args, repeat: int, ddp_run, configs, *, fp16: bool, mbit: float | No
     runs: dict[str, list[dict]] = {}
     for _ in range(repeat):
         runs.setdefault("DDP", []).append(ddp_run())
-        for label, topology, sets in configs:
+        for label, topology, sets, *sites in configs:
             runs.setdefault(label, []).append(run_geomx(args, topology=topology, fp16=fp16,
-                                                        mbit=mbit, sets=sets))
+                                                        mbit=mbit, sets=sets, sites=sites[0]
+                                                        if sites else "third DC"))
     return [(label, {k: statistics.median(r[k] for r in rs) for k in rs[0]})
             for label, rs in runs.items()]
 
@@ -352,7 +428,13 @@ def main() -> None:
     p.add_argument("--addr", default="127.0.0.1", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--fp16", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--raw-side", choices=("a", "b"), help=argparse.SUPPRESS)
+    p.add_argument("--raw-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.raw_side:
+        print(json.dumps(raw_side(args.raw_side, args.addr, args.port, args.raw_bytes,
+                                  args.iterations)))
+        return
     if args.ddp_rank >= 0:
         print(json.dumps(ddp_rank(args.ddp_rank, args.addr, args.port, args.params,
                                   args.iterations, args.warmup, args.batch, args.fp16)))
@@ -417,11 +499,15 @@ def shaped_part(args: argparse.Namespace) -> None:
                  "DDP (gloo) + fp16_compress_hook", "ahead of DDP", lambda r: r < 1.0)
     half = 2 * sum(q.numel() for q in mlp(args.shaped_params).parameters())
     wire = 1000 * half * 8 / (args.shaped_mbit * 1e6)
+    with NetnsPair(rate_mbit=rate_bps / 1e6, burst_bytes=burst_bytes,
+                   latency_ms=QUEUE_LATENCY_MS) as pair:
+        raw = raw_both_ways_ms(pair, half)
     ddp_ms = rows[0][1]["comm_ms"]
-    print(f"  wire time: each worker sends its {half / 1e6:.1f} MB FP16 gradient and receives "
-          f"as much, {wire:.0f} ms each way at {args.shaped_mbit:g} Mbit/s, both ways at once "
-          f"(a ring allreduce and a sliced PS alike); above it: DDP {ddp_ms - wire:+.0f} ms, "
-          f"geomx {best[1]['comm_ms'] - wire:+.0f} ms")
+    print(f"  wire: each worker sends its {half / 1e6:.1f} MB FP16 gradient and receives as "
+          f"much, {wire:.0f} ms each way at {args.shaped_mbit:g} Mbit/s, both ways at once "
+          f"(a ring allreduce and a sliced PS alike); one plain TCP connection moving as much "
+          f"both ways over the same link took {raw:.0f} ms (headers, acknowledgements). "
+          f"Above that floor: DDP {ddp_ms - raw:+.0f} ms, geomx {best[1]['comm_ms'] - raw:+.0f} ms")
 
 
 if __name__ == "__main__":
