@@ -258,6 +258,10 @@ def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
     numpy = sys.modules.get("numpy")  # (``random`` reseeds itself after a fork; numpy's
     if numpy is not None:             # legacy global generator does not)
         numpy.random.seed()
+    threads = env.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")  # loaded before the fork: it read the variable then
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
 
 
 def _set_title(title: str) -> None:
