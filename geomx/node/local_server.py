@@ -494,9 +494,15 @@ class LocalServer(Node):
         """Snapshot once every key of checkpoint round ``round_`` has been answered."""
         keys = self._ckpt_answered.setdefault(round_, set())
         keys.add(key)
-        if len(keys) < len(self.slots):
+        # from round 2 on, the keys that have been in a round: one a program only
+        # broadcasts (initialised, never pushed) is in none (GlobalServer._keys_in_round)
+        taking_part = len(self.slots) if round_ < 2 else \
+            sum(1 for s in self.slots.values() if s.round > 0)
+        if len(keys) < taking_part:
             return
         del self._ckpt_answered[round_]
+        for old in [r for r in self._ckpt_answered if r < round_]:
+            del self._ckpt_answered[old]  # a round 1 that a broadcast-only key held open
         slots = [[k, {"store": s.store, "round": s.round, "policy": self.policy.key_state(k)}]
                  for k, s in sorted(self.slots.items())]
         state = {"slots": slots, "codec": ckpt.codec_states(self.codec),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from geomx.torch.declare import as_bytes_array, declare, entries_of, from_bytes_array
+from geomx.torch.resume import restore_tensors
 from geomx.torch.session import Session, TorchAPIError, session
 from geomx.torch.tensors import check_tensor, host_copy, to_tensor
 from geomx.torch.waits import Operation, drive
@@ -57,6 +58,13 @@ def _tensors_op(s: Session, named: list[tuple[str, torch.Tensor]], what: str) ->
                 to_tensor(t, h)
 
 
+def _parameters_op(s: Session, named: list[tuple[str, torch.Tensor]]) -> Operation[None]:
+    yield from _tensors_op(s, named, "broadcast_parameters")
+    for name, t in named:
+        s.tracked[name] = t
+    restore_tensors(s, named)  # resuming: the worker's own model, not the servers' sums
+
+
 def broadcast_parameters(params: Mapping[str, Any] | Iterable[tuple[str, Any]],
                          root_rank: int = 0) -> Any:
     """Give every worker the master worker's values of ``params`` (``model.state_dict()``
@@ -65,10 +73,11 @@ def broadcast_parameters(params: Mapping[str, Any] | Iterable[tuple[str, Any]],
 
     Call it once, before training, on every node, the master worker included: this is
     where the parameters' keys are created and where the workers' names, shapes and
-    dtypes are checked against the master worker's."""
+    dtypes are checked against the master worker's. A worker's checkpoints carry these
+    tensors, and a resumed run gets them back here (geomx/torch/resume.py)."""
     _root(root_rank)
     s = session()
-    return drive(s, _tensors_op(s, _named(params), "broadcast_parameters"))
+    return drive(s, _parameters_op(s, _named(params)))
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,

@@ -22,6 +22,7 @@ import torch
 
 from geomx.torch.compression import Compression, codec_config
 from geomx.torch.exchange import Rounds, rounds_for
+from geomx.torch.resume import publish, restore_optimizer
 from geomx.torch.session import TorchAPIError, session
 from geomx.torch.tensors import HostBuffers, check_tensor
 from geomx.torch.waits import Operation, drive
@@ -211,6 +212,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 "first step")
         passes = self._check_step()
         if self._rounds is None:  # (before the compute: ESync times the whole step)
+            restore_optimizer(s, self.optimizer, dict(zip(self._names, self._params)))
             buffers = HostBuffers(self._params, stage=self._stage)
             self._rounds = rounds_for(s, self._names, self._params, buffers, self.optimizer,
                                       pull_weights=self.server_optimizer)
@@ -225,6 +227,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._iteration += 1
         shared = yield from self._rounds.step(self._iteration)
         self._compute_mark = s.compute_calls
+        publish(s, self.optimizer, {id(p): n for n, p in zip(self._names, self._params)})
         return shared
 
     def _check_step(self) -> int:

@@ -37,6 +37,9 @@ class Session:
                 from None
         #: names (parameters, optimizer state) whose keys are initialised on the servers
         self.declared: dict[str, tuple[tuple[int, ...], str]] = {}
+        #: the tensors ``broadcast_parameters`` was given, by name: the worker's own model,
+        #: which its checkpoints carry (geomx/torch/resume.py)
+        self.tracked: dict[str, Any] = {}
         self._signatures = 0
         #: ``ctx.compute`` calls the program made itself (``step`` charges none then)
         self.compute_calls = 0

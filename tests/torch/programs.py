@@ -62,9 +62,11 @@ def loss_of(model, data, idx):
 
 def evaluate(ctx, model, data, it, loss):
     if ctx.is_evaluator and (it % ctx.eval_every == 0 or it == ctx.max_iterations):
+        model.eval()  # (BatchNorm: evaluating must not move the running statistics)
         with torch.no_grad():
             out = model(torch.from_numpy(data.x_test))
             acc = (out.argmax(1) == torch.from_numpy(data.y_test)).float().mean().item()
+        model.train()
         ctx.report(it, loss=loss.item(), accuracy=acc)
 
 
