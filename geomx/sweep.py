@@ -267,7 +267,8 @@ class RunsBar:
 
 
 def _limit_kernel_threads(threads: int | None) -> None:
-    """Give this process's Numba kernels `threads` threads.
+    """Give this process's Numba kernels (and PyTorch, :func:`limit_kernel_threads`)
+    `threads` threads.
 
     J sweep processes on C cores with C kernel threads each oversubscribe the CPU: the
     codecs' `parallel=True` kernels then wait for descheduled threads on every small
@@ -276,9 +277,9 @@ def _limit_kernel_threads(threads: int | None) -> None:
     """
     if threads is None:
         return
-    import numba
+    from geomx.sweep_cluster import limit_kernel_threads
 
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    limit_kernel_threads(threads)
 
 
 def _run_point(scenario_path: str, overrides: list[str], tmp_parent: str,

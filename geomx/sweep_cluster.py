@@ -161,15 +161,33 @@ def _host(address: str) -> str:
 
 
 def limit_kernel_threads(threads: int) -> None:
-    """Give this thread's Numba kernels `threads` threads.
+    """Give this thread's Numba kernels `threads` threads, and this process's OpenMP
+    (PyTorch's intra-op threads) as many, unless ``OMP_NUM_THREADS`` says otherwise.
 
     Several Dask workers on one host, each running kernels on every core, oversubscribe
     it: the codecs' `parallel=True` kernels then wait for descheduled threads on every
     small tensor (the reason geomx/sweep.py gives local processes their share too).
+    PyTorch in a training program does the same with one intra-op thread per core,
+    less so than in the real runtime (an emulated run's programs take turns): 4 runs of
+    a geomx.torch MLP, 2 at a time on 2 cores, took 1-10 % longer with 2 threads each
+    than with 1 (35.5 against 31.6 s; 121.9 and 121.3 against 120.1 and 113.3 s). The
+    variable is set here, and ``geomx.torch.init`` applies it
+    (geomx/torch/session.py); the real runtime's launcher sets it for its nodes
+    (geomx/runtime/launcher.py).
     """
+    import sys
+
     import numba
 
-    numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    n = max(1, int(threads))
+    if "OMP_NUM_THREADS" not in os.environ:
+        # for what the program starts: geomx.torch.init applies it to torch (Numba's
+        # OpenMP pool, started below, leaves its own count in the runtime torch shares)
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        torch = sys.modules.get("torch")
+        if torch is not None:  # imported already: it read the variable then
+            torch.set_num_threads(n)
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 
 def run_checked(digest: str, kernel_threads: dict[str, int], fn: Callable[..., Any],

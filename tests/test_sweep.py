@@ -1,6 +1,8 @@
 """`geomx sweep`: grids checked like --set, runs tabulated, resumable, parallel = serial."""
 
 import json
+import os
+import sys
 import shutil
 
 import pytest
@@ -186,3 +188,25 @@ def test_progress_bar_shows_running_runs_when_told():
     assert len(lines) == 2
     assert "1/3 runs (0 resumed, 0 failed, 2 running)" in lines[0]
     assert "2/3 runs (0 resumed, 0 failed, 1 running)" in lines[1]
+
+
+def _threads_after_limit(code: str, env_threads: str | None) -> str:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if env_threads is not None:
+        env["OMP_NUM_THREADS"] = env_threads
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+
+
+def test_a_sweep_process_gives_pytorch_its_share_of_the_cores():
+    limit = "from geomx.sweep_cluster import limit_kernel_threads as f; f(1); "
+    show = "import os, torch; print(os.environ['OMP_NUM_THREADS'], torch.get_num_threads())"
+    # torch imported before the limit; imported after it, geomx.torch.init applies the
+    # variable (Numba's pool leaves its own count in the OpenMP runtime)
+    assert _threads_after_limit("import torch; " + limit + show, None) == ["1", "1"]
+    assert _threads_after_limit(limit + show, None)[0] == "1"
+    # the user's own setting wins
+    assert _threads_after_limit(limit + "import os; print(os.environ['OMP_NUM_THREADS'])",
+                                "2") == ["2"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import os
 from typing import Any
 
 import geomx.kv
@@ -104,7 +105,18 @@ async def _charge_async(compute: Any, passes: int) -> None:
 
 def init(kv: Any, ctx: Any) -> Session:
     """Start ``geomx.torch`` on this worker (Horovod's ``hvd.init()``): every other call
-    of the package uses this ``kv`` and ``ctx``. Calling it again replaces the session."""
+    of the package uses this ``kv`` and ``ctx``. Calling it again replaces the session.
+
+    Where ``OMP_NUM_THREADS`` is set -- by you, or by geomx for a process that shares the
+    host's cores with others (a local real-runtime launch, a sweep's processes) -- torch
+    gets that many intra-op threads here: torch reads the variable only when it loads,
+    and a Numba thread pool started earlier in the process leaves its own count behind
+    in the OpenMP runtime both use."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
     session = Session(kv, ctx)
     _current.set(session)
     return session
