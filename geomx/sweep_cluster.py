@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from geomx.provenance import package_digest
+from geomx.threads import THREADS_VAR, apply_to_torch
 
 #: Environment variable naming the scheduler when `--cluster` is not given.
 CLUSTER_ENV = "GEOMX_CLUSTER"
@@ -175,18 +176,14 @@ def limit_kernel_threads(threads: int) -> None:
     (geomx/torch/session.py); the real runtime's launcher sets it for its nodes
     (geomx/runtime/launcher.py).
     """
-    import sys
-
     import numba
 
     n = max(1, int(threads))
-    if "OMP_NUM_THREADS" not in os.environ:
+    if THREADS_VAR not in os.environ:
         # for what the program starts: geomx.torch.init applies it to torch (Numba's
         # OpenMP pool, started below, leaves its own count in the runtime torch shares)
-        os.environ["OMP_NUM_THREADS"] = str(n)
-        torch = sys.modules.get("torch")
-        if torch is not None:  # imported already: it read the variable then
-            torch.set_num_threads(n)
+        os.environ[THREADS_VAR] = str(n)
+        apply_to_torch(str(n))  # a torch imported already read the variable then
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
 
 

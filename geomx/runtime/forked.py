@@ -38,6 +38,8 @@ import time
 import traceback
 from typing import IO, Any, Callable, Iterator, Sequence
 
+from geomx.threads import THREADS_VAR, apply_to_torch
+
 #: Environment variable choosing how the local launcher starts nodes: ``fork`` (the
 #: default where it is safe) or ``exec`` (a fresh interpreter per node, always safe).
 ENV_VAR = "GEOMX_NODE_START"
@@ -258,10 +260,7 @@ def _become_node(stdin_fd: int, log_fd: int, env: dict[str, str],
     numpy = sys.modules.get("numpy")  # (``random`` reseeds itself after a fork; numpy's
     if numpy is not None:             # legacy global generator does not)
         numpy.random.seed()
-    threads = env.get("OMP_NUM_THREADS", "")
-    torch = sys.modules.get("torch")  # loaded before the fork: it read the variable then
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
+    apply_to_torch(env.get(THREADS_VAR))  # a torch loaded before the fork read it then
 
 
 def _set_title(title: str) -> None:

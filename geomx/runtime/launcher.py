@@ -49,6 +49,7 @@ from geomx.node.checkpoint import note_crash
 from geomx.runtime.config import file_scheduler_addresses, safe_name, scenario_uses_fixed_ports
 from geomx.runtime.forked import fork_command, fork_usable, preload, signals_deferred
 from geomx.scenario import Scenario, scenario_to_toml
+from geomx.threads import THREADS_VAR, threads_per_worker
 
 #: Seconds the launcher waits for the job before declaring it hung (unless the scenario
 #: sets run.max_wall_time, in which case that plus a grace period).
@@ -256,24 +257,6 @@ def _remote_commands(s: Scenario, plan: Any, run_dir: Path, start_epoch: float,
     return out, book
 
 
-#: The variable that sizes OpenMP's thread pool in each node process: PyTorch's intra-op
-#: threads, OpenBLAS's and Numba's OpenMP layer read it when they load.
-THREADS_VAR = "OMP_NUM_THREADS"
-
-
-def threads_per_worker(workers: int, cpus: int | None) -> int:
-    """OpenMP threads for each of ``workers`` training processes sharing ``cpus`` cores:
-    an equal share, at least one.
-
-    Each PyTorch process otherwise starts one intra-op thread per core, and OpenMP's
-    threads spin for a while after every parallel region: several worker processes on
-    one host then keep every core busy spinning and take turns, which stalled iterations
-    by 200-600 ms in a 4-worker job on 2 cores (docs/real-runtime.md, "Threads per
-    node"). torchrun sets 1 for the same reason when it starts several processes per
-    host; the share keeps a host with cores to spare using them."""
-    return max(1, (cpus or 1) // max(1, workers))
-
-
 def _start_order(plan: Any) -> list[str]:
     """Schedulers first (they own the fixed ports), then servers, then workers."""
     return sorted(plan.nodes, key=lambda n: (0 if "scheduler" in plan.roles[n] else
@@ -326,7 +309,7 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
         preload()
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    if remote is None and THREADS_VAR not in env:
+    if remote is None and THREADS_VAR not in env:  # each worker its share (geomx/threads.py)
         workers = sum(role == "worker" for role in plan.roles.values())
         env[THREADS_VAR] = str(threads_per_worker(workers, os.cpu_count()))
     (run_dir / "launch.json").write_text(json.dumps(

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 import geomx.kv
+from geomx.threads import THREADS_VAR, apply_to_torch
 
 _current: contextvars.ContextVar["Session"] = contextvars.ContextVar("geomx_torch_session")
 
@@ -112,11 +113,7 @@ def init(kv: Any, ctx: Any) -> Session:
     gets that many intra-op threads here: torch reads the variable only when it loads,
     and a Numba thread pool started earlier in the process leaves its own count behind
     in the OpenMP runtime both use."""
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:
-        import torch
-
-        torch.set_num_threads(int(threads))
+    apply_to_torch(os.environ.get(THREADS_VAR))
     session = Session(kv, ctx)
     _current.set(session)
     return session

@@ -1,5 +1,5 @@
 """OpenMP threads per node process in a local ``--runtime real`` job
-(geomx/runtime/launcher.py, :func:`threads_per_worker`): each worker gets an equal share
+(geomx/runtime/launcher.py, geomx/threads.py): each worker gets an equal share
 of the host's cores unless the user set ``OMP_NUM_THREADS``, also when the launcher had
 already loaded PyTorch before forking its nodes."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from geomx.experiment import run_scenario
 from geomx.metrics.recorder import iter_events
-from geomx.runtime.launcher import THREADS_VAR, threads_per_worker
+from geomx.threads import THREADS_VAR, threads_per_worker
 from geomx.scenario import load_scenario
 
 from tests.helpers.paths import ROOT
