@@ -272,6 +272,11 @@ class ProgramContext:
         return self._state
 
     @property
+    def checkpointing(self) -> bool:
+        """This job takes checkpoints (``[checkpoint] every``): ``state`` is saved with them."""
+        return self._saver.enabled
+
+    @property
     def resumed(self) -> bool:
         """This run continues a checkpoint: ``state`` holds what was saved."""
         return self._start_iteration > 0

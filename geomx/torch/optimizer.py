@@ -104,6 +104,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._iteration = 0
         self._passes = {id(p): 0 for p in self._params}
         self._index = {id(p): k for k, p in enumerate(self._params)}
+        self._name_of = {id(p): n for n, p in zip(self._names, self._params)}
         self._compute_mark = s.compute_calls
         #: the thread that calls step() (the program's), once gradients may be sent from
         #: the backward pass (:meth:`_start_early`); None until then or when not wanted
@@ -227,7 +228,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._iteration += 1
         shared = yield from self._rounds.step(self._iteration)
         self._compute_mark = s.compute_calls
-        publish(s, self.optimizer, {id(p): n for n, p in zip(self._names, self._params)})
+        publish(s, self.optimizer, self._name_of)
         return shared
 
     def _check_step(self) -> int:

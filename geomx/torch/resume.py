@@ -8,10 +8,10 @@ not on the servers, whose keys hold the last round's gradient sum. A checkpoint 
 therefore carry them in the worker's part, which is what the program's ``ctx.state`` is
 for (geomx/node/program.py; docs/reliability.md, "Training programs").
 
-:func:`publish` puts them there after every ``step()``: views of CPU tensors (no copy;
-their values are read when the checkpoint is written, at the start of the next
-iteration), and host copies of tensors on another device, made only when the round just
-finished is a checkpoint round. On resume, :func:`restore_tensors` writes the saved values
+:func:`publish` puts them there after every ``step()`` of a job that takes checkpoints:
+views of CPU tensors (no copy; their values are read when the checkpoint is written, at
+the start of the next iteration), and host copies of tensors on another device, made
+only when the round just finished is a checkpoint round. On resume, :func:`restore_tensors` writes the saved values
 back over what ``broadcast_parameters`` pulled, and :func:`restore_optimizer` refills the
 wrapped optimizer's state before the first ``step()``.
 """
@@ -39,8 +39,9 @@ def _view(t: torch.Tensor, copy_others: bool) -> np.ndarray | None:
 
 def publish(s: Session, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
     """Refresh this worker's entry of ``ctx.state``: the tensors broadcast so far and the
-    state of ``optimizer``, whose parameters are named by ``names`` (``id(p)`` -> name)."""
-    if s.is_master:
+    state of ``optimizer``, whose parameters are named by ``names`` (``id(p)`` -> name).
+    Nothing in a job that takes no checkpoints."""
+    if s.is_master or not s.ctx.checkpointing:
         return
     due = bool(s.node.state.ckpt_due)
     entry: dict[str, Any] = s.ctx.state.setdefault(STATE_KEY, {})
