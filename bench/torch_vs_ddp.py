@@ -123,6 +123,16 @@ def ddp_rank(rank: int, addr: str, port: int, params: float, iters: int, warmup:
             "compute_ms": median_ms(local)}
 
 
+def receive_all(conn: socket.socket, nbytes: int, buf: memoryview) -> None:
+    """Read ``nbytes`` from ``conn``, ``len(buf)`` at most at a time, into ``buf``."""
+    got = 0
+    while got < nbytes:
+        k = conn.recv_into(buf, min(len(buf), nbytes - got))
+        if not k:
+            raise ConnectionError(f"peer closed after {got} of {nbytes} bytes")
+        got += k
+
+
 def raw_side(side: str, addr: str, port: int, nbytes: int, rounds: int) -> list[float]:
     """One end of :func:`raw_both_ways_ms`: ``a`` listens, ``b`` connects; every round both
     send ``nbytes`` on one TCP connection while receiving as much."""
@@ -144,13 +154,10 @@ def raw_side(side: str, addr: str, port: int, nbytes: int, rounds: int) -> list[
         else:
             raise RuntimeError(f"could not reach {addr}:{port}")
 
+    buf = memoryview(bytearray(1 << 20))
+
     def receive(done: list[float]) -> None:
-        buf, got = bytearray(1 << 20), 0
-        while got < nbytes:
-            k = conn.recv_into(buf, min(len(buf), nbytes - got))
-            if not k:
-                raise ConnectionError("peer closed")
-            got += k
+        receive_all(conn, nbytes, buf)
         done.append(time.perf_counter())
 
     data, times = memoryview(bytearray(nbytes)), []
@@ -356,7 +363,7 @@ def loopback_transfer_ms(nbytes: int, repeat: int = 5) -> float:
     import threading
 
     data = memoryview(bytearray(nbytes))
-    sink = memoryview(bytearray(nbytes))
+    sink = memoryview(bytearray(4 << 20))
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
         srv.listen(1)
@@ -366,9 +373,7 @@ def loopback_transfer_ms(nbytes: int, repeat: int = 5) -> float:
                 t0 = time.perf_counter()
                 sender = threading.Thread(target=out.sendall, args=(data,))
                 sender.start()
-                got = 0
-                while got < nbytes:
-                    got += inp.recv_into(sink[got:got + (4 << 20)])
+                receive_all(inp, nbytes, sink)
                 sender.join()
                 times.append(time.perf_counter() - t0)
     return median_ms(times)
