@@ -242,7 +242,8 @@ class GlobalServer(Node):
         if len(msg.payloads) != 1:
             self.reply_error(msg, "INIT needs exactly one payload")
             return
-        problem = self.policy.start_problem(self.sync_ctx)
+        problem = optimizer_mismatch(self.job.sync_algorithm, self.policy) or \
+            self.policy.start_problem(self.sync_ctx)
         if problem:
             self.reply_error(msg, problem)
             return
@@ -676,3 +677,24 @@ class GlobalServer(Node):
                         "deduped": dict(sorted(self.deduped.items()))}
                        if self._dedupe_rounds else {}))
         leave(self, self.job.global_scheduler)
+
+
+def optimizer_mismatch(algorithm: Any, side: GlobalSide) -> str | None:
+    """Why ``side`` cannot serve ``algorithm``'s workers, or None.
+
+    Two flags say who runs the optimizer (geomx/policy/sync.py):
+    ``SyncAlgorithm.uses_global_optimizer`` tells the workers that a pull returns
+    weights, and ``GlobalSide.uses_optimizer`` tells the server to keep a plain sum.
+    With the first True and the second False the workers would take the sum of the
+    gradients for their weights and train nothing, silently; the job is refused instead.
+    The other way round is consistent: no optimizer is sent, the server sums and the
+    workers step locally.
+    """
+    if side.uses_optimizer or not algorithm.uses_global_optimizer:
+        return None
+    return (f"sync policy {algorithm.name!r}: its global side {type(side).__name__} keeps "
+            "a plain sum (uses_optimizer = False), but "
+            f"{type(algorithm).__name__}.uses_global_optimizer is True, so the workers "
+            "would pull that sum as their weights; set uses_global_optimizer = False on "
+            "the algorithm (workers then step locally with the sum), or uses_optimizer = "
+            "True on the global side")
