@@ -284,11 +284,13 @@ def _check_membership(s: Scenario) -> None:
 
 @scenario_check
 def _check_sync(s: Scenario) -> None:
-    if s.topology.kind in ("flat", "mxnet") and s.sync.algorithm not in ("auto", "fsa", "mixed"):
+    if (s.topology.kind in ("flat", "mxnet")
+            and policy_class("sync", s.sync.resolved_algorithm).needs_local_tier):
+        allowed = "'fsa', 'mixed', or a sync policy of your own whose needs_local_tier is False"
         raise ScenarioError(
-            f"{s.sync.algorithm!r} needs local servers, which topology.kind = 'flat' does not have; "
-            "allowed with flat: 'fsa', 'mixed'",
-            path="sync.algorithm", value=s.sync.algorithm, allowed="'fsa', 'mixed'")
+            f"{s.sync.algorithm!r} needs local servers, which topology.kind = "
+            f"{s.topology.kind!r} does not have; allowed with {s.topology.kind}: {allowed}",
+            path="sync.algorithm", value=s.sync.algorithm, allowed=allowed)
     if s.sync.algorithm == "mixed" and s.training.optimizer == "none":
         # GeoMX hits a check failure mid-run here (docs/geomx-behaviour.md §6, bug 12)
         allowed = quote_list(o for o in SERVER_OPTIMIZERS if o != "none")
