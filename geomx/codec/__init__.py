@@ -25,9 +25,15 @@ from geomx.policy.codec import (
     Encoded,
     Tier,
     decode,
+    set_decoder_loader,
 )
 from .identity import DenseCodec
 from .registry import CODEC_NAMES, Policy, codec_from_config, create_codec
+from . import registry as _registry
+
+# A node decodes whatever payload reaches it, also of a codec it has not built yet (a
+# reply in fp16 can overtake the command that sets fp16): decode() imports its module.
+set_decoder_loader(_registry.DECODER_NAMES, _registry.load_decoder)
 
 #: Classes whose modules import Numba: loaded on first access (PEP 562), so importing
 #: the package (every node does) costs no Numba unless a compressing codec is used.

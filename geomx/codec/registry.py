@@ -34,6 +34,26 @@ _CLASSES: dict[str, tuple[str, str]] = {
 #: Accepted names, in the order the docs list them.
 CODEC_NAMES: tuple[str, ...] = tuple(_CLASSES)
 
+#: Decoder name (a payload's ``meta["codec"]``) -> module of this package whose import
+#: registers that decoder. ``mpq`` is a policy, not a decoder: its payloads name the
+#: codec it picked.
+_DECODER_MODULES: dict[str, str] = {
+    "none": "identity",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "bsc": "bsc",
+    "onebit": "onebit",
+}
+#: The built-in decoders' names.
+DECODER_NAMES: tuple[str, ...] = tuple(_DECODER_MODULES)
+
+
+def load_decoder(name: str) -> None:
+    """Import the module that registers built-in decoder ``name`` (one of
+    :data:`DECODER_NAMES`): the loader geomx.policy.codec's ``decode`` calls for a payload
+    of a codec this process has not imported (``set_decoder_loader``)."""
+    importlib.import_module(f".{_DECODER_MODULES[name]}", __package__)
+
 
 def codec_class(name: str) -> type:
     """The class behind codec name ``name`` (one of :data:`CODEC_NAMES`), imported now."""

@@ -24,8 +24,10 @@ Arrays may be numpy arrays (CPU kernels) or CUDA arrays (anything with
 from __future__ import annotations
 
 import abc
+import importlib
 import math
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, NamedTuple
 
@@ -134,6 +136,60 @@ class CodecState:
 
 _DECODERS: dict[str, type["Codec"]] = {}
 
+#: Decoder names the installed loader can register, and the loader
+#: (:func:`set_decoder_loader`).
+_LOADABLE: frozenset[str] = frozenset()
+_LOADER: Callable[[str], object] | None = None
+#: The package that installs the built-in codecs' loader when it is imported. This layer
+#: may not import it (pyproject.toml's layers), so it names it, as
+#: ``geomx.policy.registry.BUILTIN`` names every built-in codec's class.
+_BUILTIN_PACKAGE = "geomx.codec"
+
+
+def set_decoder_loader(names: Iterable[str], load: Callable[[str], object]) -> None:
+    """Let :func:`decode` find decoders whose modules are not imported yet.
+
+    A decoder is registered when its codec's class is created, that is when its module
+    is imported; the built-in compressing codecs import Numba, so their modules are
+    imported only when needed (geomx/codec/__init__.py). A node can receive a payload of
+    a codec it has never built: a global server installs the master's
+    ``set_gradient_compression`` and answers in fp16 before the command it forwards has
+    reached the local server that pulled. Commands and payloads travel on different
+    paths, so decoding must not depend on which arrives first.
+
+    ``names``: the decoder names (``meta["codec"]``) ``load`` registers; ``load(name)``
+    imports the module that defines that decoder. geomx.codec installs its loader when
+    it is imported; :func:`decode` imports geomx.codec itself when no loader is installed.
+    """
+    global _LOADABLE, _LOADER
+    _LOADABLE = frozenset(names)
+    _LOADER = load
+
+
+def _loadable() -> frozenset[str]:
+    """The decoder names the loader can register (importing geomx.codec, which installs
+    the loader, on first need)."""
+    if _LOADER is None:
+        importlib.import_module(_BUILTIN_PACKAGE)
+    return _LOADABLE
+
+
+def _decoder(name: Any) -> type["Codec"] | None:
+    """The decoder registered as ``name``, loading a built-in one not imported yet."""
+    if not isinstance(name, str):
+        return None
+    cls = _DECODERS.get(name)
+    if cls is None and name in _loadable() and _LOADER is not None:
+        _LOADER(name)
+        cls = _DECODERS.get(name)
+    return cls
+
+
+def known_decoders() -> list[str]:
+    """Every decoder name :func:`decode` accepts: those registered and the built-in ones
+    the loader registers on first use."""
+    return sorted(set(_DECODERS) | _loadable())
+
 
 def decode(encoded: "Encoded | tuple[list[Any], dict[str, Any]]", out: Any = None,
            accumulate: bool = False) -> Any:
@@ -142,6 +198,8 @@ def decode(encoded: "Encoded | tuple[list[Any], dict[str, Any]]", out: Any = Non
     ``out``: optional destination with ``meta["n"]`` elements (numpy array, or a CUDA
     array for device payloads); it is overwritten, or added to when ``accumulate`` is
     true. Without ``out`` a new array of the original shape and dtype is returned.
+    A built-in codec's decoder is loaded on first use (:func:`set_decoder_loader`), so
+    any node decodes any built-in payload whatever it has imported or been told.
     Raises :class:`CodecError` on malformed input (wrong array count/dtypes/sizes,
     indices out of range, unknown codec).
     """
@@ -155,9 +213,9 @@ def decode(encoded: "Encoded | tuple[list[Any], dict[str, Any]]", out: Any = Non
     if not isinstance(meta, dict):
         raise CodecError(f"meta must be a dict, got {type(meta).__name__}")
     name = meta.get("codec")
-    cls = _DECODERS.get(name) if isinstance(name, str) else None
+    cls = _decoder(name)
     if cls is None:
-        raise CodecError(f"unknown codec {name!r} in meta; known: {sorted(_DECODERS)}")
+        raise CodecError(f"unknown codec {name!r} in meta; known: {known_decoders()}")
     arrays = list(arrays)
     n, dtype, shape = parse_meta(meta)
     on_dev = any(device.is_cuda_array(a) for a in arrays)
@@ -298,10 +356,12 @@ class Codec(CodecPolicy):
         name = cls.__dict__.get("name")
         if not isinstance(name, str):
             return
-        taken = _DECODERS.get(name)
-        if (taken is not None and taken.__module__.startswith("geomx.")
-                and not cls.__module__.startswith("geomx.")):
-            return  # a built-in's decoder is never replaced (the registry refuses the name)
+        if not cls.__module__.startswith("geomx."):
+            taken = _DECODERS.get(name)
+            if (taken is not None and taken.__module__.startswith("geomx.")) or name in _loadable():
+                # a built-in's decoder, imported yet or not, is never replaced (the
+                # registry refuses the name)
+                return
         _DECODERS[name] = cls
 
     # -- policy -----------------------------------------------------------------

@@ -21,26 +21,29 @@ def _digests(run_dir) -> dict[tuple[str, int], float]:
             for e in run_events(run_dir, "eval") if "digest" in e}
 
 
-def _stop_and_resume(tmp_path, runtime: str, sets=()):
-    sets = [*SETS, *sets]
-    clean = run(tmp_path / "clean", sets, args=ARGS, iterations=12, runtime=runtime)
-    first = run(tmp_path / "first", sets, args=ARGS, iterations=6, runtime=runtime)
+def _stop_and_resume(tmp_path, runtime: str, sets=(), args=()):
+    sets, args = [*SETS, *sets], (*ARGS, *args)
+    clean = run(tmp_path / "clean", sets, args=args, iterations=12, runtime=runtime)
+    first = run(tmp_path / "first", sets, args=args, iterations=6, runtime=runtime)
     resumed = run_scenario(resume_scenario(first.run_dir, ["run.iterations=12"]),
                            runtime=runtime, progress=False)
     return _digests(clean.run_dir), _digests(resumed.run_dir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("runtime, sets", [
-    ("emu", []), ("real", []),
+@pytest.mark.parametrize("runtime, sets, args", [
+    ("emu", [], ()), ("real", [], ()),
     # HFA's checkpoint rounds are its global syncs: every 2 iterations here, so round 3
     # is iteration 6; ESync's rounds, P3's slices
-    ("emu", ["sync.algorithm=hfa", "sync.k1=2", "sync.k2=1"]),
-    ("emu", ["sync.algorithm=esync"]),
-    ("emu", ["sched.p3=true", "sched.p3_slice_elements=2000"])],
-    ids=["fsa-emu", "fsa-real", "hfa", "esync", "p3"])
-def test_a_resumed_torch_program_continues_bit_for_bit(tmp_path, runtime, sets):
-    clean, resumed = _stop_and_resume(tmp_path, runtime, sets)
+    ("emu", ["sync.algorithm=hfa", "sync.k1=2", "sync.k2=1"], ()),
+    ("emu", ["sync.algorithm=esync"], ()),
+    ("emu", ["sched.p3=true", "sched.p3_slice_elements=2000"], ()),
+    # Compression.fp16: the master's set_gradient_compression races the resumed
+    # servers' first fp16 replies to a local server that has not been told the codec
+    ("emu", [], ("--fp16",)), ("real", [], ("--fp16",))],
+    ids=["fsa-emu", "fsa-real", "hfa", "esync", "p3", "fp16-emu", "fp16-real"])
+def test_a_resumed_torch_program_continues_bit_for_bit(tmp_path, runtime, sets, args):
+    clean, resumed = _stop_and_resume(tmp_path, runtime, sets, args)
     later = {k: v for k, v in resumed.items() if k[1] > 6}
     workers = {node for node, _ in later}
     assert len(workers) == 4 and len(later) == 4 * 6  # quickstart's workers, iterations 7..12
