@@ -1,0 +1,127 @@
+"""A codec a training program sets with ``kv.set_gradient_compression`` resumes with its
+error feedback.
+
+Bi-Sparse and onebit keep per-key memory (momentum, residuals, the encode round that
+seeds Bi-Sparse's sampling) at the node that encodes the WAN push: the local servers
+under HiPS, the workers on a flat PS. A checkpoint saves that memory; on ``--resume``
+the program runs from its start again and its master worker sets the codec again, which
+the servers (and, from a reply, the workers) install as a new codec. The memory must
+end up in that codec, or the resumed run sends other bits from its first round on.
+
+Each worker reports a SHA-256 of its model after every iteration; a run stopped at
+iteration 10 and resumed to 20 must report the digests of an uninterrupted 20-iteration
+run for iterations 11..20, in the emulator and over real sockets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from geomx.experiment import resume_scenario, run_scenario
+from geomx.scenario import load_scenario
+
+from tests.helpers.events import run_events
+from tests.helpers.paths import ROOT
+
+CNN = ROOT / "examples" / "cnn.toml"
+QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
+         "metrics.trace=false"]
+STOP, END = 10, 20
+
+#: examples/cnn.py (Adam on the global server) whose master worker may set a codec:
+#: ``training.program_args = ["bsc"]`` / ``["onebit"]`` / ``["none"]``
+PROGRAM = '''
+import hashlib
+
+import geomx.kv
+
+CODECS = {"bsc": {"type": "bsc", "threshold": 0.01, "size_lower_bound": 1000},
+          "onebit": {"type": "onebit", "size_lower_bound": 1000}}
+
+
+async def main(kv, ctx):
+    model = ctx.build_model()
+    params = model.params
+    if kv.is_master_worker:
+        if ctx.args[0] in CODECS:
+            kv.set_gradient_compression(CODECS[ctx.args[0]])
+        kv.set_optimizer(geomx.kv.optimizer.Adam(learning_rate=ctx.lr))
+    for k, p in enumerate(params):
+        kv.init(k, p)
+        if not kv.is_master_worker:
+            kv.pull(k, out=p)
+    await kv.waitall()
+    if kv.is_master_worker:
+        return
+    data = ctx.dataset()
+    batches = ctx.batches()
+    for it in ctx.iterations():
+        idx = batches.next()
+        loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
+        await ctx.compute("per_iter")
+        for k, g in enumerate(grads):
+            kv.push(k, g, priority=-k)
+            kv.pull(k, out=params[k], priority=-k)
+        await kv.waitall()
+        h = hashlib.sha256()
+        for p in params:
+            h.update(p.tobytes())
+        ctx.report(it, digest=h.hexdigest())
+'''
+
+
+def _scenario(tmp_path: Path) -> Path:
+    program = tmp_path / "codec_program.py"
+    program.write_text(PROGRAM)
+    scenario = tmp_path / "codec_program.toml"
+    scenario.write_text(CNN.read_text().replace('program = "cnn.py"', f'program = "{program}"'))
+    return scenario
+
+
+def _digests(run_dir) -> dict[tuple[str, int], str]:
+    return {(e["node"], e["iteration"]): e["digest"]
+            for e in run_events(run_dir, "eval") if "digest" in e}
+
+
+def _stop_and_resume(tmp_path: Path, runtime: str, sets: list[str]):
+    """(uninterrupted run's digests, resumed run's digests, resumed run's folder)."""
+    scenario, out = _scenario(tmp_path), tmp_path / "runs"
+    sets = [*QUIET, "checkpoint.every=5", *sets]
+    clean = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={END}"]),
+                         out_dir=out, runtime=runtime, progress=False)
+    first = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={STOP}"]),
+                         out_dir=out, runtime=runtime, progress=False)
+    resumed = run_scenario(resume_scenario(first.run_dir, [f"run.iterations={END}"]),
+                           out_dir=out, runtime=runtime, progress=False)
+    return _digests(clean.run_dir), _digests(resumed.run_dir), resumed.run_dir
+
+
+def _assert_continues_bit_for_bit(clean, resumed) -> None:
+    later = {k: v for k, v in resumed.items() if k[1] > STOP}
+    assert len({node for node, _ in later}) == 4 and len(later) == 4 * (END - STOP)
+    assert later == {k: clean[k] for k in later}
+
+
+#: (runtime, what sets the codec); the program's ``set_gradient_compression`` under
+#: HiPS (local servers keep the memory) and on a flat PS (workers keep it), and the
+#: scenario's ``[codec]`` with no command
+CASES = [
+    ("emu", ['training.program_args=["bsc"]']),
+    ("emu", ['training.program_args=["onebit"]']),
+    ("emu", ['training.program_args=["bsc"]', "topology.kind=flat"]),
+    ("emu", ['training.program_args=["none"]', "codec.type=bsc", "codec.threshold=0.01",
+             "codec.size_lower_bound=1000"]),
+    ("real", ['training.program_args=["bsc"]']),
+    ("real", ['training.program_args=["onebit"]', "topology.kind=flat"]),
+]
+IDS = ["bsc-emu", "onebit-emu", "bsc-flat-emu", "scenario-bsc-emu", "bsc-real",
+       "onebit-flat-real"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime, sets", CASES, ids=IDS)
+def test_a_resumed_program_keeps_its_codec_memory(tmp_path, runtime, sets):
+    clean, resumed, _ = _stop_and_resume(tmp_path, runtime, sets)
+    _assert_continues_bit_for_bit(clean, resumed)
