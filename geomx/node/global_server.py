@@ -178,7 +178,7 @@ class GlobalServer(Node):
             self._restore_optimizer()
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
-            self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
+            self.codec = self.codec.replaced(dict(msg.meta["config"]))
             if self.job.mode == "flat_ps":
                 self.codec_notice.command(msg.meta["config"])
             self.record("command", cmd=cmd)
@@ -521,7 +521,7 @@ class GlobalServer(Node):
             self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
                                                      opt_state=opt_state)
         self._restored_opt = dict(state["optimizer"])
-        ckpt.restore_codec_states(self.codec, state["codec"])
+        ckpt.restore_codec_states(self.codec, state["codec"], self.record)
         self._restored_sched = state.get("sched")
         self._restored_sync = state.get("sync")
         if self._restored_sync is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from geomx.experiment import resume_scenario, run_scenario
@@ -98,11 +99,16 @@ def _stop_and_resume(tmp_path: Path, runtime: str, sets: list[str]):
     return _digests(clean.run_dir), _digests(resumed.run_dir), resumed.run_dir
 
 
-def _assert_continues_bit_for_bit(clean, resumed) -> None:
+def _assert_continues_bit_for_bit(clean, resumed, workers: int) -> None:
     later = {k: v for k, v in resumed.items() if k[1] > STOP}
-    assert len({node for node, _ in later}) == 4 and len(later) == 4 * (END - STOP)
+    assert len({node for node, _ in later}) == workers and len(later) == workers * (END - STOP)
     assert later == {k: clean[k] for k in later}
 
+
+#: a flat PS over real sockets with one worker per DC: its global server sums the
+#: workers' pushes in arrival order, which only two addends make exact in any order
+#: (four workers' sums differ in their last bits from run to run, resumed or not)
+FLAT_TWO = ["topology.kind=flat", "dc.party-a.workers=1", "dc.party-b.workers=1"]
 
 #: (runtime, what sets the codec); the program's ``set_gradient_compression`` under
 #: HiPS (local servers keep the memory) and on a flat PS (workers keep it), and the
@@ -114,7 +120,7 @@ CASES = [
     ("emu", ['training.program_args=["none"]', "codec.type=bsc", "codec.threshold=0.01",
              "codec.size_lower_bound=1000"]),
     ("real", ['training.program_args=["bsc"]']),
-    ("real", ['training.program_args=["onebit"]', "topology.kind=flat"]),
+    ("real", ['training.program_args=["onebit"]', *FLAT_TWO]),
 ]
 IDS = ["bsc-emu", "onebit-emu", "bsc-flat-emu", "scenario-bsc-emu", "bsc-real",
        "onebit-flat-real"]
@@ -123,5 +129,45 @@ IDS = ["bsc-emu", "onebit-emu", "bsc-flat-emu", "scenario-bsc-emu", "bsc-real",
 @pytest.mark.slow
 @pytest.mark.parametrize("runtime, sets", CASES, ids=IDS)
 def test_a_resumed_program_keeps_its_codec_memory(tmp_path, runtime, sets):
-    clean, resumed, _ = _stop_and_resume(tmp_path, runtime, sets)
-    _assert_continues_bit_for_bit(clean, resumed)
+    clean, resumed, run_dir = _stop_and_resume(tmp_path, runtime, sets)
+    _assert_continues_bit_for_bit(clean, resumed, 2 if "dc.party-a.workers=1" in sets else 4)
+    # every node that encodes pushes resumed with the memory of its checkpoint
+    restored = {e["node"] for e in run_events(run_dir, "codec_restore")}
+    assert restored == ({n for n, _ in resumed} if "topology.kind=flat" in sets
+                        else {"ls:party-a", "ls:party-b"})
+    assert not run_events(run_dir, "warning")
+
+
+def test_memory_of_another_codec_starts_fresh_and_says_so(tmp_path):
+    """Resumed with another codec than the checkpoint's, a node does not feed Bi-Sparse's
+    buffers to onebit: it starts its error feedback from zero and records why."""
+    scenario, out = _scenario(tmp_path), tmp_path / "runs"
+    bsc = ["codec.type=bsc", "codec.threshold=0.01", "codec.size_lower_bound=1000"]
+    first = run_scenario(load_scenario(scenario, [*QUIET, "checkpoint.every=5", *bsc,
+                                                  'training.program_args=["none"]',
+                                                  f"run.iterations={STOP}"]),
+                         out_dir=out, progress=False)
+    resumed = run_scenario(resume_scenario(first.run_dir, [f"run.iterations={END}",
+                                                           "codec.type=onebit"]),
+                           out_dir=out, progress=False)
+    assert resumed.summary.iterations == END
+    assert not run_events(resumed.run_dir, "codec_restore")
+    warned = {e["node"]: e["text"] for e in run_events(resumed.run_dir, "warning")}
+    assert set(warned) == {"ls:party-a", "ls:party-b"}
+    assert all("'type': 'bsc'" in t and "'type': 'onebit'" in t and "starts from zero" in t
+               for t in warned.values())
+
+
+@pytest.mark.parametrize("saved, problem", [
+    ({"states": []}, "malformed codec state"),
+    ({"config": {"type": "bsc"}, "states": [[["wan", 0], {"n": 4}]]}, "malformed codec state key"),
+    ({"config": {"type": "bsc"}, "states": [[["wan", 0, 0], {
+        "n": 4, "u": np.zeros(3, np.float32), "v": None, "residual": None, "round": 1}]]},
+     "not float32 with 4 elements"),
+])
+def test_a_malformed_codec_memory_is_refused(saved, problem):
+    from geomx.node import checkpoint as ckpt
+    from geomx.node.link_codec import LinkCodec
+
+    with pytest.raises(ckpt.CheckpointError, match=problem):
+        ckpt.restore_codec_states(LinkCodec({"type": "bsc"}), saved, lambda *a, **k: None)
