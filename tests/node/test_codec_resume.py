@@ -138,6 +138,56 @@ def test_a_resumed_program_keeps_its_codec_memory(tmp_path, runtime, sets):
     assert not run_events(run_dir, "warning")
 
 
+def test_a_resumed_global_server_answers_pulls_after_the_masters_init(tmp_path):
+    """Over real sockets a resumed job's local servers could pull the restored model and
+    push the next round before the master worker's commands arrived (seen in the test
+    above: ``set_optimizer`` reached ``gs:0`` after both local servers' first pushes,
+    applied as the new weights). A restored key's pulls wait for its INIT, as every
+    pull does in an uninterrupted run, and the master sends its INITs after its
+    commands. Here a pull comes first, in the emulator, and is answered only after the
+    INIT."""
+    import asyncio
+
+    from geomx.cluster import plan_job
+    from geomx.experiment import EmuServices, build_network
+    from geomx.node.global_server import GlobalServer
+    from geomx.sim.loop import run_virtual
+    from geomx.sim.transport import SimFabric
+    from geomx.wire import Kind, Message, Payload
+
+    scenario = _scenario(tmp_path)
+    first = run_scenario(load_scenario(scenario, [*QUIET, "checkpoint.every=5",
+                                                  'training.program_args=["none"]',
+                                                  "run.iterations=5"]),
+                         out_dir=tmp_path / "runs", progress=False)
+    s = resume_scenario(first.run_dir, ["run.iterations=10"])
+    plan = plan_job(s)
+    fabric = SimFabric(build_network(s, plan))
+    gs = GlobalServer("gs:0", "central", fabric.transport("gs:0"),
+                      EmuServices(0, None, None, plan.job.dc_of), plan.job)
+    master, ls = fabric.transport(plan.job.master_worker), fabric.transport("ls:party-a")
+    restored = np.array(gs.slots[(0, 0)].store)
+
+    async def run():
+        server = asyncio.ensure_future(gs.run())
+        await asyncio.sleep(0)
+        await ls.send(Message(Kind.PULL, "ls:party-a", "gs:0", key=0, request_id=1,
+                              meta={"initial": True}))
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(ls.recv(), 5.0)  # 5 emulated seconds: parked
+        await master.send(Message(Kind.INIT, plan.job.master_worker, "gs:0", key=0,
+                                  request_id=2, payloads=[Payload.of(np.zeros_like(restored))]))
+        assert (await asyncio.wait_for(master.recv(), 5.0)).kind == Kind.INIT_ACK
+        reply = await asyncio.wait_for(ls.recv(), 5.0)
+        assert reply.kind == Kind.PULL_REPLY and reply.request_id == 1
+        # the checkpoint's value, not the INIT's
+        np.testing.assert_array_equal(reply.payloads[0].data.reshape(restored.shape), restored)
+        gs.stop()
+        await server
+
+    run_virtual(run())
+
+
 def test_memory_of_another_codec_starts_fresh_and_says_so(tmp_path):
     """Resumed with another codec than the checkpoint's, a node does not feed Bi-Sparse's
     buffers to onebit: it starts its error feedback from zero and records why."""
