@@ -352,19 +352,54 @@ class NodeCheckpoints:
         return meta.pop("state"), meta, arrays
 
 
-def codec_states(codec: Any) -> list[Any]:
-    """A :class:`~geomx.node.link_codec.LinkCodec`'s error-feedback states, as saved."""
-    return [[list(k), {"n": st.num_elements, "u": st.u, "v": st.v, "residual": st.residual,
-                       "round": st.round}] for k, st in codec.states.items()]
+def codec_states(codec: Any) -> dict[str, Any]:
+    """A :class:`~geomx.node.link_codec.LinkCodec`'s error-feedback states, as saved,
+    with the codec config they belong to (a resumed node may install its codec after
+    loading them: :class:`~geomx.node.link_codec.SavedCodecMemory`)."""
+    return {"config": codec.identity,
+            "states": [[list(k), {"n": st.num_elements, "u": st.u, "v": st.v,
+                                  "residual": st.residual, "round": st.round}]
+                       for k, st in codec.states.items()]}
 
 
-def restore_codec_states(codec: Any, saved: list[Any]) -> None:
+def restore_codec_states(codec: Any, saved: Any, record: Any) -> None:
+    """Resuming: hand ``codec`` (the node's codec now) the checkpoint's error-feedback
+    memory; it fills the codec it belongs to, this one or one installed later
+    (:class:`~geomx.node.link_codec.SavedCodecMemory`), and ``record`` notes at the node's
+    first push which it resumed with. A saved list without a config (checkpoints written
+    before configs were saved with it) belongs to the codec the node starts with.
+    Malformed entries are a :class:`CheckpointError` here, before anything runs."""
+    from geomx.node.link_codec import SavedCodecMemory
     from geomx.policy.codec import CodecState
 
+    if isinstance(saved, list):
+        saved = {"config": codec.identity, "states": saved}
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict) \
+            or not isinstance(saved.get("states"), list):
+        raise CheckpointError("malformed codec state in the checkpoint: expected its codec "
+                              f"config and a list of states, got {type(saved).__name__}")
     codec.states.clear()
-    for k, st in saved:
-        codec.states[tuple(k)] = CodecState(int(st["n"]), u=st["u"], v=st["v"],
-                                            residual=st["residual"], round=int(st["round"]))
+    states: dict[tuple[str, int, int], CodecState] = {}
+    for k, st in saved["states"]:
+        key = _codec_state_key(k)
+        n = int(st["n"])
+        for f in ("u", "v", "residual"):
+            a = st.get(f)
+            if a is not None and (not isinstance(a, np.ndarray) or a.dtype != np.float32
+                                  or a.size != n):
+                raise CheckpointError(f"codec state {f!r} of {key} in the checkpoint is not "
+                                      f"float32 with {n} elements")
+        states[key] = CodecState(n, u=st["u"], v=st["v"], residual=st["residual"],
+                                 round=int(st["round"]))
+    if states:
+        codec.hold(SavedCodecMemory(saved["config"], states, record))
+
+
+def _codec_state_key(k: Any) -> tuple[str, int, int]:
+    if not isinstance(k, (list, tuple)) or len(k) != 3 or not isinstance(k[0], str):
+        raise CheckpointError(f"malformed codec state key {k!r} in the checkpoint: expected "
+                              "(tier, key, part)")
+    return (k[0], int(k[1]), int(k[2]))
 
 
 def sched_state(side: Any) -> Any:

@@ -133,6 +133,9 @@ class GlobalServer(Node):
         self._restored_opt: dict[str, Any] = {}
         self._restored_sched: Any = None  # the scheduler side's, handed back in main()
         self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
+        #: resuming: restored (key, part)s whose INIT has not come yet; their pulls wait
+        #: for it, as every pull does in an uninterrupted run (see _restore)
+        self._unpublished: set[tuple[int, int]] = set()
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
         #: its predecessor may have pushed already; pushes taken per pusher, and those
@@ -178,7 +181,7 @@ class GlobalServer(Node):
             self._restore_optimizer()
             self.record("command", cmd=cmd, optimizer=msg.meta["config"].get("name"))
         elif cmd == "set_gradient_compression":
-            self.codec = LinkCodec(dict(msg.meta["config"]), num_dcs=len(self.job.party_dcs))
+            self.codec = self.codec.replaced(dict(msg.meta["config"]))
             if self.job.mode == "flat_ps":
                 self.codec_notice.command(msg.meta["config"])
             self.record("command", cmd=cmd)
@@ -256,6 +259,7 @@ class GlobalServer(Node):
             if self.sched is not None:
                 self.sched.on_key_ready(msg.key, msg.part)
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+        self._unpublished.discard((msg.key, msg.part))
         waiting, slot.waiting_pulls = slot.waiting_pulls, []
         for pull in waiting:
             self._serve_pull(pull, slot)
@@ -404,7 +408,7 @@ class GlobalServer(Node):
         if slot is None and len(self.slots) >= MAX_SLOTS:
             self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
             return
-        if slot is None or slot.store is None:
+        if slot is None or slot.store is None or (msg.key, msg.part) in self._unpublished:
             # GeoMX polls every 100 ms; we park the pull and answer on INIT.
             self.slots.setdefault((msg.key, msg.part), Slot()).waiting_pulls.append(msg)
             return
@@ -511,7 +515,16 @@ class GlobalServer(Node):
 
     def _restore(self) -> None:
         """Resuming: the stores, versions and codec state of the checkpoint; optimizer
-        states wait for the master's set_optimizer (_restore_optimizer)."""
+        states wait for the master's set_optimizer (_restore_optimizer).
+
+        A restored key's pulls are answered only once its INIT comes again (the master
+        worker's program runs from its start), as in an uninterrupted run, where no pull
+        is answered before the key's INIT: the master sends its INITs after its
+        configuration commands (set_optimizer, set_gradient_compression, acknowledged
+        by every tier), so the first round after the checkpoint runs with the job's
+        optimizer and codec installed everywhere. Answered at once, a local server's
+        first push could reach this server before set_optimizer (applied as the new
+        weights) or leave before set_gradient_compression reached it (sent dense)."""
         loaded = self.ckpt.load()
         if loaded is None:
             return
@@ -520,8 +533,9 @@ class GlobalServer(Node):
         for key, part, store, version, opt_state in state["slots"]:
             self.slots[(int(key), int(part))] = Slot(store=store, version=int(version),
                                                      opt_state=opt_state)
+        self._unpublished = set(self.slots)
         self._restored_opt = dict(state["optimizer"])
-        ckpt.restore_codec_states(self.codec, state["codec"])
+        ckpt.restore_codec_states(self.codec, state["codec"], self.record)
         self._restored_sched = state.get("sched")
         self._restored_sync = state.get("sync")
         if self._restored_sync is not None:
@@ -639,6 +653,7 @@ class GlobalServer(Node):
         restored = [] if self.taking_over else sorted(
             k for k, s in self.slots.items() if s.store is not None)
         if self.taking_over:
+            self._unpublished.clear()  # the job is under way: no INIT comes again
             self._restored_sched = None  # a successor's scheduler side starts afresh
             self._load_own_snapshot()
             self._awaiting = set(self.pushers)

@@ -184,9 +184,7 @@ class KVStoreState:
                 state.saw_checkpoint(int(r.meta["ckpt"]))
             cfg = r.meta.get("codec_config")
             if cfg is not None and dict(cfg) != getattr(node.lan_codec, "config", None):
-                from geomx.node.link_codec import LinkCodec
-
-                node.lan_codec = LinkCodec(dict(cfg), num_dcs=len(self._job.party_dcs))
+                node.lan_codec = node.lan_codec.replaced(dict(cfg))
 
     def _learn_one(self, reply: Message) -> None:
         self._learn((reply,))

@@ -243,12 +243,12 @@ class KVStore(PushCalls, PullCalls):
         which hands it to its workers with its next replies; acknowledged end to end, so
         it applies to every tier exactly as the scenario's ``[codec]`` would.
         """
-        from geomx.node.link_codec import LinkCodec, codec_config_check
+        from geomx.node.link_codec import codec_config_check
 
         config = codec_config_check(dict(config))
         if not self._node.is_master:
             return self._fenced(_nothing)
-        self._node.lan_codec = LinkCodec(dict(config), num_dcs=len(self._job.party_dcs))
+        self._node.lan_codec = self._node.lan_codec.replaced(dict(config))
         self._placement.clear()
         return self._fenced(functools.partial(
             self._command, {"cmd": "set_gradient_compression", "config": config}))

@@ -12,7 +12,8 @@ without running a kernel).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,6 +58,51 @@ class CodecNotice:
         return meta
 
 
+class SavedCodecMemory:
+    """A resumed node's error-feedback memory from its checkpoint, and the codec config
+    (:attr:`LinkCodec.identity`) it belongs to.
+
+    Why it waits: a training program sets its codec at run time
+    (``kv.set_gradient_compression``), so a resumed node starts with the scenario's
+    ``[codec]`` and installs the program's when the master's command (or, on a worker, a
+    reply) arrives -- after the checkpoint was loaded. The memory fills every codec this
+    node installs whose config equals the saved one (each gets its own copy) until the
+    node's first encoded push: from then on the round after the checkpoint is under way,
+    and a codec installed later starts fresh, as it would in an uninterrupted run.
+    At that first push the node records which it resumed with: ``codec_restore`` when
+    the codec encoding it is the one the memory belongs to, else a ``warning`` naming
+    both configs (its memory starts from zero: the job's codec differs from the
+    checkpoint's).
+    """
+
+    def __init__(self, config: dict[str, Any], states: dict[tuple[str, int, int], Any],
+                 record: Callable[..., None]):
+        self.config = dict(config)
+        self._states = states
+        self._record = record
+
+    def offer(self, codec: LinkCodec) -> None:
+        """Fill ``codec``'s states with copies of the saved ones when they belong to it."""
+        if codec.identity == self.config:
+            codec.states = {k: _copy_state(st) for k, st in self._states.items()}
+
+    def close(self, codec: LinkCodec) -> None:
+        """``codec`` encodes this node's first push since the resume: record whether it
+        carries on from the checkpoint's memory."""
+        if codec.identity == self.config:
+            self._record("codec_restore", codec=codec.type, keys=len(self._states))
+            return
+        self._record("warning", text=(
+            f"the checkpoint's codec memory ({len(self._states)} keys) belongs to codec "
+            f"{self.config}, and this node encodes with {codec.identity}: its error "
+            "feedback starts from zero (the job's codec differs from the checkpoint's)"))
+
+
+def _copy_state(st: Any) -> Any:
+    return dataclasses.replace(st, **{f: np.array(a, copy=True) for f, a in st.arrays().items()},
+                               extra={})
+
+
 class LinkCodec:
     """Encode/decode values on one node for a tier ("lan": worker<->local server, "wan":
     local<->global server, or worker<->global server in the flat-PS baseline)."""
@@ -68,6 +114,29 @@ class LinkCodec:
         self._policy = None if self.type == DENSE else _policy(self.config)
         #: per (tier, key, part) error-feedback memory of this node (explicit, never hidden)
         self.states: dict[tuple[str, int, int], Any] = {}
+        #: a resumed node's checkpointed memory, until this node's first encoded push
+        self._saved: SavedCodecMemory | None = None
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The normalised config (every parameter, defaults included) that rebuilds this
+        codec: what a checkpoint records its memory as belonging to, and compares."""
+        return {"type": DENSE} if self._policy is None else dict(self._policy.config())
+
+    def hold(self, saved: SavedCodecMemory) -> None:
+        """Keep a checkpoint's memory until this node's first encoded push, filling this
+        codec's states now when they belong to it (:class:`SavedCodecMemory`)."""
+        self._saved = saved
+        saved.offer(self)
+
+    def replaced(self, config: dict[str, Any]) -> LinkCodec:
+        """The codec a ``set_gradient_compression`` installs in place of this one: fresh
+        memory, except a resumed node's checkpointed memory, which is handed on and fills
+        the new codec when it belongs to it."""
+        new = LinkCodec(config, num_dcs=self.num_dcs)
+        if self._saved is not None:
+            new.hold(self._saved)
+        return new
 
     @property
     def enabled(self) -> bool:
@@ -88,6 +157,9 @@ class LinkCodec:
     # -------------------------------------------------------------- encode
     def encode_push(self, key: int, value: Value, *, tier: str,
                     part: int = 0) -> tuple[list[Payload], dict[str, Any]]:
+        if self._saved is not None:  # the first round after the checkpoint has begun
+            self._saved.close(self)
+            self._saved = None
         if self._policy is None:  # no codec configured: dense, without sizing the value
             return [_dense(value)], {}
         n = _num_elements(value)

@@ -127,7 +127,7 @@ class LocalServer(Node):
             tree, meta, arrays = loaded
             state = ckpt.unpack(tree, arrays)
             self._restored = {int(k): v for k, v in state["slots"]}
-            ckpt.restore_codec_states(self.codec, state["codec"])
+            ckpt.restore_codec_states(self.codec, state["codec"], self.record)
             self._restored_sched = state.get("sched")
             self.record("restore", round=meta["round"], keys=len(self._restored))
 
@@ -159,7 +159,7 @@ class LocalServer(Node):
             self.post(msg.reply(Kind.COMMAND_ACK))
             return
         config = dict(msg.meta["config"])
-        self.codec = LinkCodec(config, num_dcs=len(self.job.party_dcs))
+        self.codec = self.codec.replaced(config)
         self.codec_notice.command(config)
         self.record("command", cmd="set_gradient_compression")
         self.post(msg.reply(Kind.COMMAND_ACK))

@@ -288,7 +288,8 @@ class ProgramContext:
         self._saved_streams = list(saved["streams"])
         self._start_iteration = int(saved["iteration"])
         self._last_report = dict(saved["last_report"])
-        checkpoint.restore_codec_states(self._node.lan_codec, saved["codec"])
+        checkpoint.restore_codec_states(self._node.lan_codec, saved["codec"],
+                                       self._node.record)
         self._node.record("restore", round=meta["round"], iteration=self._start_iteration)
 
     def _save_if_due(self, iteration: int) -> None:

@@ -314,7 +314,7 @@ def restore_worker(node: Any, loaded: Any, params: list[Any], sync: Any,
         sync.states = checkpoint.restore_into(state["sync_states"], list(sync.states))
     if state.get("sync_side") is not None:
         sync.load_state_dict(state["sync_side"])
-    checkpoint.restore_codec_states(node.lan_codec, state["codec"])
+    checkpoint.restore_codec_states(node.lan_codec, state["codec"], node.record)
     saved_stream = state["stream"]
     if stream is not None and saved_stream is not None:
         checkpoint.set_rng_state(stream.rng, saved_stream["rng"])
