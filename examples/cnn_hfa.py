@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from geomx.optim import create_optimizer
 
-from common import arg_parser, evaluate, init_and_pull
+from common import arg_parser, evaluate, init_and_pull, keep_local_model
 
 
 async def main(kv, ctx):
@@ -25,6 +25,7 @@ async def main(kv, ctx):
         return
     opt = create_optimizer("adam", lr=args.learning_rate)
     states = [opt.create_state(k, w) for k, w in enumerate(params)]
+    keep_local_model(ctx, params, states)
     data = ctx.dataset()
     batches = ctx.batches(args.batch_size)
     for it in ctx.iterations():

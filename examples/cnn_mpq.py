@@ -11,7 +11,7 @@ import numpy as np
 
 from geomx.optim import create_optimizer
 
-from common import arg_parser, evaluate
+from common import arg_parser, evaluate, keep_local_model
 
 
 async def main(kv, ctx):
@@ -37,6 +37,7 @@ async def main(kv, ctx):
         return
     opt = create_optimizer("adam", lr=args.learning_rate, rescale_grad=1.0 / kv.num_all_workers)
     states = [opt.create_state(k, w) for k, w in enumerate(params)]
+    keep_local_model(ctx, params, states)
     data = ctx.dataset()
     batches = ctx.batches(args.batch_size)
     for it in ctx.iterations():

@@ -32,6 +32,28 @@ async def init_and_pull(kv: Any, params: list[np.ndarray]) -> None:
     await kv.waitall()
 
 
+def keep_local_model(ctx: Any, params: list[np.ndarray], states: list[dict[str, Any]]) -> None:
+    """Keep a program's own model and local optimizer state in ``ctx.state``, and take
+    them back on ``--resume``; call it after :func:`init_and_pull`.
+
+    A program that steps its model itself (the servers sum gradients or models and run
+    no optimizer: ``cnn_bsc.py``, ``cnn_fp16.py``, ``cnn_mpq.py``, ``cnn_hfa.py``)
+    cannot get its model back from a pull after ``kv.init``: the servers hold the last
+    round's sum, not weights. ``ctx.state`` is saved with every checkpoint; the lists
+    here are the live arrays and optimizer states (dicts of arrays and counts), so each
+    checkpoint saves them as they are, and a resumed run overwrites what the pull gave
+    with the checkpoint's model and moments.
+    """
+    if ctx.resumed and "params" in ctx.state:
+        for w, saved in zip(params, ctx.state["params"]):
+            w[...] = saved
+        for st, saved in zip(states, ctx.state["optimizer"]):
+            st.update({k: (np.array(v, dtype=st[k].dtype) if isinstance(st.get(k), np.ndarray)
+                           else v) for k, v in saved.items()})
+    ctx.state["params"] = params
+    ctx.state["optimizer"] = states
+
+
 def evaluate(ctx: Any, model: Any, data: Any, it: int, loss: float, every: int | None = None) -> None:
     """Test accuracy over the whole test set, reported by the evaluator every ``every``
     iterations (GeoMX evaluates on every worker after every iteration)."""

@@ -266,7 +266,10 @@ class ProgramContext:
         (``rng.bit_generator.state``). Values: numbers, strings, booleans, numpy arrays,
         and lists and dicts of them. geomx itself saves the iteration counter of
         :meth:`iterations`, the streams of :meth:`batches` and the codec's error feedback;
-        the model comes back from the servers (pull it after ``kv.init``, as usual).
+        the model comes back from the servers (pull it after ``kv.init``, as usual) when
+        they run an optimizer. Without one the servers hold the last round's sum, so a
+        program that steps its model itself keeps the model here too
+        (examples/common.py, ``keep_local_model``).
         A checkpoint is taken where :meth:`iterations` starts the next iteration, so
         update this dict before the loop body ends."""
         return self._state
