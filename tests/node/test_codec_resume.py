@@ -25,6 +25,7 @@ from geomx.scenario import load_scenario
 
 from tests.helpers.events import run_events
 from tests.helpers.paths import ROOT
+from tests.helpers.resume import straight_and_resumed
 
 CNN = ROOT / "examples" / "cnn.toml"
 QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
@@ -88,14 +89,10 @@ def _digests(run_dir) -> dict[tuple[str, int], str]:
 
 def _stop_and_resume(tmp_path: Path, runtime: str, sets: list[str]):
     """(uninterrupted run's digests, resumed run's digests, resumed run's folder)."""
-    scenario, out = _scenario(tmp_path), tmp_path / "runs"
-    sets = [*QUIET, "checkpoint.every=5", *sets]
-    clean = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={END}"]),
-                         out_dir=out, runtime=runtime, progress=False)
-    first = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={STOP}"]),
-                         out_dir=out, runtime=runtime, progress=False)
-    resumed = run_scenario(resume_scenario(first.run_dir, [f"run.iterations={END}"]),
-                           out_dir=out, runtime=runtime, progress=False)
+    clean, resumed = straight_and_resumed(_scenario(tmp_path),
+                                          [*QUIET, "checkpoint.every=5", *sets],
+                                          runtime=runtime, stop=STOP, end=END,
+                                          out=tmp_path / "runs")
     return _digests(clean.run_dir), _digests(resumed.run_dir), resumed.run_dir
 
 

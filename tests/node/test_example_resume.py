@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from geomx.experiment import resume_scenario, run_scenario
-from geomx.scenario import load_scenario
-
 from tests.helpers.paths import ROOT
+from tests.helpers.resume import straight_and_resumed
 
 QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
          "metrics.trace=false"]
@@ -36,14 +34,10 @@ CASES = [
                          ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_an_example_that_steps_locally_resumes_where_it_stopped(tmp_path, example, runtime,
                                                                every, stop, end):
-    scenario, out = ROOT / "examples" / f"{example}.toml", tmp_path / "runs"
-    sets = [*QUIET, f"checkpoint.every={every}"]
-    clean = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={end}"]),
-                         out_dir=out, runtime=runtime, progress=False)
-    first = run_scenario(load_scenario(scenario, [*sets, f"run.iterations={stop}"]),
-                         out_dir=out, runtime=runtime, progress=False)
-    resumed = run_scenario(resume_scenario(first.run_dir, [f"run.iterations={end}"]),
-                           out_dir=out, runtime=runtime, progress=False)
+    clean, resumed = straight_and_resumed(ROOT / "examples" / f"{example}.toml",
+                                          [*QUIET, f"checkpoint.every={every}"],
+                                          runtime=runtime, stop=stop, end=end,
+                                          out=tmp_path / "runs")
     assert resumed.summary.extra["resumed_from"]["checkpoint"].endswith(f"/{stop if every > 1 else 1}")
     assert resumed.summary.iterations == clean.summary.iterations == end
     assert clean.summary.final_accuracy > 0.8
