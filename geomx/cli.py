@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "run folder `geomx launch` leaves.")
     col.add_argument("run_dir", metavar="RUN_DIR")
     col.add_argument("--scenario", default=None,
-                     help="the job's scenario (default: RUN_DIR/scenario.toml)")
+                     help="the job's scenario (default: RUN_DIR/scenario.toml, which the "
+                          "nodes leave there)")
     col.set_defaults(handler=_cmd_collect)
 
     node = sub.add_parser("node", help="run one node of a scenario on this host (per-host entry "

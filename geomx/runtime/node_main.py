@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from geomx.cluster import make_node, max_message_bytes, plan_job
@@ -38,7 +39,7 @@ from geomx.runtime.framing import STREAM_HEAD, STREAM_PIECE_BYTES
 from geomx.runtime.services import RealServices
 from geomx.runtime.shm_ring import DEFAULT_RING_BYTES
 from geomx.runtime.wan_shapes import dc_link_phases, dc_link_shapes
-from geomx.scenario import Scenario
+from geomx.scenario import Scenario, scenario_to_toml
 from geomx.transport import Transport
 from geomx.wire import Kind, Message
 
@@ -225,6 +226,31 @@ def tls_contexts(cfg: NodeConfig) -> tuple[Any, Any]:
     return server, client
 
 
+def write_scenario_once(run_dir: Path, scenario: Scenario) -> None:
+    """Leave the job's resolved scenario in ``run_dir/scenario.toml`` unless one is there.
+
+    A launcher writes it before it starts the nodes; nodes started by hand (Slurm,
+    Kubernetes, a script of ``geomx node`` calls) have no launcher, and ``geomx collect``
+    reads the file to merge their results. Every node of a job resolves the same
+    scenario, so the first node to link its copy into place wins and the others leave it
+    (a hard link fails on an existing name: no half-written file is ever read).
+    """
+    path = run_dir / "scenario.toml"
+    if path.exists():
+        return
+    tmp = run_dir / f".scenario.{os.getpid()}.{threading.get_ident()}.toml"
+    try:
+        tmp.write_text(scenario_to_toml(scenario), encoding="utf-8")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+    except OSError as e:  # a read-only or shared folder: collect still takes --scenario
+        log.warning("could not write %s: %s", path, e)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = None,
                    rejoin: bool = False) -> dict[str, Any]:
     """Run node ``cfg.name`` until it finishes; write its events and result files.
@@ -248,6 +274,7 @@ async def run_node(cfg: NodeConfig, *, on_node: Callable[[Any], None] | None = N
     s, name = cfg.scenario, cfg.name
     nodes_dir = cfg.run_dir / "nodes"
     nodes_dir.mkdir(parents=True, exist_ok=True)
+    write_scenario_once(cfg.run_dir, s)
     # a rejoined worker keeps the events of the process it replaces
     stem = safe_name(name) + (".rejoined" if rejoin else "")
     recorder = EventRecorder(nodes_dir / f"{stem}.events.jsonl",
