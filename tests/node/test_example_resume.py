@@ -6,7 +6,8 @@ locally between model averages. On ``--resume`` a pull after ``kv.init`` gives s
 program the servers' last sum, not its model, so the examples keep their model and Adam
 moments in ``ctx.state`` (``examples/common.py: keep_local_model``). A run stopped at a
 checkpoint and resumed must end where the uninterrupted run ends: the same final
-accuracy and loss (without ``ctx.state``, cnn_bsc ended at 0.26 instead of 0.87).
+accuracy and loss (without ``ctx.state``, cnn_bsc stopped at 20 of 40 iterations
+ended at 0.26 instead of 0.87).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
 #: (example, runtime, checkpoint every, stop, end): HFA's checkpoint rounds are global
 #: syncs, every k1 * k2 = 20 iterations
 CASES = [
-    ("cnn_bsc", "emu", 10, 20, 40),
-    ("cnn_bsc", "real", 10, 20, 40),
-    ("cnn_fp16", "emu", 10, 20, 40),
+    ("cnn_bsc", "emu", 5, 10, 20),
+    ("cnn_bsc", "real", 5, 10, 20),
+    ("cnn_fp16", "emu", 5, 10, 20),
     ("cnn_hfa", "emu", 1, 20, 60),
 ]
 
@@ -40,6 +41,6 @@ def test_an_example_that_steps_locally_resumes_where_it_stopped(tmp_path, exampl
                                           out=tmp_path / "runs")
     assert resumed.summary.extra["resumed_from"]["checkpoint"].endswith(f"/{stop if every > 1 else 1}")
     assert resumed.summary.iterations == clean.summary.iterations == end
-    assert clean.summary.final_accuracy > 0.8
+    assert clean.summary.final_accuracy > 0.6  # chance: 0.1
     assert resumed.summary.final_accuracy == clean.summary.final_accuracy
     assert resumed.summary.final_loss == pytest.approx(clean.summary.final_loss, rel=1e-6)
