@@ -34,7 +34,7 @@ async def init_and_pull(kv: Any, params: list[np.ndarray]) -> None:
 
 def keep_local_model(ctx: Any, params: list[np.ndarray], states: list[dict[str, Any]]) -> None:
     """Keep a program's own model and local optimizer state in ``ctx.state``, and take
-    them back on ``--resume``; call it after :func:`init_and_pull`.
+    them back on ``--resume``; call it after the initial pull (:func:`init_and_pull`).
 
     A program that steps its model itself (the servers sum gradients or models and run
     no optimizer: ``cnn_bsc.py``, ``cnn_fp16.py``, ``cnn_mpq.py``, ``cnn_hfa.py``)
