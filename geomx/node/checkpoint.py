@@ -35,6 +35,7 @@ import dataclasses
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +351,20 @@ class NodeCheckpoints:
                                   "nodes differ from the checkpoint's")
         meta, arrays = read_node_file(path)
         return meta.pop("state"), meta, arrays
+
+
+def keys_in_round(round_: int, keys: Iterable[Any], has_run: Callable[[Any], bool]) -> int:
+    """How many of a server's ``keys`` (its initialised slots) finish checkpoint round
+    ``round_``, the count a server waits for before it saves that round.
+
+    From round 2 on, those that have finished a round (``has_run``): a key that was
+    initialised and never pushed -- a value a program only broadcasts, such as
+    ``geomx.torch``'s optimizer hyper-parameters -- takes part in none. Round 1 cannot
+    tell a key not pushed yet from one never pushed, so there it is every key. A
+    synchronous round r needs every key's round r-1 done before any key finishes r, so
+    the count does not move while round r finishes."""
+    keys = list(keys)
+    return len(keys) if round_ < 2 else sum(1 for k in keys if has_run(k))
 
 
 def codec_states(codec: Any) -> dict[str, Any]:

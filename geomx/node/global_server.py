@@ -485,22 +485,13 @@ class GlobalServer(Node):
             for old in [r for r in self._ckpt_reached if r < round_ - 2]:
                 del self._ckpt_reached[old]
         done = self._ckpt_reached[round_] = self._ckpt_reached.get(round_, 0) + 1
-        if done < self._keys_in_round(round_):
+        if done < ckpt.keys_in_round(round_, (s for s in self.slots.values()
+                                              if s.store is not None),
+                                     lambda s: s.version > 0):
             return
         del self._ckpt_reached[round_]
         if due:
             self._save_checkpoint(round_)
-
-    def _keys_in_round(self, round_: int) -> int:
-        """How many keys finish global round ``round_``: from round 2 on, those that have
-        finished a round (a key that was initialised and never pushed -- a value a program
-        only broadcasts, such as ``geomx.torch``'s optimizer hyper-parameters -- takes part
-        in none); round 1 cannot tell a key not pushed yet from one never pushed, so
-        there it is every key. A synchronous round r needs every key's round r-1 done
-        before any key finishes r, so the count does not move while round r finishes."""
-        if round_ >= 2:
-            return sum(1 for s in self.slots.values() if s.store is not None and s.version > 0)
-        return sum(1 for s in self.slots.values() if s.store is not None)
 
     def _save_checkpoint(self, round_: int) -> None:
         slots = [[k, p, s.store, s.version, s.opt_state]

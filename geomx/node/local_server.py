@@ -494,11 +494,7 @@ class LocalServer(Node):
         """Snapshot once every key of checkpoint round ``round_`` has been answered."""
         keys = self._ckpt_answered.setdefault(round_, set())
         keys.add(key)
-        # from round 2 on, the keys that have been in a round: one a program only
-        # broadcasts (initialised, never pushed) is in none (GlobalServer._keys_in_round)
-        taking_part = len(self.slots) if round_ < 2 else \
-            sum(1 for s in self.slots.values() if s.round > 0)
-        if len(keys) < taking_part:
+        if len(keys) < ckpt.keys_in_round(round_, self.slots.values(), lambda s: s.round > 0):
             return
         del self._ckpt_answered[round_]
         for old in [r for r in self._ckpt_answered if r < round_]:
