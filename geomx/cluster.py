@@ -26,7 +26,7 @@ from geomx.node.layered import normalised_shares
 from geomx.node.local_server import LocalServer
 from geomx.node.mesh_controller import MeshController
 from geomx.node.mesh_server import MeshServer
-from geomx.node.program import run_user_program
+from geomx.node.program import load_program_for, run_user_program
 from geomx.node.scheduler import Scheduler
 from geomx.node.spec import JobSpec
 from geomx.node.sched_context import install_coordinators
@@ -394,14 +394,16 @@ def _make_node(plan: JobPlan, name: str, role: str, transport: Any, services: An
     if role == "local_server":
         return LocalServer(name, dc, transport, services, job)
     user = plan.train.program
+    # loaded here, before the node registers (its import must not hold up heartbeats)
+    main = load_program_for(name, user) if user else None
     if role == "master_worker":
         program = (functools.partial(run_user_program, spec=plan.train, program=user,
-                                     args=plan.train.program_args) if user
+                                     args=plan.train.program_args, main=main) if user
                    else functools.partial(master_program, spec=plan.train))
         return Worker(name, dc, transport, services, job, program, is_master=True)
     rank = job.workers_of[dc].index(name)
     program = (functools.partial(run_user_program, spec=plan.train, program=user,
-                                 args=plan.train.program_args,
+                                 args=plan.train.program_args, main=main,
                                  compute_scale=plan.compute_scale.get(name, 1.0)) if user
                else functools.partial(train_program, spec=plan.train))
     return Worker(name, dc, transport, services, job, program, rank=rank,

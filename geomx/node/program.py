@@ -464,15 +464,28 @@ def _program_kvstore(node: Any, type_: str, sync: dict[str, Any]) -> kvstore.KVS
     return _LocalStepKVStore(node, type_, algorithm.name)
 
 
+def load_program_for(node_name: str, program: str) -> Callable[..., Any]:
+    """:func:`load_program` for node ``node_name``, whose name its errors carry.
+
+    A node loads its program when it is built, before it registers with its scheduler:
+    importing one can take seconds of CPU (``import torch`` takes 2-3 s, and a job's
+    workers import at once), and a node busy importing on its event loop sends no
+    heartbeats, so it would be declared dead on a loaded host before it began.
+    """
+    try:
+        return load_program(program)
+    except ProgramError as e:
+        raise ProgramError(f"{node_name}: {e}") from e
+
+
 async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: list[str],
-                           compute_scale: float = 1.0) -> dict[str, Any]:
-    """Run ``program`` on ``node`` (a worker or the master worker); errors name both."""
+                           compute_scale: float = 1.0,
+                           main: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Run ``program`` on ``node`` (a worker or the master worker); errors name both.
+    ``main``: the program's function, loaded already (:func:`load_program_for`)."""
     from geomx.node.base import NodeFailure, NodeStopped
 
-    try:
-        func = load_program(program)
-    except ProgramError as e:
-        raise ProgramError(f"{node.name}: {e}") from e
+    func = main if main is not None else load_program_for(node.name, program)
     ctx = ProgramContext(node, spec, args, compute_scale)
     params = inspect.signature(func).parameters
     try:

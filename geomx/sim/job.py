@@ -23,6 +23,7 @@ from geomx.metrics.progress import ProgressBar, ProgressWriter, read_progress
 from geomx.metrics.recorder import EventRecorder
 from geomx.metrics.summary import Summary, build_summary
 from geomx.node.checkpoint import note_crash, read_manifest
+from geomx.node.program import ProgramError
 from geomx.node.restart import restart_mode, restart_node
 from geomx.scenario import Scenario
 from geomx.sim.job_network import (
@@ -103,7 +104,11 @@ def assemble_job(s: Scenario, run_dir: Path, *, progress: bool) -> EmulatedJob:
                                             progress)
     services = EmuServices(s.run.seed, recorder, None, plan.job.dc_of, clock=loop.time)
     fabric = _fabric(s, plan, network, loop)
-    nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
+    try:
+        nodes = [make_node(plan, name, fabric.transport(name), services) for name in plan.nodes]
+    except ProgramError as e:  # a program that does not load fails the job, naming the node
+        recorder.close()
+        raise JobFailed(str(e)) from e
     return EmulatedJob(s, plan, run_dir, start_s, loop, network, recorder, writer, bar,
                        dgt_tally, services, fabric, nodes, wall0_s)
 

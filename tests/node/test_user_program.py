@@ -311,3 +311,22 @@ def test_a_module_program_is_found_in_the_working_directory_as_python_m_finds_it
     assert fn.__name__ == "main" and str(tmp_path) in sys.path
     with pytest.raises(ProgramError, match="no_such_prog"):
         load_program("no_such_prog:main")
+
+
+@pytest.mark.slow
+def test_a_program_slow_to_import_does_not_cost_its_node_its_heartbeats(tmp_path):
+    """A node imports its program before it registers, so an import that holds the
+    interpreter for longer than the heartbeat timeout (``import torch`` on a loaded host,
+    2-3 s of CPU per worker) does not get the node declared dead mid-import."""
+    p = _program(tmp_path, """
+        import time
+        time.sleep(5.0)   # an import that keeps the event loop's thread busy
+
+        async def main(kv, ctx):
+            return {"imported": True}
+    """)
+    r = _run_program(tmp_path, p, "membership.heartbeat_interval=0.5s",
+                     "membership.heartbeat_timeout=3s", runtime="real")
+    results = [json.loads(f.read_text()) for f in (r.run_dir / "nodes").glob("*.result.json")]
+    ran = [x["name"] for x in results if x.get("result", {}).get("imported")]
+    assert sorted(ran) == ["mw", "w:party-a:0", "w:party-a:1", "w:party-b:0", "w:party-b:1"]
