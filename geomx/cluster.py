@@ -263,10 +263,35 @@ def mesh_config(s: Scenario, train: TrainSpec, topology: Topology) -> dict[str, 
     return {"topology": s.topology.kind, "topology_options": options_to_table(topology.options),
             "seed": s.run.seed, "links": [[w.a, w.b, w.latency_s] for w in s.wans],
             "chunk_elements": n.chunk_elements,
-            "report_bytes": n.report_bytes, "report_samples": n.report_samples,
+            "report_bytes": report_bytes(s, topology), "report_samples": n.report_samples,
             "report_rate": n.report_rate, "check_period_s": n.check_period_s,
             "update_rate": n.update_rate, "send_window": n.send_window,
             "optimizer": train.global_optimizer}
+
+
+#: ``[netstorm] report_bytes = "auto"``'s ceiling: NETSTORM's SIZE_MSG_REPORT.
+REPORT_BYTES_CAP = 4_000_000
+
+
+def report_bytes(s: Scenario, topology: Topology) -> int:
+    """The smallest data message a mesh server times as a link sample: ``[netstorm]
+    report_bytes``, or for ``auto`` a full chunk's float32 bytes capped at
+    :data:`REPORT_BYTES_CAP`. A topology that measures links refuses a value above a full
+    chunk: no data message would reach it and the plans would never see a measured rate."""
+    n = s.netstorm
+    chunk_bytes = 4 * n.chunk_elements
+    if n.report_bytes is None:
+        return min(REPORT_BYTES_CAP, chunk_bytes)
+    if (isinstance(topology, MeshTopology) and topology.measures_links
+            and n.report_bytes > chunk_bytes):
+        raise ScenarioError(
+            f"{n.report_bytes} B is more than a full chunk ({n.chunk_elements} elements = "
+            f"{chunk_bytes} B), so topology {topology.name or type(topology).__name__!r}, "
+            f"which measures links, would never measure one; allowed: at most {chunk_bytes} "
+            "B, or 'auto'",
+            path="netstorm.report_bytes", value=n.report_bytes,
+            allowed=f"at most {chunk_bytes} B (a full chunk), or 'auto'")
+    return n.report_bytes
 
 
 #: Floor and safety factor of ``membership.request_timeout = "auto"``.

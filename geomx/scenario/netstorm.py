@@ -40,9 +40,12 @@ class NetstormConfig(Section):
     chunk_elements: int = setting(Integer(min=1, counts=True), 1000000,
                                   "Chunk size in elements; chunks are what roots own and what "
                                   "travels (MXNET_KVSTORE_BIGARRAY_BOUND).")
-    report_bytes: int = setting(Size(), 4000000,
-                                "A data message of at least this many bytes is a throughput "
-                                "sample (SIZE_MSG_REPORT).")
+    report_bytes: int | None = setting(Size(auto=True), "auto",
+                                       "A data message of at least this many bytes is a "
+                                       "throughput sample (SIZE_MSG_REPORT). `auto` = a full "
+                                       "chunk's bytes (4 x chunk_elements), at most 4 MB. "
+                                       "Larger than a full chunk, no link would ever be "
+                                       "measured, so a topology that measures links refuses it.")
     report_samples: int = setting(Integer(min=1, max=1000), 4,
                                   "Samples per link estimate (NUM_MSG_REPORT).")
     report_rate: float = setting(Real(min=0), 0.0,

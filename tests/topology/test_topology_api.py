@@ -198,3 +198,46 @@ def test_the_ring_example_over_sockets_ends_with_the_emulators_model(tmp_path):
     assert fr["loss"] == pytest.approx(fe["loss"], rel=1e-4)
     plans = [e for e in run_events(real.run_dir) if e["ev"] == "plan"]
     assert [p["kind"] for p in plans] == ["ring"]
+
+
+MEASURED_STAR = STAR + """
+    class MeasuredStar(Star):
+        '''The star, replanned from the links its servers measure.'''
+        name = "measured_star"
+
+        @property
+        def measures_links(self):
+            return True
+"""
+
+
+def test_a_user_topology_that_measures_links_gets_measurements_by_default(tmp_path):
+    """``[netstorm] report_bytes = "auto"`` times every full chunk, whatever the chunk size
+    (ring.toml's 2,000 elements: 8 kB messages, under a fixed 4 MB threshold)."""
+    spec = _write_topology(tmp_path, MEASURED_STAR)
+    _scenario_file(tmp_path, spec + ":MeasuredStar")
+    s = load_scenario(tmp_path / "s.toml", [f"run.out_dir={tmp_path / 'runs'}", "run.progress=false",
+                                      "run.iterations=30", "run.eval_every=30",
+                                      "metrics.plot=false", "metrics.trace=false",
+                                      "netstorm.check_period=500ms"])
+    assert s.netstorm.report_bytes is None
+    r = run_scenario(s)
+    reports = [e for e in run_events(r.run_dir) if e["ev"] == "speed_report"]
+    assert {tuple(e["link"]) for e in reports} >= {("b", "a"), ("c", "a"), ("d", "a")}
+    assert [e for e in run_events(r.run_dir) if e["ev"] == "plan_switch"]
+
+
+def test_a_report_size_no_chunk_reaches_is_refused_for_a_topology_that_measures(tmp_path):
+    spec = _write_topology(tmp_path, MEASURED_STAR)
+    _scenario_file(tmp_path, spec + ":MeasuredStar")
+    too_big = load_scenario(tmp_path / "s.toml", [f"run.out_dir={tmp_path / 'runs'}",
+                                            "netstorm.report_bytes=1MB"])
+    with pytest.raises(ScenarioError, match=r"netstorm\.report_bytes: 1000000 B is more than "
+                                            r"a full chunk \(2000 elements = 8000 B\), so "
+                                            r"topology 'measured_star'.*allowed: at most 8000 B"):
+        run_scenario(too_big)
+    # a topology that measures nothing does not care
+    star = load_scenario(tmp_path / "s.toml", [f"run.out_dir={tmp_path / 'runs'}", "run.progress=false",
+                                         "run.iterations=2", "netstorm.report_bytes=1MB",
+                                         f"topology.kind={spec}:Star"])
+    assert run_scenario(star).summary.iterations == 2
