@@ -22,11 +22,9 @@ import numpy as np
 
 from geomx.node.push_snapshots import PushSnapshots
 from geomx.node.worker_state import WorkerState
+from geomx.policy.wire_keys import STRING_KEY_BASE  # string keys: it + crc32(name)
 from geomx.sched.placement import place
 from geomx.wire import Kind, Message
-
-#: String keys map to ``STRING_KEY_BASE + crc32(name)``; int keys stay below it.
-STRING_KEY_BASE = 1 << 40
 
 
 class KVStoreError(RuntimeError):
@@ -54,6 +52,8 @@ class KVStoreState:
         self._wire: dict[int, list[tuple[int, int, int]]] = {}
         #: wire key -> (shape, dtype) of what travels under it
         self._wire_shapes: dict[int, tuple[tuple[int, ...], str]] = {}
+        #: wire key -> the user key it belongs to (one only: :meth:`_wire_problem`)
+        self._wire_owner: dict[int, int] = {}
         #: the buffers large pushes are snapshot into, reused from push to push
         self._snapshots = PushSnapshots()
         #: the transfer schedulers' worker side (geomx/policy/scheduling.py; None: none),
@@ -92,6 +92,27 @@ class KVStoreState:
     def _check_key(self, key: int) -> None:
         if key not in self._shapes:
             raise KVStoreError(f"key {self._key_name(key)} was not initialised with kv.init")
+
+    def _wire_problem(self, key: int, n: int, wire: list[tuple[int, int, int]]) -> str | None:
+        """Why the slices a transfer scheduler gave ``key`` (``n`` elements) cannot travel:
+        they must cover the tensor in order, and each wire key must be this key's alone
+        (another key's value under it would reach the servers as one tensor)."""
+        at = 0
+        for wk, lo, hi in wire:
+            if lo != at or hi < lo or hi > n:
+                return (f"slices {wire} do not cover elements [0, {n}) in order: slice "
+                        f"({wk}, {lo}, {hi}) should start at {at}")
+            at = hi
+            owner = self._wire_owner.get(wk, key)
+            if owner != key:
+                return (f"wire key {wk} is also key {self._key_name(owner)}'s; number "
+                        "slices with geomx.policy.slice_key(key, index), whose keys never "
+                        "meet another key's")
+        if at != n:
+            return f"slices {wire} end at element {at}, not {n}"
+        if len({wk for wk, _, _ in wire}) != len(wire):
+            return f"slices {wire} repeat a wire key"
+        return None
 
     def _key_name(self, key: int) -> str:
         return repr(self._string_keys[key]) if key in self._string_keys else str(key)

@@ -141,8 +141,15 @@ class KVStore(PushCalls, PullCalls):
             except ValueError as e:
                 raise KVStoreError(f"key {self._key_name(k)} cannot be sliced {e}") from None
             wire = sliced if sliced is not None else [(k, 0, n)]
+            problem = self._wire_problem(k, n, wire)
+            if problem:
+                raise KVStoreError(f"key {self._key_name(k)}: the transfer scheduler's "
+                                   f"slices: {problem}")
+            for wk, _, _ in self._wire.get(k, ()):
+                self._wire_owner.pop(wk, None)  # a key initialised again may be cut anew
             self._wire[k] = wire
             for wk, lo, hi in wire:
+                self._wire_owner[wk] = k
                 self._placement.pop(wk, None)
                 if sched is not None:
                     sched.forget(wk)

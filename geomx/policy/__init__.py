@@ -8,7 +8,8 @@ contract in pyproject.toml keeps it so). How to write each kind, its contract an
 testing helper: docs/extending.md.
 
 * :mod:`geomx.policy.sync` -- :class:`SyncAlgorithm` and its three sides;
-* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler` and its three sides;
+* :mod:`geomx.policy.scheduling` -- :class:`TransferScheduler` and its three sides
+  (:mod:`geomx.policy.wire_keys`: :func:`slice_key`, the keys a sliced tensor travels as);
 * :mod:`geomx.policy.topology` -- :class:`Topology`, and :class:`MeshTopology` for trees
   over a mesh of DCs (:mod:`geomx.policy.mesh_plan`: the :class:`MeshPlan` it returns);
 * :mod:`geomx.policy.codec` -- :class:`Codec` (and :class:`CodecPolicy`);
@@ -30,13 +31,15 @@ from geomx.policy.scheduling import (SchedContext, SchedGlobalSide, SchedLocalSi
 from geomx.policy.sync import (GlobalContext, GlobalSide, LocalContext, LocalSide,
                                SyncAlgorithm, WorkerContext, WorkerSide)
 from geomx.policy.topology import MeshTopology, MeshView, SendQueue, Topology
+from geomx.policy.wire_keys import WireKeyError, slice_key, split_slice_key
 
 __all__ = [
     "Policy", "PolicyOptions", "NoOptions", "OptionsError", "options_from_table",
     "PolicyError", "policy_class", "KINDS", "NodeContext",
     "SyncAlgorithm", "GlobalSide", "LocalSide", "WorkerSide", "GlobalContext",
     "LocalContext", "WorkerContext", "TransferScheduler", "SchedWorkerSide",
-    "SchedLocalSide", "SchedGlobalSide", "SchedContext", "Topology", "MeshTopology",
+    "SchedLocalSide", "SchedGlobalSide", "SchedContext", "slice_key", "split_slice_key",
+    "WireKeyError", "Topology", "MeshTopology",
     "MeshView", "SendQueue", "MeshPlan", "Link", "Chunk", "route_key", "DCShape", "NodeLayout",
     "Codec", "CodecPolicy", "CodecState", "CodecError", "Encoded",
 ]

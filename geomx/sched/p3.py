@@ -24,12 +24,8 @@ Three mechanisms, and where each lives:
   slice is served from it without another round trip. The very first pull of a key (after
   ``init``) is a real pull.
 
-Slice placement: a slice key ``k + i * SLICE_KEY_STRIDE`` with ``SLICE_KEY_STRIDE = 1 (mod
-S)`` for every server count ``S`` dividing 720720 (all ``S <= 16``, and many more), so GeoMX's
-placement rule ``(key * 9973) mod S`` sends consecutive slices of a key to consecutive
-servers: slices are spread round-robin over the servers, as in P3, with no change to the
-placement code. Slice 0 of a key is the key itself, so a key that fits in one slice is
-placed exactly as without P3.
+Slice keys, and how they spread a key's slices over the servers round robin:
+geomx/policy/wire_keys.py.
 """
 
 from __future__ import annotations
@@ -39,30 +35,11 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from geomx.policy.options import PolicyOptions
+from geomx.policy.wire_keys import WireKeyError, slice_key, split_slice_key
 from geomx.policy.scheduling import (GlobalSchedContext, LocalSchedContext, SchedGlobalSide,
                                      SchedLocalSide, SchedWorkerSide, TransferScheduler,
                                      WorkerSchedContext)
 from geomx.wire import Message
-
-#: lcm(1..16): the stride is 1 modulo every server count that divides it.
-_LCM_1_TO_16 = 720_720
-#: Int keys must stay below this; ``slice_key(k, i) = k + i * SLICE_KEY_STRIDE``.
-SLICE_KEY_STRIDE = _LCM_1_TO_16 * 1000 + 1
-#: String keys: ``STRING_KEY_BASE + crc32(name)`` (geomx/node/kv_state.py), a 2**32 range.
-STRING_KEY_BASE = 1 << 40
-_STRING_KEY_SPAN = 1 << 32
-#: The slices of int keys stay below 2**62; those of string keys lie above, from this
-#: base, which is ``STRING_KEY_BASE + 1`` modulo 720720 so that slice 1 of a string key
-#: goes to the server after slice 0's, like every later slice.
-_STRING_SLICES_BASE = (1 << 62) + (STRING_KEY_BASE + 1 - (1 << 62)) % _LCM_1_TO_16
-#: Largest slice index that keeps an int key's slice key below the string keys' slices.
-MAX_SLICES_PER_KEY = ((1 << 62) - 1) // SLICE_KEY_STRIDE
-#: Stride between the slices of a string key: more than the span of string keys (so no
-#: two string keys' slices meet) and 1 modulo 720720, like :data:`SLICE_KEY_STRIDE`.
-STRING_SLICE_STRIDE = -(-_STRING_KEY_SPAN // _LCM_1_TO_16) * _LCM_1_TO_16 + 1
-#: Largest slice index of a string key inside the wire's signed 64-bit key field.
-MAX_SLICES_PER_STRING_KEY = ((2**63 - 1) - _STRING_SLICES_BASE - _STRING_KEY_SPAN) \
-    // STRING_SLICE_STRIDE
 
 #: Meta flag of a P3 push: "answer with the new value of this slice after the round".
 FUSE_META = "p3_fuse"
@@ -71,7 +48,7 @@ FUSE_META = "p3_fuse"
 DEFAULT_SLICE_ELEMENTS = 1_000_000
 
 
-class P3Error(ValueError):
+class P3Error(WireKeyError):
     """A key or tensor that P3 cannot slice (the message says which and why)."""
 
 
@@ -88,41 +65,6 @@ class Slice:
     @property
     def size(self) -> int:
         return self.hi - self.lo
-
-
-def slice_key(key: int, index: int) -> int:
-    """The kvstore key that slice ``index`` of ``key`` travels as.
-
-    Slice 0 is the key itself. The further slices of an int key are ``key + index *
-    SLICE_KEY_STRIDE``; those of a string key (a parameter's name) lie above
-    ``2**62``, ``STRING_SLICE_STRIDE`` apart, so the two kinds never share a number."""
-    if STRING_KEY_BASE <= key < STRING_KEY_BASE + _STRING_KEY_SPAN:
-        if not 0 <= index <= MAX_SLICES_PER_STRING_KEY:
-            raise P3Error(f"slice index {index} of key {key} out of range; allowed: "
-                          f"0..{MAX_SLICES_PER_STRING_KEY} (use a larger "
-                          "sched.p3_slice_elements)")
-        if index == 0:
-            return key
-        return (_STRING_SLICES_BASE + key - STRING_KEY_BASE
-                + (index - 1) * STRING_SLICE_STRIDE)
-    if not 0 <= key < SLICE_KEY_STRIDE:
-        raise P3Error(f"key {key} out of range for P3 slicing; allowed: "
-                      f"0..{SLICE_KEY_STRIDE - 1}, or a string key")
-    if not 0 <= index <= MAX_SLICES_PER_KEY:
-        raise P3Error(f"slice index {index} of key {key} out of range; allowed: "
-                      f"0..{MAX_SLICES_PER_KEY} (use a larger sched.p3_slice_elements)")
-    return key + index * SLICE_KEY_STRIDE
-
-
-def split_slice_key(skey: int) -> tuple[int, int]:
-    """``(key, slice index)`` of a slice key (inverse of :func:`slice_key`)."""
-    if skey >= _STRING_SLICES_BASE:
-        index, offset = divmod(skey - _STRING_SLICES_BASE, STRING_SLICE_STRIDE)
-        return STRING_KEY_BASE + offset, index + 1
-    if STRING_KEY_BASE <= skey < STRING_KEY_BASE + _STRING_KEY_SPAN:
-        return skey, 0
-    index, key = divmod(skey, SLICE_KEY_STRIDE)
-    return key, index
 
 
 def layer_priority(skey: int) -> int:
@@ -196,7 +138,7 @@ class _P3Worker(SchedWorkerSide):
         try:
             return [(s.skey, s.lo, s.hi) for s in slices_of(key, num_elements,
                                                              self.slice_elements)]
-        except P3Error as e:
+        except WireKeyError as e:
             raise P3Error(f"for P3: {e}") from None
 
     def push_meta(self, meta: dict[str, Any]) -> None:

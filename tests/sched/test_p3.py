@@ -14,8 +14,9 @@ import pytest
 
 from geomx.experiment import run_scenario
 from geomx.node.base import Node
-from geomx.sched.p3 import (MAX_SLICES_PER_KEY, SLICE_KEY_STRIDE, P3Error, slice_key,
-                            slices_of, split_slice_key)
+from geomx.policy.wire_keys import (MAX_SLICES_PER_KEY, SLICE_KEY_STRIDE, WireKeyError,
+                                    slice_key, split_slice_key)
+from geomx.sched.p3 import P3Error, slices_of
 from geomx.sched.placement import place
 from geomx.scenario import ScenarioError
 from geomx.transport import TransportDefaults
@@ -50,7 +51,7 @@ def test_slices_cover_the_tensor_within_the_bound():
     assert slices_of(3, 100, 1000)[0].skey == 3  # an unsliced key keeps its number
     with pytest.raises(P3Error, match="p3_slice_elements"):
         slices_of(0, 10, 0)
-    with pytest.raises(P3Error, match="out of range"):
+    with pytest.raises(WireKeyError, match="out of range"):
         slice_key(0, MAX_SLICES_PER_KEY + 1)
 
 
@@ -326,5 +327,5 @@ def test_string_keys_slice_into_a_range_of_their_own():
     b = {s.skey for s in slices_of(lo + 1, 10_000, 10)}
     c = {s.skey for s in slices_of(SLICE_KEY_STRIDE - 1, 10_000, 10)}
     assert not (a & b) and not (a & c) and not (b & c)
-    with pytest.raises(P3Error, match="out of range"):
+    with pytest.raises(WireKeyError, match="out of range"):
         slice_key(hi + 1, 1)

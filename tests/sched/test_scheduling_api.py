@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from geomx.experiment import run_scenario
+from geomx.experiment import JobFailed, run_scenario
 from geomx.policy import PolicyError, policy_class
 from geomx.policy.scheduling import (HELD, SchedGlobalSide, SchedLocalSide, SchedWorkerSide,
                                      TransferScheduler, global_side_of, local_side_of,
@@ -226,3 +226,55 @@ def test_a_user_scheduler_removes_the_pull_round_trips(scenario_of):
     assert len(workers) >= 2 and len(fused) == 3 * len(workers) * 4  # 3 steps x 4 keys
     # only the initial pulls are left (each worker's and each local server's first pull)
     assert _pulls(events) < _pulls(plain) / 2
+
+
+class _Slices(SchedWorkerSide):
+    plain = False
+
+    def __init__(self, wire_key):
+        self.wire_key = wire_key
+
+    def slices(self, key, num_elements):
+        if num_elements <= 500:
+            return None
+        step = -(-num_elements // 3)
+        return [(self.wire_key(key, i), lo, min(lo + step, num_elements))
+                for i, lo in enumerate(range(0, num_elements, step))]
+
+
+class ThirdsBySliceKey(TransferScheduler):
+    """Every key of more than 500 elements in three slices, numbered by slice_key."""
+
+    def worker_side(self, ctx):
+        from geomx.policy import slice_key
+        return _Slices(slice_key)
+
+
+class ThirdsByHand(TransferScheduler):
+    """The same slices numbered key * 1000 + i: key 0's slice 1 is key 1."""
+
+    def worker_side(self, ctx):
+        return _Slices(lambda key, i: key * 1000 + i)
+
+
+@pytest.mark.parametrize("runtime", ["emu", "real"])
+def test_a_user_scheduler_slicing_with_slice_key_trains_as_unsliced(scenario_of, runtime):
+    args = ("run.iterations=3", *SHORT)
+    plain = run_scenario(scenario_of("quickstart.toml", *args), runtime=runtime)
+    r = run_scenario(scenario_of("quickstart.toml", *args,
+                                 "sched.policy=tests.sched.test_scheduling_api:ThirdsBySliceKey"),
+                     runtime=runtime)
+    pushed = {e["key"] for e in run_events(r.run_dir) if e["ev"] in ("xfer", "send")
+              and e["msg"] == "PUSH" and e["src"].startswith("w:")}
+    assert len(pushed) == 2 * 3 + 2  # the two large keys in thirds, two small ones whole
+    assert (r.summary.extra["final_eval"]["accuracy"]
+            == plain.summary.extra["final_eval"]["accuracy"])
+
+
+def test_slices_that_reuse_another_keys_wire_key_fail_naming_both(scenario_of):
+    s = scenario_of("quickstart.toml", "run.iterations=3", *SHORT,
+                    "sched.policy=tests.sched.test_scheduling_api:ThirdsByHand")
+    with pytest.raises(JobFailed, match=r"key 1: the transfer scheduler's slices: wire key 1 "
+                                        r"is also key 0's; number slices with "
+                                        r"geomx.policy.slice_key"):
+        run_scenario(s)

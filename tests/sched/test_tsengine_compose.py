@@ -21,7 +21,8 @@ import pytest
 from geomx.codec import create_codec, decode
 from geomx.experiment import run_scenario
 from geomx.sched.dgt import DgtSettings
-from geomx.sched.p3 import layer_priority, split_slice_key
+from geomx.policy.wire_keys import split_slice_key
+from geomx.sched.p3 import layer_priority
 from geomx.sched.ts_dgt import BlockMerges
 from geomx.sched.ts_merge_codec import MergeCodec
 from geomx.wire import Kind, Message, Payload
