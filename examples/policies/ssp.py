@@ -50,14 +50,23 @@ class SspOptions(PolicyOptions):
 
 
 class StaleSynchronousServer(GlobalSide):
-    """Global server: apply on arrival, acknowledge within the staleness bound."""
+    """Global server: apply on arrival, acknowledge within the staleness bound.
+
+    Rounds, for checkpoints: a DC's ``n``-th push of a (key, part) is its round ``n``; the
+    server has completed round ``n`` once every DC still training has pushed ``n`` times
+    (the update that gets there says so, ``apply_update(completes=n)``). A checkpoint
+    round is also a barrier: a DC's push of it is answered only once every DC has pushed
+    it, so when the round completes no DC has begun the next one and the files of the
+    round are a cut of the job (``BoundedStaleness.checkpoint_cuts``).
+    """
 
     uses_optimizer = True
 
     def __init__(self, staleness: int) -> None:
         self.staleness = staleness
         self.clock: dict[tuple[int, int], dict[str, int]] = {}    # (key, part) -> DC -> pushes
-        self.held: dict[tuple[int, int], list[Any]] = {}          # acknowledgements waiting
+        # acknowledgements waiting, with the round of their DC each answers
+        self.held: dict[tuple[int, int], list[tuple[Any, int]]] = {}
 
     def start_problem(self, ctx: GlobalContext) -> str | None:
         return None if ctx.has_optimizer else NEEDS_OPTIMIZER
@@ -66,43 +75,59 @@ class StaleSynchronousServer(GlobalSide):
         if not ctx.has_optimizer:
             ctx.reply_error(push, NEEDS_OPTIMIZER)
             return
-        ctx.apply_update(push.key, slot, value, sender=push.src)
         where = (push.key, push.part)
         clocks = self.clock.setdefault(where, {})
-        clocks[push.src] = clocks.get(push.src, 0) + 1
-        self.held.setdefault(where, []).append(push)
+        before = self._slowest(ctx, where)
+        round_ = clocks[push.src] = clocks.get(push.src, 0) + 1
+        after = self._slowest(ctx, where)
+        ctx.apply_update(push.key, slot, value, sender=push.src,
+                         completes=after if after > before else 0)
+        self.held.setdefault(where, []).append((push, round_))
         for w in (list(self.held) if ctx.stop_requested else [where]):
             self._release(ctx, w)
-        if any(m is push for m in self.held[where]):
+        if any(m is push for m, _ in self.held[where]):
             ctx.record("ssp_wait", key=push.key, part=push.part, dc=push.src,
-                       ahead=self._ahead(ctx, where, push.src))
+                       ahead=clocks[push.src] - self._slowest(ctx, where))
 
     def on_pusher_left(self, ctx: GlobalContext, pusher: str) -> None:
         for where in list(self.held):
             self._release(ctx, where)
 
-    def _ahead(self, ctx: GlobalContext, where: tuple[int, int], pusher: str) -> int:
+    def reply_round(self, msg: Any, slot: ServerSlot) -> int:
+        # a reply belongs to its DC's round: that DC's pushes applied and answered
+        where = (msg.key, msg.part)
+        held = sum(1 for m, _ in self.held.get(where, ()) if m.src == msg.src)
+        return self.clock.get(where, {}).get(msg.src, 0) - held
+
+    def _slowest(self, ctx: GlobalContext, where: tuple[int, int]) -> int:
         clocks = self.clock.get(where, {})
-        active = [p for p in ctx.pushers if p not in ctx.departed]
-        slowest = min((clocks.get(p, 0) for p in active), default=0)
-        return clocks.get(pusher, 0) - slowest
+        return min((clocks.get(p, 0) for p in ctx.pushers if p not in ctx.departed),
+                   default=0)
+
+    def _waits(self, ctx: GlobalContext, where: tuple[int, int], pusher: str,
+               round_: int) -> bool:
+        slowest = self._slowest(ctx, where)
+        if round_ > slowest and ctx.is_checkpoint_round(round_):
+            return True  # a checkpoint round: every DC pushes it before anyone goes on
+        return self.clock[where].get(pusher, 0) - slowest > self.staleness
 
     def _release(self, ctx: GlobalContext, where: tuple[int, int]) -> None:
-        waiting = self.held.get(where, [])
         still = []
-        for push in waiting:
-            if ctx.stop_requested or self._ahead(ctx, where, push.src) <= self.staleness:
+        for push, round_ in self.held.get(where, []):
+            if ctx.stop_requested or not self._waits(ctx, where, push.src, round_):
                 ctx.reply_push(push, ctx.slot(*where))
             else:
-                still.append(push)
+                still.append((push, round_))
         self.held[where] = still
 
     def state_dict(self) -> Any:
+        # nothing is held when a checkpoint is taken: its round's barrier just released
         return {f"{k}:{p}": dict(c) for (k, p), c in sorted(self.clock.items())}
 
     def load_state_dict(self, state: Any) -> None:
         self.clock = {tuple(int(x) for x in where.split(":")): dict(c)  # type: ignore[misc]
                       for where, c in (state or {}).items()}
+        self.held = {}
 
 
 class ForwardEachRound(LocalSide):
@@ -135,6 +160,7 @@ class BoundedStaleness(SyncAlgorithm):
 
     name = "ssp"
     Options = SspOptions
+    checkpoint_cuts = True  # StaleSynchronousServer holds checkpoint rounds' answers
     options: SspOptions
 
     def exchange_iterations(self) -> int:

@@ -407,6 +407,14 @@ class SyncAlgorithm(Policy):
     global_takeover: ClassVar[bool] = True
     #: The GeoMX kvstore type a user would create for it (``dist_sync`` / ``dist_async``).
     kvstore_type: ClassVar[str] = "dist_sync"
+    #: Its checkpoint rounds are cuts of the job, so ``[checkpoint]`` may save and resume
+    #: it (geomx/node/checkpoint.py): every global round is synchronous (one update per
+    #: round, after every pusher), or the global side says which round an update
+    #: completes (``GlobalContext.apply_update(completes=)``), which round a reply belongs
+    #: to (``GlobalSide.reply_round``) and holds a checkpoint round's answers until every
+    #: pusher reached it (``GlobalContext.is_checkpoint_round``), as MixedSync does.
+    #: False: a scenario with checkpoints is refused.
+    checkpoint_cuts: ClassVar[bool] = False
 
     @classmethod
     def options_from_sync(cls, sync: Mapping[str, Any]) -> PolicyOptions:

@@ -467,12 +467,6 @@ def _check_real(s: Scenario) -> None:
         seen[key] = i
 
 
-#: Sync algorithms whose checkpoint rounds are cuts of the job (geomx/node/checkpoint.py):
-#: FSA's, HFA's and ESync's rounds are synchronous; MixedSync holds a checkpoint round's
-#: answers until every DC has pushed it (geomx/sync/mixed.py).
-CHECKPOINT_ALGORITHMS = ("fsa", "hfa", "esync", "mixed")
-
-
 @scenario_check
 def _check_checkpoint(s: Scenario) -> None:
     c = s.checkpoint
@@ -482,11 +476,14 @@ def _check_checkpoint(s: Scenario) -> None:
     field = "checkpoint.every" if c.enabled else "checkpoint.resume_from"
     value = (units_text(c.every.seconds) if c.every.seconds else c.every.rounds) \
         if c.enabled else c.resume_from
+    sync_class = policy_class("sync", algorithm)
     problems = [
-        (algorithm not in CHECKPOINT_ALGORITHMS, "sync.algorithm", algorithm,
-         f"sync.algorithm = {algorithm!r} is a user policy, whose checkpoint rounds are "
-         "not known to be cuts of the job",
-         quote_list(CHECKPOINT_ALGORITHMS)),
+        (not sync_class.checkpoint_cuts, "sync.algorithm", algorithm,
+         f"sync.algorithm = {algorithm!r}: {sync_class.__name__}.checkpoint_cuts is False "
+         "(its checkpoint rounds are not declared cuts of the job; docs/extending.md, "
+         "\"Checkpoints\")",
+         "'fsa', 'hfa', 'esync', 'mixed', or a policy of your own whose checkpoint_cuts is "
+         "True"),
         (s.topology.kind not in ("hips", "flat"), "topology.kind", s.topology.kind,
          f"topology.kind = {s.topology.kind!r} keeps per-chunk relay state",
          "'hips', 'flat'"),

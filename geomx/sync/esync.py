@@ -330,6 +330,7 @@ class ESync(SyncAlgorithm):
     arrives at the synchronous delta average together (docs/papers.md §5)."""
 
     name = "esync"
+    checkpoint_cuts = True  # its global rounds are synchronous
     Options = ESyncOptions
     uses_global_optimizer = False
     needs_local_tier = True

@@ -109,6 +109,7 @@ class FSA(SyncAlgorithm):
     nobody goes on before the round is complete (docs/geomx-behaviour.md §3.2)."""
 
     name = "fsa"
+    checkpoint_cuts = True  # every global round is synchronous
 
     def global_side(self, job: JobView) -> GlobalSide:
         return FullySync()

@@ -203,6 +203,7 @@ class HFA(SyncAlgorithm):
     average of the DC models every ``k2``-th of those (docs/geomx-behaviour.md §3.4)."""
 
     name = "hfa"
+    checkpoint_cuts = True  # its global syncs are synchronous rounds
     Options = HFAOptions
     uses_global_optimizer = False
     needs_local_tier = True

@@ -217,6 +217,7 @@ class MixedSync(SyncAlgorithm):
     push applied on arrival at the global tier (GeoMX ``dist_async``)."""
 
     name = "mixed"
+    checkpoint_cuts = True  # a checkpoint round's answers wait for every DC (AsyncAcrossDCs)
     Options = MixedOptions
     kvstore_type = "dist_async"
     options: MixedOptions
