@@ -205,22 +205,46 @@ def _ask(ctx: WorkerSyncContext, msg: Message) -> Any:
     return ctx.spawn(ctx.request(msg))
 
 
+def server_optimizer_problem(algorithm: Any, server_optimizer: bool) -> str | None:
+    """Why ``DistributedOptimizer(server_optimizer=...)`` cannot run under ``algorithm``:
+    MixedSync and a sync policy of the user's whose global servers run the optimizer
+    apply each push as a global step, so the optimizer must be on the servers."""
+    if server_optimizer:
+        return None
+    if algorithm.name == "mixed":
+        return ("sync.algorithm = 'mixed' applies each DC's push as a global step, so the "
+                "optimizer must run on the servers: pass DistributedOptimizer(..., "
+                "server_optimizer=True)")
+    if algorithm.name not in ALGORITHMS and algorithm.uses_global_optimizer:
+        return (f"sync.algorithm = {algorithm.name!r} runs the optimizer on the global "
+                f"servers ({type(algorithm).__name__}.uses_global_optimizer), so the workers "
+                "push gradients and pull weights: pass DistributedOptimizer(..., "
+                "server_optimizer=True)")
+    return None
+
+
 def rounds_for(s: Session, names: list[str], params: list[torch.Tensor], buffers: HostBuffers,
                optimizer: torch.optim.Optimizer, *, pull_weights: bool) -> Rounds:
     """The rounds of the scenario's ``[sync] algorithm``; another one is refused by name."""
     algorithm = s.node.job.sync_algorithm
     name = algorithm.name
     args = (s, names, params, buffers, optimizer)
-    if name == "mixed" and not pull_weights:
-        raise TorchAPIError("sync.algorithm = 'mixed' applies each DC's push as a global "
-                            "step, so the optimizer must run on the servers: pass "
-                            "DistributedOptimizer(..., server_optimizer=True)")
+    problem = server_optimizer_problem(algorithm, pull_weights)
+    if problem:
+        raise TorchAPIError(problem)
     if name in ("fsa", "mixed"):
         return GradientRounds(*args, pull_weights=pull_weights)
+    if name not in ALGORITHMS and algorithm.uses_global_optimizer:
+        # a sync policy of the user's whose global servers run the optimizer: what a
+        # worker pushes is a gradient and what it pulls the model, whatever the global
+        # side decides about when to answer (SSP, a quorum)
+        return GradientRounds(*args, pull_weights=True)
     if name == "hfa":
         return ModelAveragingRounds(*args, k1=int(algorithm.options.k1),
                                     k2=int(algorithm.options.k2))
     if name == "esync":
         return BudgetedDeltaRounds(*args, max_iterations=int(s.ctx.max_iterations))
     raise TorchAPIError(f"sync.algorithm = {name!r}: geomx.torch.DistributedOptimizer runs "
-                        f"under {', '.join(ALGORITHMS)}; use ctx.worker_sync for another")
+                        f"under {', '.join(ALGORITHMS)} and sync policies whose global "
+                        "servers run the optimizer (uses_global_optimizer); "
+                        f"{type(algorithm).__name__} does not: use ctx.worker_sync")

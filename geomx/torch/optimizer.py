@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from geomx.torch.compression import Compression, codec_config
-from geomx.torch.exchange import Rounds, rounds_for
+from geomx.torch.exchange import Rounds, rounds_for, server_optimizer_problem
 from geomx.torch.resume import publish, restore_optimizer
 from geomx.torch.session import TorchAPIError, session
 from geomx.torch.tensors import HostBuffers, check_tensor
@@ -95,6 +95,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._stage = bool(stage_through_host)
         codec = codec_config(compression)
         self.server_optimizer = bool(server_optimizer)
+        problem = server_optimizer_problem(s.node.job.sync_algorithm, self.server_optimizer)
+        if problem:  # now, before the master initialises keys a server would refuse
+            raise TorchAPIError(problem)
         kv = s.kv
         if self.server_optimizer:
             kv.set_optimizer(server_optimizer_config(optimizer))
