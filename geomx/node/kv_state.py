@@ -98,20 +98,21 @@ class KVStoreState:
         they must cover the tensor in order, and each wire key must be this key's alone
         (another key's value under it would reach the servers as one tensor)."""
         at = 0
-        for wk, lo, hi in wire:
+        seen: set[int] = set()
+        for i, (wk, lo, hi) in enumerate(wire):
             if lo != at or hi < lo or hi > n:
-                return (f"slices {wire} do not cover elements [0, {n}) in order: slice "
-                        f"({wk}, {lo}, {hi}) should start at {at}")
+                return (f"slice {i} ({wk}, {lo}, {hi}) should cover elements from {at}, "
+                        f"within [0, {n}): the slices must cover the tensor in order")
             at = hi
             owner = self._wire_owner.get(wk, key)
-            if owner != key:
-                return (f"wire key {wk} is also key {self._key_name(owner)}'s; number "
-                        "slices with geomx.policy.slice_key(key, index), whose keys never "
-                        "meet another key's")
+            if owner != key or wk in seen:
+                whose = f"key {self._key_name(owner)}'s" if owner != key else "another slice's"
+                return (f"wire key {wk} is also {whose}; number slices with "
+                        "geomx.policy.slice_key(key, index), whose keys never meet "
+                        "another key's")
+            seen.add(wk)
         if at != n:
-            return f"slices {wire} end at element {at}, not {n}"
-        if len({wk for wk, _, _ in wire}) != len(wire):
-            return f"slices {wire} repeat a wire key"
+            return f"the {len(wire)} slices end at element {at}, not {n}"
         return None
 
     def _key_name(self, key: int) -> str:

@@ -278,3 +278,28 @@ def test_slices_that_reuse_another_keys_wire_key_fail_naming_both(scenario_of):
                                         r"is also key 0's; number slices with "
                                         r"geomx.policy.slice_key"):
         run_scenario(s)
+
+
+class _Overlapping(SchedWorkerSide):
+    plain = False
+
+    def slices(self, key, num_elements):
+        from geomx.policy import slice_key
+        if num_elements <= 500:
+            return None
+        return [(key, 0, num_elements // 2), (slice_key(key, 1), num_elements // 3,
+                                              num_elements)]
+
+
+class Overlapping(TransferScheduler):
+    def worker_side(self, ctx):
+        return _Overlapping()
+
+
+def test_slices_that_do_not_tile_the_tensor_are_refused(scenario_of):
+    s = scenario_of("quickstart.toml", "run.iterations=3", *SHORT,
+                    "sched.policy=tests.sched.test_scheduling_api:Overlapping")
+    with pytest.raises(JobFailed, match=r"key 0: the transfer scheduler's slices: slice 1 "
+                                        r"\(720720001, 1365, 4096\) should cover elements from "
+                                        r"2048, within \[0, 4096\)"):
+        run_scenario(s)
