@@ -54,12 +54,28 @@ def _split_spec(spec: str) -> tuple[str, str]:
     return where, fn
 
 
-@functools.lru_cache(maxsize=16)
 def load_program(spec: str) -> Callable[..., Any]:
     """The function named by ``spec`` (a ``.py`` file or an importable module, optionally
     ``:function``, default ``main``): an ``async def`` or a plain ``def`` (a synchronous
     program, run on its own thread: geomx/node/program_thread.py). Raises
-    :class:`ProgramError`."""
+    :class:`ProgramError`.
+
+    A file is imported once per version: the nodes of an emulated job, and the nodes a
+    launcher forks, share one import, while a file edited since (a notebook that runs
+    the job again) is imported afresh."""
+    where, _ = _split_spec(spec)
+    stamp: tuple[int, int] | None = None
+    if where.endswith(".py") or os.sep in where:
+        try:
+            st = os.stat(where)
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass  # _load_program says the file is missing
+    return _load_program(spec, stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _load_program(spec: str, stamp: tuple[int, int] | None) -> Callable[..., Any]:
     where, fn = _split_spec(spec)
     if where.endswith(".py") or os.sep in where:
         try:

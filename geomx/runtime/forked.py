@@ -143,12 +143,28 @@ def signals_deferred() -> Iterator[None]:
             signal.raise_signal(sig)
 
 
-def preload() -> None:
+def preload(program: str = "") -> None:
     """Import what every node imports, once, before the first fork (each child then
-    starts with it done)."""
+    starts with it done), and the job's training program: a program importing torch
+    costs each worker 2-3 s of CPU, five workers at once on two cores ten seconds before
+    the job can start, where forked children share one import. Its module-level code
+    then runs here, once, not in every node.
+
+    The program is left to the nodes where a GPU is present (a GPU build of torch
+    imported here would rule fork out, :func:`fork_usable`) or where it does not load
+    (each node then reports the error with its name)."""
     import geomx.runtime.eventloop  # noqa: F401  (uvloop)
     import geomx.runtime.node_main  # noqa: F401
     import geomx.runtime.tcp  # noqa: F401
+
+    if not program or any(os.path.exists(p) for p in GPU_DEVICE_FILES):
+        return
+    from geomx.node.program import ProgramError, load_program
+
+    try:
+        load_program(program)
+    except ProgramError:
+        pass
 
 
 class ForkedProcess:

@@ -306,7 +306,7 @@ def _run_real(s: Scenario, plan: Any, run_dir: Path, progress: bool, timeout_s: 
     # local nodes are forked from here where that is safe (no ssh, no network namespace)
     fork = kernel is None and remote is None and fork_usable()
     if fork:
-        preload()
+        preload(plan.train.program)
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if remote is None and THREADS_VAR not in env:  # each worker its share (geomx/threads.py)

@@ -314,19 +314,42 @@ def test_a_module_program_is_found_in_the_working_directory_as_python_m_finds_it
 
 
 @pytest.mark.slow
-def test_a_program_slow_to_import_does_not_cost_its_node_its_heartbeats(tmp_path):
+@pytest.mark.parametrize("start", ["fork", "exec"])
+def test_a_program_slow_to_import_does_not_cost_its_node_its_heartbeats(tmp_path, monkeypatch,
+                                                                         start):
     """A node imports its program before it registers, so an import that holds the
     interpreter for longer than the heartbeat timeout (``import torch`` on a loaded host,
-    2-3 s of CPU per worker) does not get the node declared dead mid-import."""
-    p = _program(tmp_path, """
-        import time
+    2-3 s of CPU per worker) does not get the node declared dead mid-import. Forked
+    nodes share the launcher's one import (geomx/runtime/forked.py, ``preload``); nodes
+    started by exec (a GPU host, ``GEOMX_NODE_START=exec``) import it each."""
+    monkeypatch.setenv("GEOMX_NODE_START", start)
+    p = _program(tmp_path, f"""
+        import os, time
+        with open({str(tmp_path / 'imports')!r}, "a") as f:
+            f.write(f"{{os.getpid()}}\\n")
         time.sleep(5.0)   # an import that keeps the event loop's thread busy
 
         async def main(kv, ctx):
-            return {"imported": True}
+            return {{"imported": True}}
     """)
     r = _run_program(tmp_path, p, "membership.heartbeat_interval=0.5s",
                      "membership.heartbeat_timeout=3s", runtime="real")
+    assert json.loads((r.run_dir / "launch.json").read_text())["start"] == start
     results = [json.loads(f.read_text()) for f in (r.run_dir / "nodes").glob("*.result.json")]
     ran = [x["name"] for x in results if x.get("result", {}).get("imported")]
     assert sorted(ran) == ["mw", "w:party-a:0", "w:party-a:1", "w:party-b:0", "w:party-b:1"]
+    imports = (tmp_path / "imports").read_text().split()
+    assert len(imports) == (1 if start == "fork" else 5)  # the launcher's, or each node's
+
+
+def test_a_program_edited_between_runs_is_imported_again(tmp_path):
+    """The nodes of one job share one import of the program file, but a notebook that
+    edits the file and runs the job again gets the new code, not the first import."""
+    from geomx.node.program import load_program
+
+    path = _program(tmp_path, "async def main(kv, ctx):\n    return {'v': 1}\n")
+    first = load_program(str(path))
+    assert load_program(str(path)) is first
+    path.write_text("async def main(kv, ctx):\n    return {'v': 22}\n")  # another size
+    again = load_program(str(path))
+    assert again is not first and again.__code__.co_consts != first.__code__.co_consts
