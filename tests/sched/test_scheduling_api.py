@@ -271,15 +271,6 @@ def test_a_user_scheduler_slicing_with_slice_key_trains_as_unsliced(scenario_of,
             == plain.summary.extra["final_eval"]["accuracy"])
 
 
-def test_slices_that_reuse_another_keys_wire_key_fail_naming_both(scenario_of):
-    s = scenario_of("quickstart.toml", "run.iterations=3", *SHORT,
-                    "sched.policy=tests.sched.test_scheduling_api:ThirdsByHand")
-    with pytest.raises(JobFailed, match=r"key 1: the transfer scheduler's slices: wire key 1 "
-                                        r"is also key 0's; number slices with "
-                                        r"geomx.policy.slice_key"):
-        run_scenario(s)
-
-
 class _Overlapping(SchedWorkerSide):
     plain = False
 
@@ -296,10 +287,14 @@ class Overlapping(TransferScheduler):
         return _Overlapping()
 
 
-def test_slices_that_do_not_tile_the_tensor_are_refused(scenario_of):
+@pytest.mark.parametrize("scheduler, problem", [
+    ("ThirdsByHand", r"key 1: the transfer scheduler's slices: wire key 1 is also key 0's; "
+                     r"number slices with geomx.policy.slice_key"),
+    ("Overlapping", r"key 0: the transfer scheduler's slices: slice 1 \(720720001, 1365, "
+                    r"4096\) should cover elements from 2048, within \[0, 4096\)"),
+])
+def test_slices_that_cannot_travel_are_refused_naming_the_keys(scenario_of, scheduler, problem):
     s = scenario_of("quickstart.toml", "run.iterations=3", *SHORT,
-                    "sched.policy=tests.sched.test_scheduling_api:Overlapping")
-    with pytest.raises(JobFailed, match=r"key 0: the transfer scheduler's slices: slice 1 "
-                                        r"\(720720001, 1365, 4096\) should cover elements from "
-                                        r"2048, within \[0, 4096\)"):
+                    f"sched.policy=tests.sched.test_scheduling_api:{scheduler}")
+    with pytest.raises(JobFailed, match=problem):
         run_scenario(s)
