@@ -163,7 +163,7 @@ def preload(program: str = "") -> None:
 
     try:
         load_program(program)
-    except ProgramError:
+    except (ProgramError, SystemExit):  # (argparse at module level: the launcher's argv)
         pass
 
 

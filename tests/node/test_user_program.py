@@ -353,3 +353,17 @@ def test_a_program_edited_between_runs_is_imported_again(tmp_path):
     path.write_text("async def main(kv, ctx):\n    return {'v': 22}\n")  # another size
     again = load_program(str(path))
     assert again is not first and again.__code__.co_consts != first.__code__.co_consts
+
+
+def test_a_program_parsing_argv_at_import_fails_its_nodes_not_the_launcher(tmp_path):
+    """The launcher imports the program before forking; argparse at module level reads the
+    launcher's argv there and exits, which must leave it to the nodes to report."""
+    p = _program(tmp_path, """
+        import argparse
+        ARGS = argparse.ArgumentParser().parse_args()
+
+        async def main(kv, ctx):
+            pass
+    """)
+    with pytest.raises(JobFailed, match=r"(?s)exited with code 2.*unrecognized arguments"):
+        _run_program(tmp_path, p, runtime="real")
