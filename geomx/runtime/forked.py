@@ -161,10 +161,14 @@ def preload(program: str = "") -> None:
         return
     from geomx.node.program import ProgramError, load_program
 
+    out, err = io.StringIO(), io.StringIO()
     try:
-        load_program(program)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            load_program(program)
     except (ProgramError, SystemExit):  # (argparse at module level: the launcher's argv)
-        pass
+        return  # what it printed is the nodes' to say, in their logs
+    sys.stdout.write(out.getvalue())
+    sys.stderr.write(err.getvalue())
 
 
 class ForkedProcess:
