@@ -150,9 +150,11 @@ def preload(program: str = "") -> None:
     the job can start, where forked children share one import. Its module-level code
     then runs here, once, not in every node.
 
-    The program is left to the nodes where a GPU is present (a GPU build of torch
-    imported here would rule fork out, :func:`fork_usable`) or where it does not load
-    (each node then reports the error with its name)."""
+    It is imported with the ``sys.argv`` a node has (``geomx node ...``), so a program
+    that reads it at import behaves as it would in a node started by exec. The program
+    is left to the nodes where a GPU is present (a GPU build of torch imported here
+    would rule fork out, :func:`fork_usable`) or where it does not load or exits (each
+    node then reports the error with its name)."""
     import geomx.runtime.eventloop  # noqa: F401  (uvloop)
     import geomx.runtime.node_main  # noqa: F401
     import geomx.runtime.tcp  # noqa: F401
@@ -162,11 +164,14 @@ def preload(program: str = "") -> None:
     from geomx.node.program import ProgramError, load_program
 
     out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["geomx", "node"]  # what a node's import would see
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             load_program(program)
-    except (ProgramError, SystemExit):  # (argparse at module level: the launcher's argv)
+    except (ProgramError, SystemExit):  # (argparse at module level)
         return  # what it printed is the nodes' to say, in their logs
+    finally:
+        sys.argv = argv
     sys.stdout.write(out.getvalue())
     sys.stderr.write(err.getvalue())
 
