@@ -65,7 +65,7 @@ def load_program(spec: str) -> Callable[..., Any]:
     the job again) is imported afresh."""
     where, _ = _split_spec(spec)
     stamp: tuple[int, int] | None = None
-    if where.endswith(".py") or os.sep in where:
+    if _is_file(where):
         try:
             st = os.stat(where)
             stamp = (st.st_mtime_ns, st.st_size)
@@ -74,10 +74,15 @@ def load_program(spec: str) -> Callable[..., Any]:
     return _load_program(spec, stamp)
 
 
+def _is_file(where: str) -> bool:
+    """A program named by its file (else by an importable module)."""
+    return where.endswith(".py") or os.sep in where
+
+
 @functools.lru_cache(maxsize=16)
 def _load_program(spec: str, stamp: tuple[int, int] | None) -> Callable[..., Any]:
     where, fn = _split_spec(spec)
-    if where.endswith(".py") or os.sep in where:
+    if _is_file(where):
         try:
             module = import_file(where, prefix="geomx_user_program_",
                                  label=f"training program {spec!r}", error=ProgramError,
@@ -494,29 +499,29 @@ def load_program_for(node_name: str, program: str) -> Callable[..., Any]:
         raise ProgramError(f"{node_name}: {e}") from e
 
 
-async def run_user_program(node: Any, *, spec: TrainSpec, program: str, args: list[str],
-                           compute_scale: float = 1.0,
-                           main: Callable[..., Any] | None = None) -> dict[str, Any]:
+async def run_user_program(node: Any, *, spec: TrainSpec, program: str,
+                           main: Callable[..., Any], args: list[str],
+                           compute_scale: float = 1.0) -> dict[str, Any]:
     """Run ``program`` on ``node`` (a worker or the master worker); errors name both.
-    ``main``: the program's function, loaded already (:func:`load_program_for`)."""
+    ``main``: the program's function, loaded when the node was built
+    (:func:`load_program_for`)."""
     from geomx.node.base import NodeFailure, NodeStopped
 
-    func = main if main is not None else load_program_for(node.name, program)
     ctx = ProgramContext(node, spec, args, compute_scale)
-    params = inspect.signature(func).parameters
+    params = inspect.signature(main).parameters
     try:
         kv = _program_kvstore(node, ctx.kvstore_type, spec.sync) if len(params) >= 2 else None
-        if is_sync_program(func):
+        if is_sync_program(main):
             sync_ctx = SyncProgramContext(ctx)
             returned = await ProgramThread(asyncio.get_running_loop(), node.name).run(
-                func, *([sync_ctx] if kv is None else [SyncKVStore(kv), sync_ctx]))
+                main, *([sync_ctx] if kv is None else [SyncKVStore(kv), sync_ctx]))
             if inspect.iscoroutine(returned):
                 returned.close()  # (never awaited: no warning about it)
                 raise ProgramError(f"training program {program!r} on node {node.name}: its "
                                    "plain `def main` returned a coroutine; write `async def "
                                    "main(kv, ctx)` to await one")
         else:
-            returned = await (func(ctx) if kv is None else func(kv, ctx))
+            returned = await (main(ctx) if kv is None else main(kv, ctx))
         for store in node.state.kv_stores:
             await store.waitall()
         await ctx.finish_sync()

@@ -205,6 +205,13 @@ def _ask(ctx: WorkerSyncContext, msg: Message) -> Any:
     return ctx.spawn(ctx.request(msg))
 
 
+def _user_gradient_policy(algorithm: Any) -> bool:
+    """A sync policy of the user's whose global servers run the optimizer: what a worker
+    pushes is a gradient and what it pulls the model, whatever the global side decides
+    about when to answer (SSP, a quorum)."""
+    return algorithm.name not in ALGORITHMS and algorithm.uses_global_optimizer
+
+
 def server_optimizer_problem(algorithm: Any, server_optimizer: bool) -> str | None:
     """Why ``DistributedOptimizer(server_optimizer=...)`` cannot run under ``algorithm``:
     MixedSync and a sync policy of the user's whose global servers run the optimizer
@@ -215,7 +222,7 @@ def server_optimizer_problem(algorithm: Any, server_optimizer: bool) -> str | No
         return ("sync.algorithm = 'mixed' applies each DC's push as a global step, so the "
                 "optimizer must run on the servers: pass DistributedOptimizer(..., "
                 "server_optimizer=True)")
-    if algorithm.name not in ALGORITHMS and algorithm.uses_global_optimizer:
+    if _user_gradient_policy(algorithm):
         return (f"sync.algorithm = {algorithm.name!r} runs the optimizer on the global "
                 f"servers ({type(algorithm).__name__}.uses_global_optimizer), so the workers "
                 "push gradients and pull weights: pass DistributedOptimizer(..., "
@@ -225,20 +232,14 @@ def server_optimizer_problem(algorithm: Any, server_optimizer: bool) -> str | No
 
 def rounds_for(s: Session, names: list[str], params: list[torch.Tensor], buffers: HostBuffers,
                optimizer: torch.optim.Optimizer, *, pull_weights: bool) -> Rounds:
-    """The rounds of the scenario's ``[sync] algorithm``; another one is refused by name."""
+    """The rounds of the scenario's ``[sync] algorithm``; another one is refused by name.
+    ``pull_weights`` has passed :func:`server_optimizer_problem` (DistributedOptimizer
+    checks it when it is built)."""
     algorithm = s.node.job.sync_algorithm
     name = algorithm.name
     args = (s, names, params, buffers, optimizer)
-    problem = server_optimizer_problem(algorithm, pull_weights)
-    if problem:
-        raise TorchAPIError(problem)
-    if name in ("fsa", "mixed"):
+    if name in ("fsa", "mixed") or _user_gradient_policy(algorithm):
         return GradientRounds(*args, pull_weights=pull_weights)
-    if name not in ALGORITHMS and algorithm.uses_global_optimizer:
-        # a sync policy of the user's whose global servers run the optimizer: what a
-        # worker pushes is a gradient and what it pulls the model, whatever the global
-        # side decides about when to answer (SSP, a quorum)
-        return GradientRounds(*args, pull_weights=True)
     if name == "hfa":
         return ModelAveragingRounds(*args, k1=int(algorithm.options.k1),
                                     k2=int(algorithm.options.k2))
