@@ -253,7 +253,7 @@ def scenario_topology(s: Scenario) -> Topology:
                          sections={"netstorm": s.netstorm})
 
 
-def mesh_config(s: Scenario, train: TrainSpec, topology: Topology) -> dict[str, Any]:
+def mesh_config(s: Scenario, train: TrainSpec, topology: MeshTopology) -> dict[str, Any]:
     """What a mesh job's controller and servers read (``JobSpec.mesh``): the topology (its
     name and options table, which every node builds its object from), the mechanics of
     ``[netstorm]`` (chunking, link timing, when to re-plan, the send window), the mesh's
@@ -273,7 +273,7 @@ def mesh_config(s: Scenario, train: TrainSpec, topology: Topology) -> dict[str, 
 REPORT_BYTES_CAP = 4_000_000
 
 
-def report_bytes(s: Scenario, topology: Topology) -> int:
+def report_bytes(s: Scenario, topology: MeshTopology) -> int:
     """The smallest data message a mesh server times as a link sample: ``[netstorm]
     report_bytes``, or for ``auto`` a full chunk's float32 bytes capped at
     :data:`REPORT_BYTES_CAP`. A topology that measures links refuses a value above a full
@@ -282,8 +282,7 @@ def report_bytes(s: Scenario, topology: Topology) -> int:
     chunk_bytes = 4 * n.chunk_elements
     if n.report_bytes is None:
         return min(REPORT_BYTES_CAP, chunk_bytes)
-    if (isinstance(topology, MeshTopology) and topology.measures_links
-            and n.report_bytes > chunk_bytes):
+    if topology.measures_links and n.report_bytes > chunk_bytes:
         raise ScenarioError(
             f"{n.report_bytes} B is more than a full chunk ({n.chunk_elements} elements = "
             f"{chunk_bytes} B), so topology {topology.name or type(topology).__name__!r}, "

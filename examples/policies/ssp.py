@@ -105,16 +105,16 @@ class StaleSynchronousServer(GlobalSide):
                    default=0)
 
     def _waits(self, ctx: GlobalContext, where: tuple[int, int], pusher: str,
-               round_: int) -> bool:
-        slowest = self._slowest(ctx, where)
+               round_: int, slowest: int) -> bool:
         if round_ > slowest and ctx.is_checkpoint_round(round_):
             return True  # a checkpoint round: every DC pushes it before anyone goes on
         return self.clock[where].get(pusher, 0) - slowest > self.staleness
 
     def _release(self, ctx: GlobalContext, where: tuple[int, int]) -> None:
         still = []
+        slowest = self._slowest(ctx, where)  # (answering a push changes no clock)
         for push, round_ in self.held.get(where, []):
-            if ctx.stop_requested or not self._waits(ctx, where, push.src, round_):
+            if ctx.stop_requested or not self._waits(ctx, where, push.src, round_, slowest):
                 ctx.reply_push(push, ctx.slot(*where))
             else:
                 still.append((push, round_))
