@@ -59,7 +59,8 @@ class Slot:
     count: int = 0
     version: int = 0
     waiting_pushes: list[Message] = field(default_factory=list)
-    waiting_pulls: list[Message] = field(default_factory=list)
+    #: pulls (and flat-PS pushes) that arrived before the master worker's INIT
+    waiting_for_init: list[Message] = field(default_factory=list)
     opt_state: Any = None
     contributors: set[str] = field(default_factory=set)
 
@@ -133,8 +134,9 @@ class GlobalServer(Node):
         self._restored_opt: dict[str, Any] = {}
         self._restored_sched: Any = None  # the scheduler side's, handed back in main()
         self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
-        #: resuming: restored (key, part)s whose INIT has not come yet; their pulls wait
-        #: for it, as every pull does in an uninterrupted run (see _restore)
+        #: (key, part)s that have a value here but not yet the master worker's INIT: a
+        #: flat-PS worker's INIT came first, or the value is a checkpoint's (_restore).
+        #: Their pulls and pushes wait for that INIT (_on_init)
         self._unpublished: set[tuple[int, int]] = set()
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
@@ -231,15 +233,26 @@ class GlobalServer(Node):
 
     # ------------------------------------------------------------------ data
     def _on_init(self, msg: Message) -> None:
-        # the master worker publishes the initial model; flat-PS workers may INIT too
-        # (GeoMX: the first value wins, later ones are acknowledged and ignored)
+        """The master worker's INIT publishes a key: its value becomes the key's (unless a
+        checkpoint's is restored) and the requests waiting for it are served.
+
+        Why only the master's: it sends its INITs after its commands (``set_optimizer``,
+        ``set_gradient_compression``, acknowledged end to end), so a key it has
+        initialised is served with the job's optimizer and codec installed. GeoMX's
+        global servers hear INITs from the master alone (docs/geomx-behaviour.md §2.1).
+        On a flat PS each DC's rank-0 worker INITs these servers too, as under HiPS it
+        INITs its local server; served from that INIT, its DC's first push could reach
+        this server before ``set_optimizer`` (applied as the new weights) or leave the
+        worker before it learnt the codec (sent dense), as over real sockets it did when
+        the master started last. Such an INIT is acknowledged and its value unused, as
+        a mesh server does with the master's."""
         if msg.meta.get("takeover") and self._awaiting and msg.src in self._awaiting:
             self._on_takeover_value(msg)
             return
         if self._park(msg):
             return
-        if msg.src != self.job.master_worker and not (self.job.mode == "flat_ps"
-                                                      and msg.src in self.pushers):
+        from_master = msg.src == self.job.master_worker
+        if not from_master and not (self.job.mode == "flat_ps" and msg.src in self._pusher_set):
             self.reply_error(msg, f"{msg.src} may not initialise keys on {self.name}")
             return
         if len(msg.payloads) != 1:
@@ -250,7 +263,18 @@ class GlobalServer(Node):
         if problem:
             self.reply_error(msg, problem)
             return
-        slot = self.slots.setdefault((msg.key, msg.part), Slot())
+        key = (msg.key, msg.part)
+        if not from_master:
+            slot = self.slots.get(key)
+            if slot is None and len(self.slots) >= MAX_SLOTS:
+                self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
+                return
+            if slot is None or slot.store is None:
+                self.slots.setdefault(key, Slot())
+                self._unpublished.add(key)  # its pushes wait for the master's INIT too
+            self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+            return
+        slot = self.slots.setdefault(key, Slot())
         if slot.store is None:
             slot.store = from_payload(msg.payloads[0])
             if self.optimizer is not None and not is_phantom(slot.store):
@@ -259,10 +283,36 @@ class GlobalServer(Node):
             if self.sched is not None:
                 self.sched.on_key_ready(msg.key, msg.part)
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
-        self._unpublished.discard((msg.key, msg.part))
-        waiting, slot.waiting_pulls = slot.waiting_pulls, []
-        for pull in waiting:
-            self._serve_pull(pull, slot)
+        self._unpublished.discard(key)
+        waiting, slot.waiting_for_init = slot.waiting_for_init, []
+        for request in waiting:
+            self._serve_waiting(request)
+
+    def _waits_for_init(self, msg: Message) -> bool:
+        """Hold a pull, or a push of a key a flat-PS worker has INITed, until the master
+        worker's INIT publishes the key (:meth:`_on_init`). Bounded: the sender is a
+        member (checked by the caller), and past a few requests per member and key the
+        request is refused."""
+        key = (msg.key, msg.part)
+        slot = self.slots.get(key)
+        if slot is not None and slot.store is not None and key not in self._unpublished:
+            return False
+        if msg.kind == Kind.PUSH and key not in self._unpublished:
+            return False  # nobody INITed it: _check_push refuses it
+        slot = self.slots.setdefault(key, Slot())
+        if len(slot.waiting_for_init) >= 8 * len(self._pullers) + 16:
+            self.reply_error(msg, f"key {msg.key} part {msg.part}: too many requests wait "
+                                  "for the master worker's INIT")
+            return True
+        slot.waiting_for_init.append(msg)
+        return True
+
+    def _serve_waiting(self, msg: Message) -> None:
+        """Handle a request that waited for its key's INIT as if it arrived now."""
+        if msg.kind == Kind.PUSH:
+            self._on_push(msg)
+        else:
+            self._on_pull(msg)
 
     def _check_push(self, msg: Message) -> Slot | None:
         slot = self.slots.get((msg.key, msg.part))
@@ -276,6 +326,8 @@ class GlobalServer(Node):
 
     def _on_push(self, msg: Message) -> None:
         if self._park(msg):
+            return
+        if msg.src in self._pusher_set and self._waits_for_init(msg):
             return
         slot = self._check_push(msg)
         if slot is None:
@@ -408,11 +460,10 @@ class GlobalServer(Node):
         if slot is None and len(self.slots) >= MAX_SLOTS:
             self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
             return
-        if slot is None or slot.store is None or (msg.key, msg.part) in self._unpublished:
-            # GeoMX polls every 100 ms; we park the pull and answer on INIT.
-            self.slots.setdefault((msg.key, msg.part), Slot()).waiting_pulls.append(msg)
+        # GeoMX polls every 100 ms; we park the pull and answer on the master's INIT
+        if self._waits_for_init(msg):
             return
-        self._serve_pull(msg, slot)
+        self._serve_pull(msg, self.slots[(msg.key, msg.part)])
 
     def _serve_pull(self, msg: Message, slot: Slot) -> None:
         payloads, meta = self._pull_payloads(msg, slot)
@@ -508,9 +559,9 @@ class GlobalServer(Node):
         """Resuming: the stores, versions and codec state of the checkpoint; optimizer
         states wait for the master's set_optimizer (_restore_optimizer).
 
-        A restored key's pulls are answered only once its INIT comes again (the master
-        worker's program runs from its start), as in an uninterrupted run, where no pull
-        is answered before the key's INIT: the master sends its INITs after its
+        A restored key's pulls (and flat-PS pushes) are served only once the master
+        worker's INIT of it comes again (its program runs from its start), as in an
+        uninterrupted run, where none is served before that INIT: the master sends its INITs after its
         configuration commands (set_optimizer, set_gradient_compression, acknowledged
         by every tier), so the first round after the checkpoint runs with the job's
         optimizer and codec installed everywhere. Answered at once, a local server's

@@ -1,0 +1,168 @@
+"""On a flat PS the master worker's INIT publishes a key, whoever INITs it first.
+
+Each DC's rank-0 worker INITs the global servers of a flat PS (as under HiPS it INITs its
+local server); the master worker INITs them after its commands (``set_optimizer``,
+``set_gradient_compression``). A global server that served its workers from their own
+INIT let the first round start without the master's configuration whenever the master
+started last: over real sockets the workers' first pushes left dense before they learnt
+the codec (seen in CI as a resumed onebit run that differed from the uninterrupted one from
+its first iteration), and a push that reached the server before ``set_optimizer`` would
+have been applied as the new weights. Here the master sleeps before it configures
+anything, so its workers always come first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from geomx.experiment import run_scenario
+from geomx.scenario import load_scenario
+
+from tests.helpers.events import run_events
+from tests.helpers.paths import ROOT
+
+QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
+         "metrics.trace=true", "run.iterations=3", "topology.kind=flat",
+         "dc.party-a.workers=1", "dc.party-b.workers=1"]
+
+#: examples/cnn.py's shape (Adam on the global server, onebit from the master worker),
+#: whose master waits ``ctx.args[0]`` seconds before configuring the servers
+PROGRAM = '''
+import asyncio
+import hashlib
+
+import geomx.kv
+
+
+async def main(kv, ctx):
+    model = ctx.build_model()
+    params = model.params
+    if kv.is_master_worker:
+        await asyncio.sleep(float(ctx.args[0]))
+        kv.set_gradient_compression({"type": "onebit", "size_lower_bound": 1000})
+        kv.set_optimizer(geomx.kv.optimizer.Adam(learning_rate=ctx.lr))
+    for k, p in enumerate(params):
+        kv.init(k, p)
+        if not kv.is_master_worker:
+            kv.pull(k, out=p)
+    await kv.waitall()
+    if kv.is_master_worker:
+        return
+    data = ctx.dataset()
+    batches = ctx.batches()
+    for it in ctx.iterations():
+        idx = batches.next()
+        loss, grads = model.loss_and_grads(data.x_train[idx], data.y_train[idx])
+        for k, g in enumerate(grads):
+            kv.push(k, g, priority=-k)
+            kv.pull(k, out=params[k], priority=-k)
+        await kv.waitall()
+        h = hashlib.sha256()
+        for p in params:
+            h.update(p.tobytes())
+        ctx.report(it, digest=h.hexdigest())
+'''
+
+
+def _run(tmp_path: Path, runtime: str, delay_s: float):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    program = tmp_path / "late_master.py"
+    program.write_text(PROGRAM)
+    scenario = tmp_path / "late_master.toml"
+    scenario.write_text((ROOT / "examples" / "cnn.toml").read_text()
+                        .replace('program = "cnn.py"', f'program = "{program}"'))
+    return run_scenario(load_scenario(scenario, [*QUIET, f"training.program_args=[\"{delay_s}\"]"]),
+                        out_dir=tmp_path / runtime, runtime=runtime, progress=False)
+
+
+def _key0_bytes(run_dir, msg: str) -> list[int]:
+    """The bytes of every worker's ``msg`` of key 0, the largest tensor (onebit-encoded
+    when pushed): ``xfer`` events in the emulator, ``send`` over real sockets."""
+    return [e["bytes"] for e in run_events(run_dir)
+            if e["ev"] in ("xfer", "send") and e["msg"] == msg and e["key"] == 0
+            and e["src"].startswith("w:")]
+
+
+def _digests(run_dir) -> dict[tuple[str, int], str]:
+    return {(e["node"], e["iteration"]): e["digest"]
+            for e in run_events(run_dir, "eval") if "digest" in e}
+
+
+@pytest.mark.parametrize("runtime", ["emu", "real"])
+def test_a_master_that_starts_last_still_configures_the_first_round(tmp_path, runtime):
+    late = _run(tmp_path, runtime, 2.0)
+    dense_bytes = min(_key0_bytes(late.run_dir, "INIT"))
+    pushes = _key0_bytes(late.run_dir, "PUSH")
+    assert len(pushes) == 2 * 3
+    assert max(pushes) < dense_bytes / 16, pushes  # every push onebit, the first ones too
+    commands = [e["t"] for e in run_events(late.run_dir, "command")]
+    assert len(commands) == 2 and min(commands) >= 2.0  # the master did start last
+    # the same rounds as a master that starts at once (two addends: exact in any order)
+    prompt = _run(tmp_path / "prompt", runtime, 0.0)
+    assert _digests(late.run_dir) == _digests(prompt.run_dir)
+    assert len(_digests(late.run_dir)) == 2 * 3
+    assert not run_events(late.run_dir, "warning")
+
+
+def test_requests_before_the_masters_init_wait_for_it(tmp_path):
+    """At the global server: a flat-PS worker's INIT is acknowledged, its pull and push
+    wait; the master's INIT publishes the master's value, and the waiting pull gets it
+    with the codec the master set, and the push is then taken."""
+    from geomx.cluster import plan_job
+    from geomx.experiment import EmuServices, build_network
+    from geomx.node.global_server import GlobalServer
+    from geomx.sim.loop import run_virtual
+    from geomx.sim.transport import SimFabric
+    from geomx.wire import Kind, Message, Payload
+
+    program = tmp_path / "late_master.py"
+    program.write_text(PROGRAM)
+    scenario = tmp_path / "late_master.toml"
+    scenario.write_text((ROOT / "examples" / "cnn.toml").read_text()
+                        .replace('program = "cnn.py"', f'program = "{program}"'))
+    s = load_scenario(scenario, QUIET)
+    plan = plan_job(s)
+    fabric = SimFabric(build_network(s, plan))
+    gs = GlobalServer("gs:0", "central", fabric.transport("gs:0"),
+                      EmuServices(0, None, None, plan.job.dc_of), plan.job)
+    master, worker = plan.job.master_worker, "w:party-a:0"
+    mt, wt = fabric.transport(master), fabric.transport(worker)
+    mine, masters = np.ones(2000, np.float32), np.zeros(2000, np.float32)
+
+    async def silent(t) -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(t.recv(), 5.0)  # 5 emulated seconds
+
+    async def run():
+        server = asyncio.ensure_future(gs.run())
+        await asyncio.sleep(0)
+        await wt.send(Message(Kind.INIT, worker, "gs:0", key=0, request_id=1,
+                              payloads=[Payload.of(mine)]))
+        assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
+        await wt.send(Message(Kind.PULL, worker, "gs:0", key=0, request_id=2,
+                              meta={"initial": True}))
+        await wt.send(Message(Kind.PUSH, worker, "gs:0", key=0, request_id=3,
+                              payloads=[Payload.of(mine)]))
+        await silent(wt)
+        assert gs.applied[worker] == 0
+        await mt.send(Message(Kind.COMMAND, master, "gs:0", request_id=4, meta={
+            "cmd": "set_gradient_compression",
+            "config": {"type": "onebit", "size_lower_bound": 1000}}))
+        assert (await asyncio.wait_for(mt.recv(), 5.0)).kind == Kind.COMMAND_ACK
+        await silent(wt)
+        await mt.send(Message(Kind.INIT, master, "gs:0", key=0, request_id=5,
+                              payloads=[Payload.of(masters)]))
+        assert (await asyncio.wait_for(mt.recv(), 5.0)).kind == Kind.INIT_ACK
+        reply = await asyncio.wait_for(wt.recv(), 5.0)
+        assert reply.kind == Kind.PULL_REPLY and reply.request_id == 2
+        np.testing.assert_array_equal(reply.payloads[0].data.view(np.float32), masters)
+        assert reply.meta["codec_config"]["type"] == "onebit"
+        assert gs.applied[worker] == 1  # the push, taken once the key was published
+        gs.stop()
+        await server
+
+    run_virtual(run())
