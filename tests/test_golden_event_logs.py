@@ -136,3 +136,21 @@ def test_event_logs_do_not_depend_on_the_numpy_release(tmp_path):
            (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
     want = {e["path"]: e["sha256"] for e in RECORDED if e["path"] in NUMPY_SENSITIVE}
     assert len(want) == len(NUMPY_SENSITIVE) and got == want
+
+
+def test_the_files_a_recording_names_as_uncommitted_keep_their_whole_path(tmp_path):
+    """``git status --porcelain`` starts a modified file's line with a blank status column;
+    the recorded list names ``geomx/...``, whichever line the file is on."""
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "geomx").mkdir()
+    for name in ("a.py", "b.py"):
+        (tmp_path / "geomx" / name).write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "start")
+    (tmp_path / "geomx" / "a.py").write_text("x = 2\n")
+    (tmp_path / "geomx" / "b.py").write_text("x = 2\n")
+    assert TOOL.uncommitted(tmp_path) == ["geomx/a.py", "geomx/b.py"]

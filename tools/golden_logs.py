@@ -326,9 +326,10 @@ def run_scenario_file(tree: Path, path: str, overrides: Sequence[str], out_dir: 
     return Run(path, list(overrides), logs[0], cpu_s, wall_s)
 
 
-def _git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout.strip()
+def _git(*args: str, cwd: Path = ROOT, strip: bool = True) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                         text=True).stdout
+    return out.strip() if strip else out
 
 
 def commit_info(ref: str, cwd: Path = ROOT) -> dict[str, Any]:
@@ -343,7 +344,8 @@ def commit_info(ref: str, cwd: Path = ROOT) -> dict[str, Any]:
 
 def uncommitted(cwd: Path = ROOT) -> list[str]:
     """Changed or new files in what a run imports or reads (geomx/ and the scenarios)."""
-    out = _git("status", "--porcelain", "--", "geomx", *SCENARIO_DIRS, cwd=cwd)
+    # porcelain lines are "XY path": the status columns may be blank, so never strip them
+    out = _git("status", "--porcelain", "--", "geomx", *SCENARIO_DIRS, cwd=cwd, strip=False)
     return [line[3:] for line in out.splitlines() if line.strip()]
 
 
