@@ -1,7 +1,9 @@
 """``broadcast_parameters`` and ``broadcast_optimizer_state`` (Horovod's names).
 
 geomx publishes the initial model from the master worker (docs/geomx-behaviour.md §3.1):
-it initialises every key, the first value a server gets wins, and every worker pulls it.
+it initialises every key, a global server publishes a key at the master's INIT only (a
+local server takes the global value; a flat-PS worker's own INIT is acknowledged and
+unused), and every worker pulls it.
 Broadcasting is that: each name becomes a key (geomx/torch/declare.py), the master
 worker's value is the one every worker ends up with. ``root_rank`` is therefore 0, the
 master worker; any other rank is refused.
