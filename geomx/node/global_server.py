@@ -136,8 +136,12 @@ class GlobalServer(Node):
         self._restored_sync: Any = None  # the sync side's (again if set_sync replaces it)
         #: (key, part)s that have a value here but not yet the master worker's INIT: a
         #: flat-PS worker's INIT came first, or the value is a checkpoint's (_restore).
-        #: Their pulls and pushes wait for that INIT (_on_init)
+        #: Their pulls and pushes wait for that INIT or the master's SHUTDOWN (_on_init)
         self._unpublished: set[tuple[int, int]] = set()
+        #: of those, the ones whose value is a flat-PS worker's INIT (the master's replaces it)
+        self._worker_valued: set[tuple[int, int]] = set()
+        #: the master worker's program returned (flat PS: its SHUTDOWN): no INIT is to come
+        self._master_done = False
         self._restore()
         #: [membership] on_server_loss = "wait": a local server's successor pushes the round
         #: its predecessor may have pushed already; pushes taken per pusher, and those
@@ -218,6 +222,9 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.COMMAND_ACK))
 
     def _on_stop(self, msg: Message) -> None:
+        if msg.src == self.job.master_worker and self.job.mode == "flat_ps":
+            self._on_master_done()
+            return
         if msg.src not in self.pushers:
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a pusher")
             return
@@ -236,16 +243,18 @@ class GlobalServer(Node):
         """The master worker's INIT publishes a key: its value becomes the key's (unless a
         checkpoint's is restored) and the requests waiting for it are served.
 
-        Why only the master's: it sends its INITs after its commands (``set_optimizer``,
+        Why the master's: it sends its INITs after its commands (``set_optimizer``,
         ``set_gradient_compression``, acknowledged end to end), so a key it has
         initialised is served with the job's optimizer and codec installed. GeoMX's
-        global servers hear INITs from the master alone (docs/geomx-behaviour.md §2.1).
-        On a flat PS each DC's rank-0 worker INITs these servers too, as under HiPS it
-        INITs its local server; served from that INIT, its DC's first push could reach
-        this server before ``set_optimizer`` (applied as the new weights) or leave the
-        worker before it learnt the codec (sent dense), as over real sockets it did when
-        the master started last. Such an INIT is acknowledged and its value unused, as
-        a mesh server does with the master's."""
+        global servers hear INITs from the master alone, and it is the master's value
+        every worker starts from (docs/geomx-behaviour.md §2.1). On a flat PS each DC's
+        rank-0 worker INITs these servers too, as under HiPS it INITs its local server;
+        served from that INIT, its DC's first push could reach this server before
+        ``set_optimizer`` (applied as the new weights) or leave the worker before it
+        learnt the codec (sent dense), as over real sockets it did when the master
+        started last. Such a key waits for the master's INIT, or, when the master's
+        program returned without one (it initialises nothing), for its SHUTDOWN
+        (:meth:`_on_master_done`), and is then served from the worker's value."""
         if msg.meta.get("takeover") and self._awaiting and msg.src in self._awaiting:
             self._on_takeover_value(msg)
             return
@@ -264,33 +273,60 @@ class GlobalServer(Node):
             self.reply_error(msg, problem)
             return
         key = (msg.key, msg.part)
-        if not from_master:
-            slot = self.slots.get(key)
-            if slot is None and len(self.slots) >= MAX_SLOTS:
-                self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
-                return
-            if slot is None or slot.store is None:
-                self.slots.setdefault(key, Slot())
-                self._unpublished.add(key)  # its pushes wait for the master's INIT too
-            self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+        slot = self.slots.get(key)
+        if slot is None and len(self.slots) >= MAX_SLOTS:
+            self.reply_error(msg, f"too many keys ({MAX_SLOTS}); key {msg.key} refused")
             return
         slot = self.slots.setdefault(key, Slot())
-        if slot.store is None:
-            slot.store = from_payload(msg.payloads[0])
-            if self.optimizer is not None and not is_phantom(slot.store):
-                slot.opt_state = self.optimizer.create_state(msg.key, slot.store)
-            self.record("init", key=msg.key, part=msg.part)
-            if self.sched is not None:
-                self.sched.on_key_ready(msg.key, msg.part)
+        if not from_master:
+            fresh = slot.store is None
+            if fresh:
+                self._set_initial(msg.key, slot, msg.payloads[0])
+                self._worker_valued.add(key)
+                self._unpublished.add(key)
+            self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+            if fresh and self._master_done:
+                self._publish(key, slot, fresh=True)
+            return
+        # the master's value replaces a worker's that is not served yet; a checkpoint's
+        # value (restored, unpublished) stays
+        fresh = slot.store is None or (key in self._worker_valued and key in self._unpublished)
+        if fresh:
+            self._set_initial(msg.key, slot, msg.payloads[0])
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))
+        self._publish(key, slot, fresh=fresh)
+
+    def _set_initial(self, key: int, slot: Slot, payload: Any) -> None:
+        slot.store = from_payload(payload)
+        slot.opt_state = (self.optimizer.create_state(key, slot.store)
+                          if self.optimizer is not None and not is_phantom(slot.store) else None)
+
+    def _publish(self, key: tuple[int, int], slot: Slot, *, fresh: bool) -> None:
+        """Serve ``key`` from now on, and the requests that waited for it. ``fresh``: its
+        value is an INIT's (not a checkpoint's), announced as the key's ``init``."""
+        if fresh:
+            self.record("init", key=key[0], part=key[1])
+            if self.sched is not None:
+                self.sched.on_key_ready(key[0], key[1])
         self._unpublished.discard(key)
+        self._worker_valued.discard(key)
         waiting, slot.waiting_for_init = slot.waiting_for_init, []
         for request in waiting:
             self._serve_waiting(request)
 
+    def _on_master_done(self) -> None:
+        """The master worker's program returned (its SHUTDOWN, sent on a flat PS): no INIT
+        of its is still to come, so the keys still waiting for one are served from the
+        value they have (a worker's INIT, or the checkpoint's), in key order."""
+        self._master_done = True
+        for key in sorted(self._unpublished):
+            slot = self.slots[key]
+            if slot.store is not None:
+                self._publish(key, slot, fresh=key in self._worker_valued)
+
     def _waits_for_init(self, msg: Message) -> bool:
         """Hold a pull, or a push of a key a flat-PS worker has INITed, until the master
-        worker's INIT publishes the key (:meth:`_on_init`). Bounded: the sender is a
+        worker's INIT (or SHUTDOWN) publishes the key (:meth:`_on_init`). Bounded: the sender is a
         member (checked by the caller), and past a few requests per member and key the
         request is refused."""
         key = (msg.key, msg.part)

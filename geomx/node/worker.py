@@ -88,6 +88,11 @@ class Worker(Node):
         self.result = await self.program(self)
         if self.sched is not None:
             await self.sched.drain()  # forward what this worker still owes others
+        if self.is_master and self.job.mode == "flat_ps":
+            # no INIT of the master's is to come: the global servers serve the keys only
+            # its workers INITed (geomx/node/global_server.py, GlobalServer._on_init)
+            for gs in self.job.global_servers:
+                self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if not self.is_master:
             # unbounded: a worker that finished early may wait for a slower one's whole
             # remaining training (flat PS, asynchronous); liveness is the heartbeats' job

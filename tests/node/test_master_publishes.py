@@ -8,7 +8,8 @@ started last: over real sockets the workers' first pushes left dense before they
 the codec (seen in CI as a resumed onebit run that differed from the uninterrupted one from
 its first iteration), and a push that reached the server before ``set_optimizer`` would
 have been applied as the new weights. Here the master sleeps before it configures
-anything, so its workers always come first.
+anything, so its workers always come first. A master whose program initialises nothing
+(tests/runtime/test_large_values.py) lets its workers' keys be served when it returns.
 """
 
 from __future__ import annotations
@@ -108,16 +109,13 @@ def test_a_master_that_starts_last_still_configures_the_first_round(tmp_path, ru
     assert not run_events(late.run_dir, "warning")
 
 
-def test_requests_before_the_masters_init_wait_for_it(tmp_path):
-    """At the global server: a flat-PS worker's INIT is acknowledged, its pull and push
-    wait; the master's INIT publishes the master's value, and the waiting pull gets it
-    with the codec the master set, and the push is then taken."""
+def _server_harness(tmp_path: Path):
+    """A flat PS's global server on an emulated fabric, and the transports of the master
+    worker and of ``w:party-a:0``."""
     from geomx.cluster import plan_job
     from geomx.experiment import EmuServices, build_network
     from geomx.node.global_server import GlobalServer
-    from geomx.sim.loop import run_virtual
     from geomx.sim.transport import SimFabric
-    from geomx.wire import Kind, Message, Payload
 
     program = tmp_path / "late_master.py"
     program.write_text(PROGRAM)
@@ -129,13 +127,25 @@ def test_requests_before_the_masters_init_wait_for_it(tmp_path):
     fabric = SimFabric(build_network(s, plan))
     gs = GlobalServer("gs:0", "central", fabric.transport("gs:0"),
                       EmuServices(0, None, None, plan.job.dc_of), plan.job)
-    master, worker = plan.job.master_worker, "w:party-a:0"
-    mt, wt = fabric.transport(master), fabric.transport(worker)
-    mine, masters = np.ones(2000, np.float32), np.zeros(2000, np.float32)
+    master = plan.job.master_worker
+    return gs, master, fabric.transport(master), fabric.transport("w:party-a:0")
 
-    async def silent(t) -> None:
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(t.recv(), 5.0)  # 5 emulated seconds
+
+async def _silent(t) -> None:
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(t.recv(), 5.0)  # 5 emulated seconds
+
+
+def test_requests_before_the_masters_init_wait_for_it(tmp_path):
+    """At the global server: a flat-PS worker's INIT is acknowledged, its pull and push
+    wait; the master's INIT publishes the master's value, and the waiting pull gets it
+    with the codec the master set, and the push is then taken."""
+    from geomx.sim.loop import run_virtual
+    from geomx.wire import Kind, Message, Payload
+
+    gs, master, mt, wt = _server_harness(tmp_path)
+    worker = "w:party-a:0"
+    mine, masters = np.ones(2000, np.float32), np.zeros(2000, np.float32)
 
     async def run():
         server = asyncio.ensure_future(gs.run())
@@ -147,13 +157,13 @@ def test_requests_before_the_masters_init_wait_for_it(tmp_path):
                               meta={"initial": True}))
         await wt.send(Message(Kind.PUSH, worker, "gs:0", key=0, request_id=3,
                               payloads=[Payload.of(mine)]))
-        await silent(wt)
+        await _silent(wt)
         assert gs.applied[worker] == 0
         await mt.send(Message(Kind.COMMAND, master, "gs:0", request_id=4, meta={
             "cmd": "set_gradient_compression",
             "config": {"type": "onebit", "size_lower_bound": 1000}}))
         assert (await asyncio.wait_for(mt.recv(), 5.0)).kind == Kind.COMMAND_ACK
-        await silent(wt)
+        await _silent(wt)
         await mt.send(Message(Kind.INIT, master, "gs:0", key=0, request_id=5,
                               payloads=[Payload.of(masters)]))
         assert (await asyncio.wait_for(mt.recv(), 5.0)).kind == Kind.INIT_ACK
@@ -162,6 +172,44 @@ def test_requests_before_the_masters_init_wait_for_it(tmp_path):
         np.testing.assert_array_equal(reply.payloads[0].data.view(np.float32), masters)
         assert reply.meta["codec_config"]["type"] == "onebit"
         assert gs.applied[worker] == 1  # the push, taken once the key was published
+        gs.stop()
+        await server
+
+    run_virtual(run())
+
+
+def test_a_master_that_initialises_nothing_lets_its_workers_keys_be_served(tmp_path):
+    """The master's SHUTDOWN (its program returned) publishes the keys only workers
+    INITed, from the worker's value; a key INITed after it is served at once."""
+    from geomx.sim.loop import run_virtual
+    from geomx.wire import Kind, Message, Payload
+
+    gs, master, mt, wt = _server_harness(tmp_path)
+    worker = "w:party-a:0"
+    mine = np.arange(2000, dtype=np.float32)
+
+    async def pull(key: int, request_id: int) -> None:
+        await wt.send(Message(Kind.PULL, worker, "gs:0", key=key, request_id=request_id,
+                              meta={"initial": True}))
+
+    async def run():
+        server = asyncio.ensure_future(gs.run())
+        await asyncio.sleep(0)
+        await wt.send(Message(Kind.INIT, worker, "gs:0", key=0, request_id=1,
+                              payloads=[Payload.of(mine)]))
+        assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
+        await pull(0, 2)
+        await _silent(wt)
+        await mt.send(Message(Kind.SHUTDOWN, master, "gs:0"))
+        reply = await asyncio.wait_for(wt.recv(), 5.0)
+        assert reply.kind == Kind.PULL_REPLY and reply.request_id == 2
+        np.testing.assert_array_equal(reply.payloads[0].data.view(np.float32), mine)
+        await wt.send(Message(Kind.INIT, worker, "gs:0", key=1, request_id=3,
+                              payloads=[Payload.of(mine[:10])]))
+        assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
+        await pull(1, 4)
+        reply = await asyncio.wait_for(wt.recv(), 5.0)
+        assert reply.kind == Kind.PULL_REPLY and reply.request_id == 4
         gs.stop()
         await server
 
