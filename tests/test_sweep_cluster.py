@@ -337,7 +337,9 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_the_finished_points(cluster, tmp_pat
     argv[argv.index("run.iterations=12")] = "run.iterations=400"
     proc = subprocess.Popen([sys.executable, "-m", "geomx", *argv], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal (a background job has SIGINT ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not any((out / "runs").glob("*/summary.json")):

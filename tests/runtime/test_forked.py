@@ -39,7 +39,9 @@ def delegated(request, monkeypatch) -> bool:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                         f"{__file__}::{request.node.name}"], capture_output=True, text=True,
                        cwd=ROOT, timeout=300,
-                       env={**os.environ, "GEOMX_TEST_DELEGATED": "1"})
+                       env={**os.environ, "GEOMX_TEST_DELEGATED": "1"},
+                       # as from a terminal (a background job has SIGINT ignored)
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
     return True
 
@@ -274,12 +276,16 @@ def test_ctrl_c_while_a_node_is_forked_is_not_lost(tmp_path, delegated):
     table: dict = {}
     cmd = [sys.executable, "-m", "geomx", "node", str(QUICKSTART), "--name", "gh",
            "--print-config"]
+    # Ctrl-C as from a terminal, even where this process was started with SIGINT ignored
+    # (a background job): the launcher leaves an ignored signal ignored
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     _SIGINT_IN_FORK.append(True)
     try:
         with pytest.raises(KeyboardInterrupt):
             _start(cmd, tmp_path / "gh.log", dict(os.environ), "gh", fork=True, into=table)
     finally:
         _SIGINT_IN_FORK.clear()
+        signal.signal(signal.SIGINT, handler)
     assert isinstance(table["gh"].proc, ForkedProcess)
     assert table["gh"].proc.wait(60) == 0
     table["gh"].log.close()
