@@ -69,14 +69,20 @@ async def main(kv, ctx):
 '''
 
 
-def _run(tmp_path: Path, runtime: str, delay_s: float):
+def _scenario(tmp_path: Path) -> Path:
+    """examples/cnn.toml running :data:`PROGRAM`, written under ``tmp_path``."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     program = tmp_path / "late_master.py"
     program.write_text(PROGRAM)
     scenario = tmp_path / "late_master.toml"
     scenario.write_text((ROOT / "examples" / "cnn.toml").read_text()
                         .replace('program = "cnn.py"', f'program = "{program}"'))
-    return run_scenario(load_scenario(scenario, [*QUIET, f"training.program_args=[\"{delay_s}\"]"]),
+    return scenario
+
+
+def _run(tmp_path: Path, runtime: str, delay_s: float):
+    sets = [*QUIET, f"training.program_args=[\"{delay_s}\"]"]
+    return run_scenario(load_scenario(_scenario(tmp_path), sets),
                         out_dir=tmp_path / runtime, runtime=runtime, progress=False)
 
 
@@ -117,12 +123,7 @@ def _server_harness(tmp_path: Path):
     from geomx.node.global_server import GlobalServer
     from geomx.sim.transport import SimFabric
 
-    program = tmp_path / "late_master.py"
-    program.write_text(PROGRAM)
-    scenario = tmp_path / "late_master.toml"
-    scenario.write_text((ROOT / "examples" / "cnn.toml").read_text()
-                        .replace('program = "cnn.py"', f'program = "{program}"'))
-    s = load_scenario(scenario, QUIET)
+    s = load_scenario(_scenario(tmp_path), QUIET)
     plan = plan_job(s)
     fabric = SimFabric(build_network(s, plan))
     gs = GlobalServer("gs:0", "central", fabric.transport("gs:0"),
@@ -134,6 +135,21 @@ def _server_harness(tmp_path: Path):
 async def _silent(t) -> None:
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(t.recv(), 5.0)  # 5 emulated seconds
+
+
+async def _start_with_a_workers_init(gs, wt, value: np.ndarray) -> asyncio.Future:
+    """Run ``gs``; ``w:party-a:0`` INITs key 0 with ``value``, which is acknowledged, and
+    asks for its initial value. Returns the server's task."""
+    from geomx.wire import Kind, Message, Payload
+
+    server = asyncio.ensure_future(gs.run())
+    await asyncio.sleep(0)
+    await wt.send(Message(Kind.INIT, "w:party-a:0", "gs:0", key=0, request_id=1,
+                          payloads=[Payload.of(value)]))
+    assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
+    await wt.send(Message(Kind.PULL, "w:party-a:0", "gs:0", key=0, request_id=2,
+                          meta={"initial": True}))
+    return server
 
 
 def test_requests_before_the_masters_init_wait_for_it(tmp_path):
@@ -148,13 +164,7 @@ def test_requests_before_the_masters_init_wait_for_it(tmp_path):
     mine, masters = np.ones(2000, np.float32), np.zeros(2000, np.float32)
 
     async def run():
-        server = asyncio.ensure_future(gs.run())
-        await asyncio.sleep(0)
-        await wt.send(Message(Kind.INIT, worker, "gs:0", key=0, request_id=1,
-                              payloads=[Payload.of(mine)]))
-        assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
-        await wt.send(Message(Kind.PULL, worker, "gs:0", key=0, request_id=2,
-                              meta={"initial": True}))
+        server = await _start_with_a_workers_init(gs, wt, mine)
         await wt.send(Message(Kind.PUSH, worker, "gs:0", key=0, request_id=3,
                               payloads=[Payload.of(mine)]))
         await _silent(wt)
@@ -188,17 +198,8 @@ def test_a_master_that_initialises_nothing_lets_its_workers_keys_be_served(tmp_p
     worker = "w:party-a:0"
     mine = np.arange(2000, dtype=np.float32)
 
-    async def pull(key: int, request_id: int) -> None:
-        await wt.send(Message(Kind.PULL, worker, "gs:0", key=key, request_id=request_id,
-                              meta={"initial": True}))
-
     async def run():
-        server = asyncio.ensure_future(gs.run())
-        await asyncio.sleep(0)
-        await wt.send(Message(Kind.INIT, worker, "gs:0", key=0, request_id=1,
-                              payloads=[Payload.of(mine)]))
-        assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
-        await pull(0, 2)
+        server = await _start_with_a_workers_init(gs, wt, mine)
         await _silent(wt)
         await mt.send(Message(Kind.SHUTDOWN, master, "gs:0"))
         reply = await asyncio.wait_for(wt.recv(), 5.0)
@@ -207,7 +208,8 @@ def test_a_master_that_initialises_nothing_lets_its_workers_keys_be_served(tmp_p
         await wt.send(Message(Kind.INIT, worker, "gs:0", key=1, request_id=3,
                               payloads=[Payload.of(mine[:10])]))
         assert (await asyncio.wait_for(wt.recv(), 5.0)).kind == Kind.INIT_ACK
-        await pull(1, 4)
+        await wt.send(Message(Kind.PULL, worker, "gs:0", key=1, request_id=4,
+                              meta={"initial": True}))
         reply = await asyncio.wait_for(wt.recv(), 5.0)
         assert reply.kind == Kind.PULL_REPLY and reply.request_id == 4
         gs.stop()
