@@ -224,13 +224,20 @@ class GlobalServer(Node):
     def _on_stop(self, msg: Message) -> None:
         if msg.src == self.job.master_worker and self.job.mode == "flat_ps":
             self._on_master_done()
-            return
-        if msg.src not in self.pushers:
+        elif msg.src not in self.pushers:
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a pusher")
             return
-        self._stopped_by.add(msg.src)
-        self.policy.on_pusher_left(self.sync_ctx, msg.src)
-        if set(self.pushers) <= self._stopped_by:
+        else:
+            self._stopped_by.add(msg.src)
+            self.policy.on_pusher_left(self.sync_ctx, msg.src)
+        self._finish_if_all_left()
+
+    def _finish_if_all_left(self) -> None:
+        """This server stops once every pusher has said goodbye, and on a flat PS the
+        master worker too: its SHUTDOWN (:meth:`_on_master_done`) then always finds this
+        server up, however long its program runs after the workers'."""
+        if set(self.pushers) <= self._stopped_by and (self._master_done
+                                                       or self.job.mode != "flat_ps"):
             self._done.set()
 
     @property
@@ -759,8 +766,7 @@ class GlobalServer(Node):
             self._awaiting -= done
             if not self._awaiting:
                 self._finish_takeover()
-            if set(self.pushers) <= self._stopped_by:
-                self._done.set()
+            self._finish_if_all_left()
         await self._done.wait()
         if self.sched is not None:
             await self.sched.drain()

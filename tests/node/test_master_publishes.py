@@ -31,7 +31,8 @@ QUIET = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
          "dc.party-a.workers=1", "dc.party-b.workers=1"]
 
 #: examples/cnn.py's shape (Adam on the global server, onebit from the master worker),
-#: whose master waits ``ctx.args[0]`` seconds before configuring the servers
+#: whose master waits ``ctx.args[0]`` seconds before configuring the servers and
+#: ``ctx.args[1]`` (if given) before it returns
 PROGRAM = '''
 import asyncio
 import hashlib
@@ -52,6 +53,7 @@ async def main(kv, ctx):
             kv.pull(k, out=p)
     await kv.waitall()
     if kv.is_master_worker:
+        await asyncio.sleep(float(ctx.args[1]) if len(ctx.args) > 1 else 0.0)
         return
     data = ctx.dataset()
     batches = ctx.batches()
@@ -80,8 +82,8 @@ def _scenario(tmp_path: Path) -> Path:
     return scenario
 
 
-def _run(tmp_path: Path, runtime: str, delay_s: float):
-    sets = [*QUIET, f"training.program_args=[\"{delay_s}\"]"]
+def _run(tmp_path: Path, runtime: str, delay_s: float, linger_s: float = 0.0):
+    sets = [*QUIET, f"training.program_args=[\"{delay_s}\", \"{linger_s}\"]"]
     return run_scenario(load_scenario(_scenario(tmp_path), sets),
                         out_dir=tmp_path / runtime, runtime=runtime, progress=False)
 
@@ -113,6 +115,20 @@ def test_a_master_that_starts_last_still_configures_the_first_round(tmp_path, ru
     assert _digests(late.run_dir) == _digests(prompt.run_dir)
     assert len(_digests(late.run_dir)) == 2 * 3
     assert not run_events(late.run_dir, "warning")
+
+
+@pytest.mark.parametrize("runtime", ["emu", "real"])
+def test_a_master_that_returns_after_its_workers_finds_its_servers_up(tmp_path, runtime):
+    """The master's SHUTDOWN reaches a global server that waits for it: sent to one that
+    had stopped with its workers, it held the master's exit for the transport's 10 s
+    flush bound (over real sockets) before it was dropped."""
+    r = _run(tmp_path, runtime, 0.0, linger_s=3.0)
+    done = run_events(r.run_dir, "server_done")
+    workers_done = max(e["t"] for e in run_events(r.run_dir, "worker_done"))
+    assert len(done) == 1 and done[0]["t"] > workers_done + 1.0
+    if runtime == "real":
+        log = (r.run_dir / "logs" / "mw.log").read_text()
+        assert "not flushed" not in log, log[-2000:]
 
 
 def _server_harness(tmp_path: Path):
