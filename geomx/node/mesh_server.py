@@ -444,11 +444,15 @@ class MeshServer(Node):
 
     # ------------------------------------------------------------------ lifecycle
     def _on_stop(self, msg: Message) -> None:
-        if msg.src not in self.job.all_workers:
+        """A worker, or the master worker, is done. This server stops once all of them
+        are: a master whose ``set_optimizer`` comes after the workers' last round (it
+        started late, or its program runs on) still finds the server up, where it was
+        left waiting for a server that had gone."""
+        if msg.src not in self.job.all_workers and msg.src != self.job.master_worker:
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a worker")
             return
         self._finished.add(msg.src)
-        if len(self._finished) == len(self.job.all_workers):
+        if len(self._finished) == len(self.job.all_workers) + 1:
             self._done.set()
 
     async def main(self) -> None:

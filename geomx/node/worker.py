@@ -88,9 +88,11 @@ class Worker(Node):
         self.result = await self.program(self)
         if self.sched is not None:
             await self.sched.drain()  # forward what this worker still owes others
-        if self.is_master and self.job.mode == "flat_ps":
-            # no INIT of the master's is to come: the global servers serve the keys only
-            # its workers INITed (geomx/node/global_server.py, GlobalServer._on_init)
+        if self.is_master and self.job.mode != "hips":
+            # no INIT or command of the master's is to come: a flat PS's global servers
+            # serve the keys only its workers INITed (GlobalServer._on_init), and like a
+            # mesh's servers they stop only after this goodbye, so a master that
+            # configures late never finds them gone (geomx/node/mesh_server.py)
             for gs in self.job.global_servers:
                 self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if not self.is_master:

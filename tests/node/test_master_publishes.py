@@ -131,6 +131,30 @@ def test_a_master_that_returns_after_its_workers_finds_its_servers_up(tmp_path, 
         assert "not flushed" not in log, log[-2000:]
 
 
+@pytest.mark.parametrize("runtime", ["emu", "real"])
+def test_a_mesh_master_that_configures_after_its_workers_finished(tmp_path, runtime):
+    """NETSTORM's servers install the scenario's optimizer at start, so a late master
+    changes no round; but its ``set_optimizer`` used to reach servers that had stopped
+    with their workers (the emulated job deadlocked; over real sockets the master failed
+    after 30 s of refused connections). The servers now wait for its goodbye too."""
+    program = tmp_path / "late_mesh_master.py"
+    program.write_text(PROGRAM.replace(
+        '        kv.set_gradient_compression({"type": "onebit", "size_lower_bound": 1000})\n',
+        ""))  # mesh topologies run without codecs
+    scenario = tmp_path / "late_mesh_master.toml"
+    scenario.write_text((ROOT / "scenarios" / "netstorm_4dc.toml").read_text()
+                        .replace("[training]\n", f'[training]\nprogram = "{program}"\n', 1))
+    r = run_scenario(load_scenario(scenario, ["run.iterations=3", "run.progress=false",
+                                              "metrics.plot=false", 'training.program_args=["3"]']),
+                     out_dir=tmp_path / runtime, runtime=runtime, progress=False)
+    assert r.summary.iterations == 3
+    commands = [e["t"] for e in run_events(r.run_dir, "command")]
+    workers_done = max(e["t"] for e in run_events(r.run_dir, "worker_done"))
+    assert len(commands) == 4 and min(commands) > workers_done  # one per DC's server
+    done = run_events(r.run_dir, "server_done")
+    assert len(done) == 4 and min(e["t"] for e in done) > max(commands)
+
+
 def _server_harness(tmp_path: Path):
     """A flat PS's global server on an emulated fabric, and the transports of the master
     worker and of ``w:party-a:0``."""
