@@ -54,6 +54,7 @@ async def main(kv, ctx):
     await kv.waitall()
     if kv.is_master_worker:
         await asyncio.sleep(float(ctx.args[1]) if len(ctx.args) > 1 else 0.0)
+        ctx.report(0, master_returns=True)
         return
     data = ctx.dataset()
     batches = ctx.batches()
@@ -124,9 +125,14 @@ def test_a_master_that_returns_after_its_workers_finds_its_servers_up(tmp_path, 
     flush bound (over real sockets) before it was dropped."""
     r = _run(tmp_path, runtime, 0.0, linger_s=3.0)
     done = run_events(r.run_dir, "server_done")
+    returned = [e["t"] for e in run_events(r.run_dir, "eval") if e.get("master_returns")]
+    assert len(done) == 1 and len(returned) == 1 and done[0]["t"] >= returned[0]
     workers_done = max(e["t"] for e in run_events(r.run_dir, "worker_done"))
-    assert len(done) == 1 and done[0]["t"] > workers_done + 1.0
-    if runtime == "real":
+    if runtime == "emu":
+        # the case this is about (over real sockets a loaded machine may stretch the
+        # workers' three iterations past the master's 3 s)
+        assert returned[0] > workers_done + 1.0
+    else:
         log = (r.run_dir / "logs" / "mw.log").read_text()
         assert "not flushed" not in log, log[-2000:]
 
@@ -150,7 +156,9 @@ def test_a_mesh_master_that_configures_after_its_workers_finished(tmp_path, runt
     assert r.summary.iterations == 3
     commands = [e["t"] for e in run_events(r.run_dir, "command")]
     workers_done = max(e["t"] for e in run_events(r.run_dir, "worker_done"))
-    assert len(commands) == 4 and min(commands) > workers_done  # one per DC's server
+    assert len(commands) == 4  # one per DC's server
+    if runtime == "emu":  # (a loaded machine may stretch the workers past the master's 3 s)
+        assert min(commands) > workers_done
     done = run_events(r.run_dir, "server_done")
     assert len(done) == 4 and min(e["t"] for e in done) > max(commands)
 
