@@ -333,9 +333,9 @@ class GlobalServer(Node):
 
     def _waits_for_init(self, msg: Message) -> bool:
         """Hold a pull, or a push of a key a flat-PS worker has INITed, until the master
-        worker's INIT (or SHUTDOWN) publishes the key (:meth:`_on_init`). Bounded: the sender is a
-        member (checked by the caller), and past a few requests per member and key the
-        request is refused."""
+        worker's INIT (or SHUTDOWN) publishes the key (:meth:`_on_init`). Bounded: the
+        sender is a member (checked by the caller), and past a few requests per member
+        and key the request is refused."""
         key = (msg.key, msg.part)
         slot = self.slots.get(key)
         if slot is not None and slot.store is not None and key not in self._unpublished:
@@ -604,12 +604,13 @@ class GlobalServer(Node):
 
         A restored key's pulls (and flat-PS pushes) are served only once the master
         worker's INIT of it comes again (its program runs from its start), as in an
-        uninterrupted run, where none is served before that INIT: the master sends its INITs after its
-        configuration commands (set_optimizer, set_gradient_compression, acknowledged
-        by every tier), so the first round after the checkpoint runs with the job's
-        optimizer and codec installed everywhere. Answered at once, a local server's
-        first push could reach this server before set_optimizer (applied as the new
-        weights) or leave before set_gradient_compression reached it (sent dense)."""
+        uninterrupted run, where none is served before that INIT: the master sends its
+        INITs after its configuration commands (set_optimizer, set_gradient_compression,
+        acknowledged by every tier), so the first round after the checkpoint runs with
+        the job's optimizer and codec installed everywhere. Answered at once, a local
+        server's first push could reach this server before set_optimizer (applied as
+        the new weights) or leave before set_gradient_compression reached it (sent
+        dense)."""
         loaded = self.ckpt.load()
         if loaded is None:
             return
