@@ -13,6 +13,7 @@ from geomx.experiment import JobFailed, run_scenario
 from geomx.metrics.recorder import iter_events
 from geomx.scenario import load_scenario
 
+from tests.helpers.forking import delegate_unless_fork_usable
 from tests.helpers.paths import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -316,13 +317,15 @@ def test_a_module_program_is_found_in_the_working_directory_as_python_m_finds_it
 @pytest.mark.slow
 @pytest.mark.parametrize("start", ["fork", "exec"])
 def test_a_program_slow_to_import_does_not_cost_its_node_its_heartbeats(tmp_path, monkeypatch,
-                                                                         start):
+                                                                         request, start):
     """A node imports its program before it registers, so an import that holds the
     interpreter for longer than the heartbeat timeout (``import torch`` on a loaded host,
     2-3 s of CPU per worker) does not get the node declared dead mid-import. Forked
     nodes share the launcher's one import (geomx/runtime/forked.py, ``preload``); nodes
     started by exec (a GPU host, ``GEOMX_NODE_START=exec``) import it each."""
     monkeypatch.setenv("GEOMX_NODE_START", start)
+    if start == "fork" and delegate_unless_fork_usable(request):
+        return
     p = _program(tmp_path, f"""
         import os, time
         with open({str(tmp_path / 'imports')!r}, "a") as f:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from geomx.runtime import forked
-from geomx.runtime.forked import ForkedProcess, fork_command, fork_usable
+from geomx.runtime.forked import ForkedProcess, fork_command
 
+from tests.helpers.forking import delegate_unless_fork_usable
 from tests.helpers.paths import ROOT
 from tests.helpers.ports import free_port
 
@@ -28,22 +29,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 @pytest.fixture
 def delegated(request, monkeypatch) -> bool:
-    """For the tests that fork from this process. Earlier tests may have left a Numba
-    pool or a thread running here, and the launcher would not fork from such a process
-    either: then the test runs again in a new interpreter (where nothing ran before it),
-    must pass there, and returns at once here (``True``)."""
+    """For the tests that fork from this process: True when the test ran in a new
+    interpreter instead (tests/helpers/forking.py) and returns at once here."""
     monkeypatch.delenv(forked.ENV_VAR, raising=False)
-    if fork_usable():
-        return False
-    assert os.environ.get("GEOMX_TEST_DELEGATED") != "1", "cannot fork even in a new process"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        f"{__file__}::{request.node.name}"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300,
-                       env={**os.environ, "GEOMX_TEST_DELEGATED": "1"},
-                       # as from a terminal (a background job has SIGINT ignored)
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
-    return True
+    return delegate_unless_fork_usable(request)
 
 
 def _wait(p: ForkedProcess, timeout_s: float) -> int | None:
