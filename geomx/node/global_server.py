@@ -222,7 +222,7 @@ class GlobalServer(Node):
         self.post(msg.reply(Kind.COMMAND_ACK))
 
     def _on_stop(self, msg: Message) -> None:
-        if msg.src == self.job.master_worker and self.job.mode == "flat_ps":
+        if msg.src == self.job.master_worker and self.job.master_says_goodbye:
             self._on_master_done()
         elif msg.src not in self.pushers:
             self.record("reject", src=msg.src, msg=msg.kind.name, reason="not a pusher")
@@ -236,8 +236,8 @@ class GlobalServer(Node):
         """This server stops once every pusher has said goodbye, and on a flat PS the
         master worker too: its SHUTDOWN (:meth:`_on_master_done`) then always finds this
         server up, however long its program runs after the workers'."""
-        if set(self.pushers) <= self._stopped_by and (self._master_done
-                                                       or self.job.mode != "flat_ps"):
+        if set(self.pushers) <= self._stopped_by and (self._master_done or
+                                                       not self.job.master_says_goodbye):
             self._done.set()
 
     @property
@@ -295,9 +295,9 @@ class GlobalServer(Node):
             if fresh and self._master_done:
                 self._publish(key, slot, fresh=True)
             return
-        # the master's value replaces a worker's that is not served yet; a checkpoint's
-        # value (restored, unpublished) stays
-        fresh = slot.store is None or (key in self._worker_valued and key in self._unpublished)
+        # the master's value replaces a worker's that is not served yet (a served key
+        # leaves _worker_valued); a checkpoint's value (restored, unpublished) stays
+        fresh = slot.store is None or key in self._worker_valued
         if fresh:
             self._set_initial(msg.key, slot, msg.payloads[0])
         self.post(msg.reply(Kind.INIT_ACK, meta=self._tell_codec(msg.src, {})))

@@ -94,6 +94,15 @@ class JobSpec:
     def all_workers(self) -> list[str]:
         return [w for dc in self.party_dcs for w in self.workers_of.get(dc, [])]
 
+    @property
+    def master_says_goodbye(self) -> bool:
+        """The master worker's servers (the global tier) hear from it when its program
+        returns, and stop only after that: on a flat PS and a mesh, where the workers
+        talk to those servers themselves and could finish before a late master's
+        commands and INITs arrive (geomx/node/global_server.py, ``_on_init``). Under
+        HiPS the global servers wait for the master's INITs before any round."""
+        return self.mode != "hips"
+
     def servers_of_worker(self, worker: str) -> list[str]:
         """The servers a worker pushes to: its DC's local server (HiPS) or the global servers."""
         if self.mode == "flat_ps":

@@ -88,11 +88,8 @@ class Worker(Node):
         self.result = await self.program(self)
         if self.sched is not None:
             await self.sched.drain()  # forward what this worker still owes others
-        if self.is_master and self.job.mode != "hips":
-            # no INIT or command of the master's is to come: a flat PS's global servers
-            # serve the keys only its workers INITed (GlobalServer._on_init), and like a
-            # mesh's servers they stop only after this goodbye, so a master that
-            # configures late never finds them gone (geomx/node/mesh_server.py)
+        if self.is_master and self.job.master_says_goodbye:
+            # no INIT or command of the master's is to come (JobSpec.master_says_goodbye)
             for gs in self.job.global_servers:
                 self.post(Message(Kind.SHUTDOWN, self.name, gs))
         if not self.is_master:
