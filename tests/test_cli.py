@@ -11,6 +11,7 @@ import pytest
 from geomx.cli import main
 
 from tests.helpers.paths import ROOT
+from tests.helpers.procs import sigint_as_from_a_terminal
 
 
 def test_help_explains_itself(capsys):
@@ -106,9 +107,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(tmp_path):
                           "--set", "run.iterations=100000", "--set", "run.target_accuracy=0"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True,
-                         # as from a terminal: a suite run as a background job of a
-                         # non-interactive shell has SIGINT ignored, and children inherit it
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob("*/logs/*.log")) and time.monotonic() < deadline:

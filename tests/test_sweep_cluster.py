@@ -28,6 +28,7 @@ from geomx import sweep_cluster
 from geomx.sweep_cluster import ClusterError, ClusterPool
 
 from tests.helpers.paths import ROOT
+from tests.helpers.procs import sigint_as_from_a_terminal
 
 QUICKSTART = ROOT / "scenarios" / "quickstart.toml"
 BASE = ["run.iterations=12", "run.target_accuracy=0", "run.eval_every=4", "metrics.trace=false",
@@ -338,8 +339,7 @@ def test_ctrl_c_cancels_the_tasks_and_keeps_the_finished_points(cluster, tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "geomx", *argv], cwd=tmp_path,
                             env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # as from a terminal (a background job has SIGINT ignored)
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while not any((out / "runs").glob("*/summary.json")):

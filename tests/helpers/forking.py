@@ -4,12 +4,12 @@ be able to (geomx/runtime/forked.py, ``fork_usable``)."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from typing import Any
 
 from tests.helpers.paths import ROOT
+from tests.helpers.procs import sigint_as_from_a_terminal
 
 
 def delegate_unless_fork_usable(request: Any) -> bool:
@@ -29,7 +29,6 @@ def delegate_unless_fork_usable(request: Any) -> bool:
                         f"{request.path}::{request.node.name}"], capture_output=True,
                        text=True, cwd=ROOT, timeout=300,
                        env={**os.environ, "GEOMX_TEST_DELEGATED": "1"},
-                       # as from a terminal (a background job has SIGINT ignored)
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                       preexec_fn=sigint_as_from_a_terminal)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
     return True

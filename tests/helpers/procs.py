@@ -16,6 +16,14 @@ from typing import Iterator
 from tests.helpers.paths import ROOT
 
 
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` for a child a test interrupts with SIGINT: the default disposition,
+    as a terminal's foreground job has. A suite run as a background job of a
+    non-interactive shell has SIGINT ignored, children inherit that, and the interrupt
+    would then never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (children, their children, ...), read from /proc."""
     children: dict[int, list[int]] = {}

@@ -28,6 +28,7 @@ from geomx.scenario import load_scenario
 from geomx.sim.loop import run_virtual
 
 from tests.helpers.paths import EXAMPLES, QUICKSTART, ROOT
+from tests.helpers.procs import sigint_as_from_a_terminal
 
 SHORT = ["run.target_accuracy=0", "run.progress=false", "metrics.plot=false",
          "metrics.trace=false"]
@@ -393,8 +394,7 @@ def test_ctrl_c_while_a_sync_program_blocks_exits_130_and_leaves_no_process(tmp_
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         # as from a terminal (a background job has SIGINT ignored)
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not _blocked(out):
@@ -443,7 +443,7 @@ def _start_by_hand(tmp_path, program, *sets):
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "geomx", "node", str(tmp_path / "job.toml"), "--name", name,
              *sets], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+            preexec_fn=sigint_as_from_a_terminal)
     return procs
 
 
@@ -540,7 +540,7 @@ def test_ctrl_c_in_the_emulator_while_a_sync_program_computes_exits_130(tmp_path
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=sigint_as_from_a_terminal)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not marker.exists():
